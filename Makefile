@@ -1,0 +1,34 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint docs bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[train,k8s,slurm,dev]'
+	touch $@
+
+## demo: train examples/quickstart.yaml as local processes (gloo on CPU) and print the summary
+demo: $(STAMP)
+	$(VENV)/bin/ddpkit validate examples/quickstart.yaml
+	$(VENV)/bin/ddpkit run examples/quickstart.yaml --local
+
+## test: the whole test suite (end-to-end tests skip off-CI when root/Slurm/Docker are missing)
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+## docs: regenerate the README's job-file reference from the model's field descriptions
+docs: $(STAMP)
+	$(PY) -m deploy.docs --write README.md
+
+bench: $(STAMP)
+	$(PY) bench/render_speed.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache

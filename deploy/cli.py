@@ -1,0 +1,284 @@
+"""The `ddpkit` command line.
+
+Exit codes: 0 success, 2 bad input (one line per problem on stderr, no traceback, nothing
+half-written), 1 runtime failure, 130 interrupted. Heavy libraries (torch, kubernetes,
+submitit) are imported only inside the command that needs them: `validate` and `render` stay
+fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from deploy import __version__
+from deploy.errors import RuntimeFailure, UserError
+
+STARTER = Path(__file__).with_name("starter.yaml")
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _load(args: argparse.Namespace):
+    from deploy.spec import load_job
+
+    return load_job(args.job, args.set or [])
+
+
+def _module(name: str, what: str):
+    """Import a part of ddpkit lazily; a missing optional dependency is one clear line."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (exc.name == name or name.startswith(exc.name + ".")):
+            raise RuntimeFailure(f"{what} is not available in this ddpkit build") from None
+        extra = {"kubernetes": "k8s", "submitit": "slurm", "hostlist": "slurm", "torch": "train",
+                 "matplotlib": "train"}.get((exc.name or "").split(".")[0])
+        hint = f"pip install 'ddpkit[{extra}]'" if extra else f"pip install {exc.name}"
+        raise RuntimeFailure(f"{what} needs the Python package {exc.name!r}: {hint}") from None
+
+
+def write_output(text: str, output: str | None) -> None:
+    """Print, or write the whole text atomically: a failed render leaves no partial file."""
+    if not output or output == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = Path(output)
+    if target.is_dir():
+        raise UserError(f"-o {output}: is a directory; give a file name")
+    if not target.parent.exists():
+        raise UserError(f"-o {output}: directory {target.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _handle_module(handle: str):
+    scheme, sep, _ = handle.partition("://")
+    if not sep or scheme not in ("k8s", "slurm"):
+        raise UserError(f"{handle!r} is not a job handle: expected k8s://NAMESPACE/FLAVOR/NAME "
+                        "or slurm://JOBID (printed by `ddpkit submit`)")
+    return _module(f"deploy.submit.{scheme}", f"{scheme} jobs")
+
+
+# ---------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    target = Path(args.path)
+    if target.exists() and not args.force:
+        raise UserError(f"{target}: already exists; pass --force to overwrite it")
+    write_output(STARTER.read_text(encoding="utf-8"), str(target))
+    print(f"wrote {target}: edit it, then `ddpkit validate {target}` and `ddpkit run {target} --local`",
+          file=sys.stderr)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    job = _load(args)
+    nodes = f"{job.nodes} nodes" if job.nodes.elastic else f"{job.nodes.min} node(s)"
+    device = f"{job.gpus_per_node} GPU(s)" if job.gpus_per_node else "CPU"
+    print(f"{args.job}: ok: {job.name}, {nodes} x {job.nproc_per_node} process(es) on {device}, "
+          f"world size {job.world_size}, backend {job.backend}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    job = _load(args)
+    if args.target == "k8s":
+        text = _module("deploy.render.k8s", "rendering for Kubernetes").render_k8s(
+            job, flavor=args.flavor, source=args.job)
+    else:
+        if args.flavor:
+            raise UserError("--flavor applies to `render k8s` only")
+        text = _module("deploy.render.slurm", "rendering for Slurm").render_slurm(job, source=args.job)
+    write_output(text, args.output)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    job = _load(args)
+    if args.docker:
+        runner = _module("deploy.submit.docker", "`ddpkit run --docker`")
+        return runner.run_docker(job, args.job, flavor=args.flavor)
+    if args.flavor:
+        raise UserError("--flavor applies to `run --docker` only")
+    runner = _module("deploy.submit.local", "`ddpkit run --local`")
+    return runner.run_local(job, args.job, nproc=args.nproc)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    job = _load(args)
+    if args.target == "k8s":
+        if args.via:
+            raise UserError("--via applies to `submit slurm` only")
+        handle = _module("deploy.submit.k8s", "submitting to Kubernetes").submit(
+            job, flavor=args.flavor, dry_run=args.dry_run, source=args.job)
+    else:
+        if args.flavor:
+            raise UserError("--flavor applies to `submit k8s` only")
+        handle = _module("deploy.submit.slurm", "submitting to Slurm").submit(
+            job, source=args.job, via=args.via or "sbatch", dry_run=args.dry_run)
+    print(handle)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    print(_handle_module(args.handle).status(args.handle))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    return _handle_module(args.handle).logs(args.handle, rank=args.rank, follow=args.follow) or 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    _handle_module(args.handle).cancel(args.handle)
+    print(f"cancelled {args.handle}")
+    return 0
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    return _module("deploy.lint", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds)
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    path = _module("trainer.plot", "`ddpkit plot`").plot_run(args.run_dir)
+    print(path)
+    return 0
+
+
+def cmd_testbed(args: argparse.Namespace) -> int:
+    return _module(f"deploy.testbed.{args.kind}", f"the {args.kind} testbed").main(args.action)
+
+
+# ---------------------------------------------------------------------------------------------
+# parser
+
+
+def _with_job(p: argparse.ArgumentParser) -> None:
+    p.add_argument("job", metavar="JOB", help="job file (YAML)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="override a field, YAML-typed (repeatable): --set nodes=4 "
+                        "--set train.lr=0.1 --set volumes.0.read_only=true")
+
+
+def _command(sub, name: str, func, help_: str, example: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_, description=help_, epilog=f"example:\n  {example}",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=func)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddpkit",
+        description="Run one PyTorch DDP entry point on a laptop, Kubernetes and Slurm.",
+        epilog="example:\n  ddpkit init job.yaml && ddpkit run job.yaml --local",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = _command(sub, "init", cmd_init, "write a commented starter job file",
+                 "ddpkit init job.yaml")
+    p.add_argument("path", nargs="?", default="job.yaml", metavar="PATH")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+
+    p = _command(sub, "validate", cmd_validate, "check a job file; print every problem at once",
+                 "ddpkit validate examples/multinode-gpu.yaml --set nodes=4")
+    _with_job(p)
+
+    p = _command(sub, "render", cmd_render, "print Kubernetes manifests or an sbatch script",
+                 "ddpkit render k8s examples/multinode-gpu.yaml | kubectl apply -f -\n"
+                 "  ddpkit render slurm examples/multinode-gpu.yaml -o job.sbatch && sbatch job.sbatch")
+    p.add_argument("target", choices=["k8s", "slurm"], metavar="TARGET", help="k8s or slurm")
+    _with_job(p)
+    p.add_argument("--flavor", choices=["pytorchjob", "trainjob", "jobset", "job"],
+                   help="k8s: override k8s.flavor")
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically)")
+
+    p = _command(sub, "run", cmd_run, "run the job on this machine: local processes or Docker",
+                 "ddpkit run examples/quickstart.yaml --local --nproc 2")
+    _with_job(p)
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--local", action="store_true", help="N local processes (gloo on CPU)")
+    where.add_argument("--docker", action="store_true",
+                       help="each rendered Kubernetes pod as a Docker container")
+    p.add_argument("--nproc", type=int, metavar="N", help="--local: processes (default: the job's)")
+    p.add_argument("--flavor", choices=["pytorchjob", "trainjob", "jobset", "job"],
+                   help="--docker: which Kubernetes flavor's pods to run")
+
+    p = _command(sub, "submit", cmd_submit, "submit to a cluster; print a job handle",
+                 "ddpkit submit slurm examples/quickstart-2node.yaml")
+    p.add_argument("target", choices=["k8s", "slurm"], metavar="TARGET", help="k8s or slurm")
+    _with_job(p)
+    p.add_argument("--dry-run", action="store_true",
+                   help="k8s: server-side dry run; slurm: sbatch --test-only")
+    p.add_argument("--flavor", choices=["pytorchjob", "trainjob", "jobset", "job"],
+                   help="k8s: override k8s.flavor")
+    p.add_argument("--via", choices=["sbatch", "submitit"], help="slurm: how to submit")
+
+    p = _command(sub, "status", cmd_status, "print a job's state (PENDING, RUNNING, RESTARTING, "
+                 "SUCCEEDED, FAILED, CANCELLED)", "ddpkit status slurm://1234")
+    p.add_argument("handle", metavar="HANDLE")
+
+    p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
+    p.add_argument("handle", metavar="HANDLE")
+    p.add_argument("--rank", type=int, metavar="N", help="node rank (default: 0)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep following")
+
+    p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")
+    p.add_argument("handle", metavar="HANDLE")
+
+    p = _command(sub, "lint", cmd_lint, "check rendered manifests offline against CRD schemas",
+                 "ddpkit render k8s job.yaml -o job.k8s.yaml && ddpkit lint job.k8s.yaml --crds crds/")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--crds", metavar="DIR", help="directory of CustomResourceDefinitions (YAML)")
+
+    p = _command(sub, "plot", cmd_plot, "plot loss and throughput of a run directory",
+                 "ddpkit plot runs/quickstart")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+
+    p = _command(sub, "testbed", cmd_testbed, "a real local cluster to try jobs on (root)",
+                 "sudo ddpkit testbed slurm up")
+    p.add_argument("kind", choices=["slurm"], metavar="KIND", help="slurm")
+    p.add_argument("action", choices=["up", "down", "status"], metavar="ACTION", help="up, down or status")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return exc.exit_code
+    except RuntimeFailure as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `ddpkit render ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,729 @@
+"""The job model: one typed description of a DDP job, validated once.
+
+`load_job(path, overrides)` reads a YAML job file, applies `--set a.b=value` overrides, and
+returns a `JobSpec` or raises `UserError` listing every problem at once, each as
+`FILE:LINE: dotted.path: message`. Renderers and submitters trust a `JobSpec` and never
+re-validate it.
+
+Every field carries a description: the README's job-file reference is generated from them
+(`python -m deploy.docs`), and a test fails when the two drift apart.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from deploy import units
+from deploy.errors import UserError
+from deploy.yamlfile import load_yaml, read_text
+from trainer.config import CheckpointConfig, TrainConfig
+
+# --------------------------------------------------------------------------------------------
+# Names and reserved variables
+
+#: Longest job name. Targets append suffixes: PyTorchJob pods `<name>-worker-<i>`, TrainJob and
+#: JobSet pods `<name>-node-0-<i>`, and Kubernetes caps hostnames and label values at 63
+#: characters. 40 leaves room for 10,000 nodes and every suffix ddpkit renders.
+MAX_NAME_LEN = 40
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&-]+$")  # partition, account, qos, constraint
+
+#: Variables ddpkit or the launcher set for every process; a job file may not set them.
+RESERVED_ENV = {
+    "RANK": "torchrun sets the global rank of each process",
+    "WORLD_SIZE": "torchrun derives it from nodes x processes per node",
+    "LOCAL_RANK": "torchrun sets it per process",
+    "LOCAL_WORLD_SIZE": "torchrun derives it from processes per node",
+    "GROUP_RANK": "torchrun sets it per node",
+    "NODE_RANK": "the launcher derives it from the scheduler",
+    "MASTER_ADDR": "ddpkit derives it per target (pod 0's DNS name, first Slurm host)",
+    "MASTER_PORT": "ddpkit derives it per target (23456 on Kubeflow, from the Slurm job id)",
+    "JOB_COMPLETION_INDEX": "Kubernetes sets it on Indexed Jobs",
+    "CUDA_VISIBLE_DEVICES": "the scheduler assigns GPUs; set gpus_per_node instead",
+}
+RESERVED_ENV_PREFIXES = {
+    "PET_": "the Kubeflow operators set PET_* for torchrun",
+    "TORCHELASTIC_": "torchrun sets TORCHELASTIC_*",
+    "DDPKIT_": "ddpkit's launch contract uses DDPKIT_*",
+    "SLURM_": "Slurm sets SLURM_*",
+}
+
+
+def reserved_env_reason(name: str) -> str | None:
+    """Why `name` may not be set by a job file, or None when it may."""
+    if name in RESERVED_ENV:
+        return RESERVED_ENV[name]
+    for prefix, reason in RESERVED_ENV_PREFIXES.items():
+        if name.startswith(prefix):
+            return reason
+    return None
+
+
+#: Kubernetes paths ddpkit mounts itself.
+JOB_FILE_DIR = "/etc/ddpkit"
+RESERVED_MOUNTS = {"/dev/shm": "set resources.shm instead", JOB_FILE_DIR: "ddpkit mounts the job file there"}
+
+# --------------------------------------------------------------------------------------------
+# Reusable field types
+
+
+def _quantity(value: Any) -> str:
+    units.parse_quantity(value)
+    return str(value)
+
+
+def _duration(value: Any) -> int:
+    return units.parse_duration(value)
+
+
+def _scalar_str(value: Any) -> Any:
+    """Env values: numbers become strings; booleans and nulls are ambiguous in YAML."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError("ambiguous YAML value (yes/no/true/null); quote it, e.g. \"true\"")
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+Quantity = Annotated[str, BeforeValidator(_quantity)]
+Seconds = Annotated[int, BeforeValidator(_duration)]
+EnvValue = Annotated[str, BeforeValidator(_scalar_str)]
+
+
+class Strict(BaseModel):
+    """Base: unknown keys are errors; assignments re-validate."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Sections
+
+
+class Nodes(BaseModel):
+    """Node count: a fixed `N`, or an elastic `MIN:MAX` range (PyTorchJob elasticPolicy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min: int = Field(ge=1, le=10_000)
+    max: int = Field(ge=1, le=10_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("expected a node count such as 2, or an elastic range such as 2:4")
+        if isinstance(value, int):
+            value = {"min": value, "max": value}
+        elif isinstance(value, str):
+            match = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", value)
+            if not match:
+                raise ValueError(f"{value!r} is not a node count: write 2, or 2:4 for elastic")
+            low = int(match.group(1))
+            value = {"min": low, "max": int(match.group(2) or low)}
+        if isinstance(value, dict) and any(isinstance(v, int) and v < 1 for v in value.values()):
+            raise ValueError("at least 1 node")
+        return value
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Nodes:
+        if self.min > self.max:
+            raise ValueError(f"elastic range {self.min}:{self.max} has min > max; write {self.max}:{self.min}")
+        return self
+
+    @model_serializer
+    def _dump(self) -> int | str:
+        return self.min if self.min == self.max else f"{self.min}:{self.max}"
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    def __str__(self) -> str:
+        return str(self._dump())
+
+
+class Resources(Strict):
+    """What each node asks the scheduler for, besides GPUs."""
+
+    cpus_per_node: float | None = Field(
+        None, gt=0, le=4096, description="CPU cores per node (Kubernetes requests/limits, "
+        "Slurm `--cpus-per-task` x tasks). Empty: the scheduler's default."
+    )
+    memory: Quantity | None = Field(
+        None, description="Memory per node as a Kubernetes quantity (`256Gi`); Slurm `--mem`."
+    )
+    shm: Quantity = Field(
+        "1Gi", description="Size of the memory-backed `/dev/shm` in every pod (DataLoader workers "
+        "need more than the container default of 64 MiB). Counts against `memory`."
+    )
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else units.parse_quantity(self.memory)
+
+    @property
+    def shm_bytes(self) -> int:
+        return units.parse_quantity(self.shm)
+
+    @model_validator(mode="after")
+    def _shm_fits(self) -> Resources:
+        if self.memory is not None and self.shm_bytes > units.parse_quantity(self.memory):
+            raise ValueError(f"shm ({self.shm}) exceeds memory ({self.memory}); /dev/shm counts "
+                             "against the memory limit: lower shm or raise memory")
+        return self
+
+
+class SecretEnv(Strict):
+    """An environment variable whose value comes from a secret, never written into a file."""
+
+    name: str = Field(description="Variable name inside the container.")
+    secret: str = Field(description="Kubernetes Secret name (on Slurm: the variable must "
+                        "already be set in the submitting environment).")
+    key: str = Field(description="Key inside the Secret.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return _check_env_name(v)
+
+    @field_validator("secret")
+    @classmethod
+    def _secret(cls, v: str) -> str:
+        if not DNS1123_SUBDOMAIN.match(v) or len(v) > 253:
+            raise ValueError(f"{v!r} is not a valid Secret name (lowercase letters, digits, '-', '.')")
+        return v
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: str) -> str:
+        if not re.fullmatch(r"[-._a-zA-Z0-9]+", v) or len(v) > 253:
+            raise ValueError(f"{v!r} is not a valid Secret key (letters, digits, '-', '_', '.')")
+        return v
+
+
+class NFS(Strict):
+    server: str = Field(description="NFS server host name or address.")
+    path: str = Field(description="Exported path on the server.")
+
+
+class EmptyDir(Strict):
+    medium: Literal["", "Memory"] = Field("", description="`Memory` for tmpfs, empty for disk.")
+    size_limit: Quantity | None = Field(None, description="Size limit as a quantity.")
+
+
+class Volume(Strict):
+    """A volume mounted into every node: exactly one of claim, host_path, nfs, empty_dir."""
+
+    name: str = Field(description="Volume name (DNS-1123 label).")
+    mount: str = Field(description="Absolute mount path inside the container.")
+    read_only: bool = Field(False, description="Mount read-only.")
+    claim: str | None = Field(None, description="PersistentVolumeClaim name.")
+    host_path: str | None = Field(None, description="Absolute path on the node (also the "
+                                  "Slurm/Docker source directory).")
+    nfs: NFS | None = Field(None, description="NFS export: `{server, path}`.")
+    empty_dir: EmptyDir | None = Field(None, description="Scratch space: `{medium, size_limit}`.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not DNS1123_LABEL.match(v) or len(v) > 63:
+            raise ValueError(f"{v!r} is not a valid volume name: lowercase letters, digits and "
+                             "'-', at most 63 characters")
+        return v
+
+    @field_validator("mount", "host_path")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith("/") or "\n" in v or ":" in v):
+            raise ValueError(f"{v!r} must be an absolute path without ':' (e.g. /data)")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Volume:
+        sources = [k for k in ("claim", "host_path", "nfs", "empty_dir") if getattr(self, k) is not None]
+        if len(sources) != 1:
+            got = ", ".join(sources) or "none"
+            raise ValueError(f"set exactly one of claim, host_path, nfs, empty_dir (got {got})")
+        reason = RESERVED_MOUNTS.get(self.mount.rstrip("/") or "/")
+        if reason:
+            raise ValueError(f"mount {self.mount} is reserved: {reason}")
+        return self
+
+    @property
+    def source(self) -> str:
+        return next(k for k in ("claim", "host_path", "nfs", "empty_dir") if getattr(self, k) is not None)
+
+
+class Toleration(Strict):
+    key: str | None = Field(None, description="Taint key (empty with Exists: tolerate all).")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="`Equal` or `Exists`.")
+    value: str | None = Field(None, description="Taint value (with Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; empty: all.")
+    toleration_seconds: int | None = Field(None, ge=0, description="With NoExecute: how long.")
+
+    @model_validator(mode="after")
+    def _exists_has_no_value(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value; remove value or use Equal")
+        return self
+
+
+class K8sSection(Strict):
+    """Kubernetes-only settings."""
+
+    flavor: Literal["pytorchjob", "trainjob", "jobset", "job"] = Field(
+        "pytorchjob", description="What to render: Kubeflow `pytorchjob` (v1), Trainer v2 "
+        "`trainjob`, `jobset`, or `job` (Indexed Job + headless Service, no operator needed)."
+    )
+    namespace: str = Field("default", description="Namespace of every object.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on every object and pod.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on every pod.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+    priority_class: str | None = Field(None, description="Pod priorityClassName.")
+    service_account: str | None = Field(None, description="Pod serviceAccountName.")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secret names for pulling the image.")
+    queue: str | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label).")
+    scheduler_name: str | None = Field(None, description="Pod schedulerName (e.g. `volcano`).")
+    gang: bool = Field(False, description="Gang-schedule all nodes (PyTorchJob schedulingPolicy.minAvailable).")
+    ttl_after_finished: Seconds | None = Field(None, description="Delete the finished job after this duration (`1h`).")
+    clean_pod_policy: Literal["None", "Running", "All"] = Field(
+        "None", description="PyTorchJob runPolicy.cleanPodPolicy.")
+    runtime: str = Field("torch-distributed", description="TrainJob ClusterTrainingRuntime name.")
+    termination_grace: Seconds = Field(
+        120, description="Pod terminationGracePeriodSeconds: time for the SIGTERM checkpoint.")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        if not DNS1123_LABEL.match(v) or len(v) > 63:
+            raise ValueError(f"{v!r} is not a valid namespace (lowercase letters, digits, '-')")
+        return v
+
+    @field_validator("priority_class", "service_account", "queue", "scheduler_name", "runtime")
+    @classmethod
+    def _object_name(cls, v: str | None) -> str | None:
+        if v is not None and (not DNS1123_SUBDOMAIN.match(v) or len(v) > 253):
+            raise ValueError(f"{v!r} is not a valid Kubernetes name (lowercase letters, digits, '-', '.')")
+        return v
+
+    @field_validator("image_pull_secrets")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            cls._object_name(name)
+        return v
+
+    @field_validator("labels", "node_selector")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not QUALIFIED_NAME.match(key) or len(key.rsplit("/", 1)[-1]) > 63:
+                raise ValueError(f"{key!r} is not a valid label key (prefix/name, name at most 63 chars)")
+            if not LABEL_VALUE.match(value) or len(value) > 63:
+                raise ValueError(f"label {key}: {value!r} is not a valid label value "
+                                 "(letters, digits, '-', '_', '.', at most 63 chars)")
+        return v
+
+    @field_validator("annotations")
+    @classmethod
+    def _annotations(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if not QUALIFIED_NAME.match(key):
+                raise ValueError(f"{key!r} is not a valid annotation key")
+        return v
+
+
+_DERIVED_DIRECTIVES = {
+    "job-name": "name", "nodes": "nodes", "ntasks": "nodes and slurm.launcher",
+    "ntasks-per-node": "slurm.launcher", "gpus": "gpus_per_node", "gpus-per-node": "gpus_per_node",
+    "gres": "gpus_per_node and slurm.gpu_flag", "gpus-per-task": "gpus_per_node",
+    "cpus-per-task": "resources.cpus_per_node", "mem": "resources.memory",
+    "time": "time_limit", "partition": "slurm.partition", "account": "slurm.account",
+    "qos": "slurm.qos", "constraint": "slurm.constraint", "exclusive": "slurm.exclusive",
+    "output": "slurm.log_dir", "error": "slurm.log_dir", "requeue": "slurm.requeue",
+    "signal": "slurm.signal", "open-mode": "(always append)",
+}
+
+
+class SlurmSection(Strict):
+    """Slurm-only settings."""
+
+    partition: str | None = Field(None, description="`--partition`.")
+    account: str | None = Field(None, description="`--account`.")
+    qos: str | None = Field(None, description="`--qos`.")
+    constraint: str | None = Field(None, description="`--constraint` (node features).")
+    exclusive: bool = Field(False, description="`--exclusive`: whole nodes.")
+    launcher: Literal["torchrun", "srun"] = Field(
+        "torchrun", description="`torchrun`: one task per node running torchrun; `srun`: one "
+        "Slurm task per GPU/process, no torchrun.")
+    container: Literal["none", "pyxis", "apptainer"] = Field(
+        "none", description="Run bare (`none`), in pyxis/enroot (`srun --container-image`), or "
+        "with `apptainer exec --nv`.")
+    container_mounts: list[str] = Field(
+        default_factory=list, description="Extra bind mounts `SRC:DST[:ro]` for pyxis/Apptainer "
+        "(volumes with host_path are added automatically).")
+    venv: str | None = Field(None, description="With container none: a virtualenv or conda "
+                             "prefix to activate before launching.")
+    modules: list[str] = Field(default_factory=list, description="`module load` these first.")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run before the "
+                             "launch, as written (this is the one place for raw shell).")
+    requeue: bool = Field(False, description="On the signal before the time limit, checkpoint "
+                          "and requeue (at most `restarts` times).")
+    signal: Literal["USR2", "TERM", "INT"] = Field(
+        "USR2", description="Signal sent to the batch shell before the time limit (not USR1: NCCL uses it).")
+    signal_seconds: int = Field(120, ge=10, le=86400, description="Send it this many seconds "
+                                "before the time limit.")
+    log_dir: str = Field("logs", description="Directory of `%x-%j.out` logs (relative to the "
+                         "submit directory).")
+    gpu_flag: Literal["gpus-per-node", "gres"] = Field(
+        "gpus-per-node", description="How to ask for GPUs: `--gpus-per-node=N` or, on older "
+        "clusters, `--gres=gpu:N`.")
+    extra_directives: list[str] = Field(
+        default_factory=list, description="More `#SBATCH` options, each `--key=value` or `--flag`.")
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _signal(cls, v: Any) -> Any:
+        name = str(v).upper().removeprefix("SIG")
+        if name == "USR1":
+            raise ValueError("NCCL uses SIGUSR1 itself; use USR2 (the default) or TERM")
+        return name
+
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _word(cls, v: str | None) -> str | None:
+        if v is not None and not SLURM_WORD.match(v):
+            raise ValueError(f"{v!r}: letters, digits and _.,:@%+=/|&- only (no spaces)")
+        return v
+
+    @field_validator("container_mounts")
+    @classmethod
+    def _mounts(cls, v: list[str]) -> list[str]:
+        for m in v:
+            parts = m.split(":")
+            if not (2 <= len(parts) <= 3) or not all(p.startswith("/") for p in parts[:2]) or (
+                len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[\s,]", m):
+                raise ValueError(f"{m!r} is not SRC:DST[:ro|rw] with absolute paths")
+        return v
+
+    @field_validator("modules", "setup")
+    @classmethod
+    def _one_line(cls, v: list[str]) -> list[str]:
+        for line in v:
+            if "\n" in line or not line.strip():
+                raise ValueError(f"{line!r}: one non-empty line per entry")
+        return v
+
+    @field_validator("modules")
+    @classmethod
+    def _module_names(cls, v: list[str]) -> list[str]:
+        for m in v:
+            if not re.fullmatch(r"[A-Za-z0-9_.+/-]+", m):
+                raise ValueError(f"{m!r} is not a module name (e.g. cuda/12.4)")
+        return v
+
+    @field_validator("log_dir", "venv")
+    @classmethod
+    def _path(cls, v: str | None) -> str | None:
+        if v is not None and (not v or "\n" in v or "%" in v):
+            raise ValueError(f"{v!r} is not a usable path (no newlines or '%')")
+        return v
+
+    @field_validator("extra_directives")
+    @classmethod
+    def _directives(cls, v: list[str]) -> list[str]:
+        for d in v:
+            match = re.fullmatch(r"--([a-z][a-z0-9-]*)(=[^\s'\"\\$`]+)?", d)
+            if not match:
+                raise ValueError(f"{d!r} is not an sbatch option: write --key=value or --flag "
+                                 "(no spaces, quotes or $)")
+            owner = _DERIVED_DIRECTIVES.get(match.group(1))
+            if owner:
+                raise ValueError(f"{d!r}: ddpkit derives --{match.group(1)}; set {owner} instead")
+        return v
+
+
+def _check_env_name(name: str) -> str:
+    if not ENV_NAME.match(name):
+        raise ValueError(f"{name!r} is not a valid variable name (letters, digits, '_')")
+    reason = reserved_env_reason(name)
+    if reason:
+        raise ValueError(f"{name} is set by ddpkit, not the job file: {reason}")
+    return name
+
+
+# --------------------------------------------------------------------------------------------
+# The job
+
+
+class JobSpec(Strict):
+    """A distributed data-parallel training job, target-independent."""
+
+    name: str = Field(description=f"Job name: DNS-1035 label of at most {MAX_NAME_LEN} "
+                      "characters (lowercase letters, digits, '-'), unique per namespace.")
+    image: str = Field(description="Container image of the trainer (every target but bare Slurm).")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        "IfNotPresent", description="Kubernetes imagePullPolicy.")
+    nodes: Nodes = Field(Nodes(min=1, max=1), description="Node count `N`, or `MIN:MAX` for "
+                         "elastic training (PyTorchJob only).")
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU with the "
+                               "gloo backend. One process per GPU.")
+    gpu_resource: str = Field("nvidia.com/gpu", description="Kubernetes extended resource name "
+                              "of a GPU (e.g. `amd.com/gpu`).")
+    procs_per_node: int | None = Field(None, ge=1, le=256, description="Processes per node on "
+                                       "CPU jobs (default 1). With GPUs it is gpus_per_node.")
+    resources: Resources = Field(default_factory=Resources, description="CPU, memory and shm per node.")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="Environment of every "
+                                     "process (values are strings).")
+    secret_env: list[SecretEnv] = Field(default_factory=list, description="Variables read from "
+                                        "Secrets: `{name, secret, key}`; values never inlined.")
+    volumes: list[Volume] = Field(default_factory=list, description="Volumes mounted on every node.")
+    command: list[str] | None = Field(None, description="Override the per-node entry point "
+                                      "(default `python -m trainer.launch`), as an argv list.")
+    restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
+                          "torchrun `--max-restarts`, backoffLimit, Slurm requeues.")
+    time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "
+                                       "Slurm `--time`, activeDeadlineSeconds.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
+                                         description="Checkpoint directory, interval and retention.")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="What the trainer trains "
+                               "(owned by `trainer/config.py`).")
+    k8s: K8sSection = Field(default_factory=K8sSection, description="Kubernetes settings.")
+    slurm: SlurmSection = Field(default_factory=SlurmSection, description="Slurm settings.")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if len(v) > MAX_NAME_LEN:
+            raise ValueError(f"{len(v)} characters; at most {MAX_NAME_LEN} so every suffix a "
+                             "target adds (e.g. -worker-12) stays a valid DNS name")
+        if not DNS1035.match(v):
+            raise ValueError(f"{v!r} is not a DNS-1035 label: start with a letter, then "
+                             "lowercase letters, digits and '-', end with a letter or digit")
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v) or len(v) > 512:
+            raise ValueError(f"{v!r} is not an image reference (e.g. ghcr.io/org/trainer:1.0)")
+        return v
+
+    @field_validator("gpu_resource")
+    @classmethod
+    def _gpu_resource(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", v):
+            raise ValueError(f"{v!r} is not an extended resource name such as nvidia.com/gpu")
+        return v
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            for name in v:
+                _check_env_name(str(name))
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and (not v or not v[0].strip()):
+            raise ValueError("give the program and its arguments as a non-empty list")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> JobSpec:
+        problems = []
+        if self.gpus_per_node and self.procs_per_node not in (None, self.gpus_per_node):
+            problems.append(f"procs_per_node ({self.procs_per_node}) must equal gpus_per_node "
+                            f"({self.gpus_per_node}): one process per GPU; remove procs_per_node")
+        names = [v.name for v in self.volumes]
+        mounts = [v.mount.rstrip("/") for v in self.volumes]
+        for label, values in (("volume name", names), ("mount path", mounts)):
+            dups = sorted({x for x in values if values.count(x) > 1})
+            if dups:
+                problems.append(f"volumes: {label} {', '.join(dups)} used twice; make them unique")
+        secret_names = [s.name for s in self.secret_env]
+        clash = sorted(set(secret_names) & set(self.env)) + sorted(
+            {x for x in secret_names if secret_names.count(x) > 1})
+        if clash:
+            problems.append(f"secret_env: {', '.join(clash)} set twice (env or secret_env); keep one")
+        if self.slurm.requeue and self.restarts < 1:
+            problems.append("slurm.requeue needs restarts >= 1 (each requeue is one restart); set restarts")
+        if (self.slurm.requeue and self.time_limit is not None
+                and self.time_limit <= self.slurm.signal_seconds):
+            problems.append(f"time_limit ({units.format_duration(self.time_limit)}) must exceed "
+                            f"slurm.signal_seconds ({self.slurm.signal_seconds}s)")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    # ---- derived topology: the one source every renderer uses --------------------------------
+
+    @property
+    def nproc_per_node(self) -> int:
+        """Processes per node: one per GPU, else procs_per_node (default 1)."""
+        return self.gpus_per_node or self.procs_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        """Processes in total (at the maximum node count for elastic jobs)."""
+        return self.nodes.max * self.nproc_per_node
+
+    @property
+    def backend(self) -> str:
+        return "nccl" if self.gpus_per_node else "gloo"
+
+    def to_yaml(self) -> str:
+        """The normalised job (overrides applied, defaults filled): what every node reads."""
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
+
+
+# --------------------------------------------------------------------------------------------
+# Loading, overrides and error messages
+
+
+def apply_override(data: dict, assignment: str) -> None:
+    """Apply one `--set a.b.c=value` (value typed as YAML) to the raw job mapping."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise UserError(f"--set {assignment}: expected KEY=VALUE, e.g. --set nodes=4")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    parts = key.strip().split(".")
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise UserError(f"--set {key}: {'.'.join(parts[:i])} has {len(node)} entries; "
+                                f"{part!r} is not an index into it")
+            part = int(part)
+        elif not isinstance(node, dict):
+            raise UserError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
+        if last:
+            node[part] = value
+        else:
+            if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
+                node[part] = {}
+            node = node[part]
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The model class whose fields are valid at `loc` (for did-you-mean hints)."""
+    model: Any = JobSpec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        model = _unwrap_model(field.annotation)
+        if model is None:
+            return None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _unwrap_model(arg)
+        if found:
+            return found
+    return None
+
+
+def _message(err: dict) -> str:
+    kind, loc, msg = err["type"], err["loc"], err["msg"]
+    if kind == "extra_forbidden":
+        model = _model_at(loc[:-1])
+        valid = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        hint = f", did you mean '{close[0]}'?" if close else (
+            f"; valid: {', '.join(valid)}" if valid else "")
+        return f"unknown field{hint}"
+    if kind == "missing":
+        return "required field is missing"
+    if kind in ("value_error", "assertion_error"):
+        return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    if kind == "literal_error":
+        return msg.replace("Input should be", "must be one of")
+    if kind.endswith("_type") or kind.endswith("_parsing"):
+        got = err.get("input")
+        return f"{msg.replace('Input should be', 'expected')} (got {type(got).__name__} {got!r:.40})"
+    return msg.replace("Input should be", "must be")
+
+
+def _clean_loc(loc: tuple) -> tuple:
+    # pydantic adds the validator/type name for unions and function validators; drop those
+    return tuple(p for p in loc if isinstance(p, int) or not re.search(r"[\[\]()]|^function-", str(p)))
+
+
+def validation_problems(exc: ValidationError, source: str, lines: dict, overridden: set) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        loc = _clean_loc(err["loc"])
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        where = source
+        for n in range(len(loc), -1, -1):
+            prefix = loc[:n]
+            if prefix in overridden:
+                where = f"--set {'.'.join(map(str, prefix))}"
+                break
+            if prefix in lines:
+                where = f"{source}:{lines[prefix]}"
+                break
+        line = f"{where}: {dotted}: {_message(err)}"
+        if line not in problems:
+            problems.append(line)
+    return problems
+
+
+def parse_job(data: Any, *, source: str = "job.yaml", lines: dict | None = None,
+              overrides: list[str] = ()) -> JobSpec:
+    """Build a JobSpec from an already-parsed mapping (after applying overrides)."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: a job file is a YAML mapping (name: ..., image: ...), "
+                        f"not a {type(data).__name__}")
+    overridden = set()
+    for assignment in overrides:
+        apply_override(data, assignment)
+        overridden.add(tuple(int(p) if p.isdigit() else p
+                             for p in assignment.partition("=")[0].strip().split(".")))
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(*validation_problems(exc, source, lines or {}, overridden)) from None
+
+
+def load_job(path: str, overrides: list[str] = ()) -> JobSpec:
+    """Read, override and validate a job file. Raises UserError listing every problem."""
+    text = read_text(path)
+    data, lines = load_yaml(text, str(path))
+    return parse_job(data, source=str(path), lines=lines, overrides=overrides)

@@ -1,0 +1,75 @@
+"""One parser per unit: Kubernetes quantities (memory, shm) and durations (time limits)."""
+
+from __future__ import annotations
+
+import re
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_QUANTITY_FACTORS = {
+    None: 1,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}
+
+
+def parse_quantity(value: object) -> int:
+    """Bytes in a Kubernetes memory quantity such as `256Gi`, `512M` or `1073741824`.
+
+    Raises ValueError with a message meant for the user.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a memory quantity such as 32Gi or 512Mi")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    text = str(value).strip()
+    match = _QUANTITY.match(text)
+    if not match:
+        raise ValueError(
+            f"{text!r} is not a Kubernetes quantity: write e.g. 32Gi, 512Mi or 8G"
+        )
+    number, suffix = match.groups()
+    return int(float(number) * _QUANTITY_FACTORS[suffix])
+
+
+_DURATION_PART = re.compile(r"([0-9]+)(d|h|m|s)")
+_DURATION_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(value: object) -> int:
+    """Seconds in a duration such as `90m`, `24h`, `2d`, `1h30m` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 90m, 24h or 2d")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("must be positive")
+        return value
+    text = str(value).strip()
+    if text.isdigit():
+        return parse_duration(int(text))
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"{text!r} is not a duration: write e.g. 90m, 24h, 2d or 1h30m")
+    seconds = sum(int(n) * _DURATION_SECONDS[u] for n, u in parts)
+    if seconds <= 0:
+        raise ValueError("must be positive")
+    return seconds
+
+
+def format_duration(seconds: int) -> str:
+    """The shortest `2d`, `1h30m`, `45s`-style spelling of a number of seconds."""
+    out = []
+    for unit, size in _DURATION_SECONDS.items():
+        count, seconds = divmod(seconds, size)
+        if count:
+            out.append(f"{count}{unit}")
+    return "".join(out) or "0s"
+
+
+def slurm_time(seconds: int) -> str:
+    """Slurm's `--time` spelling, D-HH:MM:SS, rounded up to whole minutes."""
+    minutes = -(-seconds // 60)
+    days, minutes = divmod(minutes, 1440)
+    hours, minutes = divmod(minutes, 60)
+    return f"{days}-{hours:02d}:{minutes:02d}:00"

@@ -1,0 +1,117 @@
+"""Read one YAML job file defensively and remember the line of every key.
+
+Guards: a size limit, strict UTF-8, one document, no duplicate keys, and a bound on the size of
+the tree after YAML aliases are expanded (an "alias bomb" is a few lines that expand to billions
+of nodes). Every failure is a `UserError` with one line that says what to fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from deploy.errors import UserError
+
+MAX_FILE_BYTES = 1 << 20  # a job file is a page of YAML; 1 MiB is generous
+MAX_EXPANDED_NODES = 100_000
+
+Path_ = tuple  # a key path such as ("slurm", "partition") or ("volumes", 0, "mount")
+
+
+def read_text(path: str | Path) -> str:
+    """The text of a job file, or a UserError naming what is wrong with the file itself."""
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{path}: no such file; create one with `ddpkit init {path}`")
+    if p.is_dir():
+        raise UserError(f"{path}: is a directory; pass the job's YAML file")
+    try:
+        size = p.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise UserError(
+                f"{path}: file is {size / 2**20:.1f} MiB; a job file is at most 1 MiB "
+                "(keep data out of it: mount a volume)"
+            )
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{path}: not UTF-8 text (bad byte at offset {exc.start}); save the file as UTF-8"
+        ) from None
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # cycles count once
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        total += sum(_expanded_size(child, memo) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        total += sum(_expanded_size(k, memo) + _expanded_size(v, memo) for k, v in node.value)
+    memo[key] = min(total, MAX_EXPANDED_NODES + 1)
+    return memo[key]
+
+
+def _index_lines(node: yaml.Node, path: Path_, lines: dict, dups: list[str]) -> None:
+    """Record the 1-based line of every key path; collect duplicate keys."""
+    lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set = set()
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else None
+            if key is None:
+                continue
+            if key in seen:
+                dotted = ".".join(str(p) for p in (*path, key))
+                dups.append(f"line {key_node.start_mark.line + 1}: {dotted}: duplicate key; "
+                            "keep one")
+            seen.add(key)
+            lines[(*path, key)] = key_node.start_mark.line + 1
+            _index_lines(value_node, (*path, key), lines, dups)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, child in enumerate(node.value):
+            _index_lines(child, (*path, i), lines, dups)
+
+
+def load_yaml(text: str, source: str) -> tuple[object, dict]:
+    """Parse one YAML document; return (data, {key path: line})."""
+    loader = yaml.SafeLoader(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except yaml.composer.ComposerError as exc:
+            if "single document" in str(exc):
+                raise UserError(f"{source}: holds several YAML documents; a job file holds one")\
+                    from None
+            raise
+        if node is None:
+            raise UserError(f"{source}: the file is empty; start from `ddpkit init`")
+        if _expanded_size(node, {}) > MAX_EXPANDED_NODES:
+            raise UserError(
+                f"{source}: YAML aliases expand to more than {MAX_EXPANDED_NODES} nodes; "
+                "write the values out instead of nesting aliases"
+            )
+        lines: dict = {}
+        dups: list[str] = []
+        _index_lines(node, (), lines, dups)
+        if dups:
+            raise UserError(*(f"{source}:{d}" for d in dups))
+        data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f":{mark.line + 1}" if mark else ""
+        what = exc.problem or exc.context or "invalid YAML"
+        raise UserError(f"{source}{where}: invalid YAML: {what}") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{source}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{source}: YAML nested too deeply") from None
+    finally:
+        loader.dispose()
+    return data, lines
