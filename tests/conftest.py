@@ -1,0 +1,60 @@
+"""Shared test plumbing: the CLI runner, golden files, and CI-aware skipping.
+
+End-to-end tests call `require(condition, reason)`: on a laptop a missing prerequisite skips
+with the reason; under CI (`CI=true`) it fails instead, so CI can never go green by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+SHARED = REPO.parent / "shared"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true",
+                     help="rewrite golden files under tests/golden from the current output")
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip with `reason` on a laptop; fail under CI=true."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and a prerequisite is missing: {reason}")
+    pytest.skip(reason)
+
+
+def ddpkit(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: float = 120,
+           input: str | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a fresh interpreter (what a user runs)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "deploy", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, input=input)
+
+
+@pytest.fixture
+def golden(request):
+    """`golden(path, text)`: compare with tests/golden/<path>, or rewrite it with --update-golden."""
+    update = request.config.getoption("--update-golden")
+
+    def check(relpath: str, text: str) -> None:
+        path = REPO / "tests" / "golden" / relpath
+        if update:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            return
+        assert path.exists(), f"missing golden file {path}; run `pytest --update-golden` to create it"
+        expected = path.read_text(encoding="utf-8")
+        assert text == expected, (f"{relpath} differs from the golden file; if the change is "
+                                  "intended, run `pytest --update-golden` and review the diff")
+
+    return check
