@@ -69,7 +69,7 @@ def _index_lines(node: yaml.Node, path: Path_, lines: dict, dups: list[str]) -> 
                 continue
             if key in seen:
                 dotted = ".".join(str(p) for p in (*path, key))
-                dups.append(f"line {key_node.start_mark.line + 1}: {dotted}: duplicate key; "
+                dups.append(f"{key_node.start_mark.line + 1}: {dotted}: duplicate key; "
                             "keep one")
             seen.add(key)
             lines[(*path, key)] = key_node.start_mark.line + 1
@@ -107,6 +107,8 @@ def load_yaml(text: str, source: str) -> tuple[object, dict]:
         mark = exc.problem_mark or exc.context_mark
         where = f":{mark.line + 1}" if mark else ""
         what = exc.problem or exc.context or "invalid YAML"
+        if exc.problem and exc.context and exc.context_mark:
+            what += f" ({exc.context} at line {exc.context_mark.line + 1})"
         raise UserError(f"{source}{where}: invalid YAML: {what}") from None
     except yaml.YAMLError as exc:
         raise UserError(f"{source}: invalid YAML: {exc}") from None

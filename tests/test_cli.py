@@ -1,0 +1,103 @@
+"""The CLI as a user runs it: real processes, real exit codes, real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, ddpkit
+
+from deploy.cli import build_parser
+
+
+def test_init_writes_a_starter_that_validates(tmp_path):
+    result = ddpkit("init", "job.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "job.yaml").read_text()
+    assert text.startswith("# A ddpkit job")
+    check = ddpkit("validate", str(tmp_path / "job.yaml"))
+    assert check.returncode == 0 and "ok: my-ddp-job" in check.stdout
+
+
+def test_init_refuses_to_overwrite(tmp_path):
+    (tmp_path / "job.yaml").write_text("mine\n")
+    result = ddpkit("init", "job.yaml", cwd=tmp_path)
+    assert result.returncode == 2 and "pass --force" in result.stderr
+    assert (tmp_path / "job.yaml").read_text() == "mine\n"
+
+
+def test_validate_prints_the_topology():
+    result = ddpkit("validate", "examples/multinode-gpu.yaml")
+    assert result.returncode == 0
+    assert "2 node(s) x 8 process(es) on 8 GPU(s), world size 16, backend nccl" in result.stdout
+
+
+def test_set_reaches_the_model():
+    result = ddpkit("validate", "examples/quickstart.yaml", "--set", "nodes=3", "--set", "procs_per_node=4")
+    assert "3 node(s) x 4 process(es)" in result.stdout and "world size 12" in result.stdout
+
+
+def test_bad_set_is_exit_2_naming_the_override():
+    result = ddpkit("validate", "examples/quickstart.yaml", "--set", "nodes=zero")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("error: --set nodes: nodes: 'zero' is not a node count: "
+                                     "write 2, or 2:4 for elastic")
+
+
+def test_unknown_handle_is_exit_2():
+    result = ddpkit("status", "1234")
+    assert result.returncode == 2 and "is not a job handle" in result.stderr
+
+
+def test_write_output_leaves_nothing_half_written(tmp_path):
+    from deploy.cli import write_output
+
+    target = tmp_path / "out.yaml"
+    target.write_text("old\n")
+    write_output("new\n", str(target))
+    assert target.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.yaml"]
+
+
+def test_bad_job_writes_no_output_file(tmp_path):
+    out = tmp_path / "job.sbatch"
+    result = ddpkit("render", "slurm", "tests/bad_input/unknown_slurm.yaml", "-o", str(out))
+    assert result.returncode == 2
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def _subcommands():
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return sorted(action.choices)
+
+
+@pytest.mark.parametrize("command", _subcommands())
+def test_every_command_has_help_with_an_example(command):
+    result = ddpkit(command, "--help")
+    assert result.returncode == 0
+    assert "example:\n  ddpkit" in result.stdout or "example:\n  sudo ddpkit" in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["validate", "examples/multinode-gpu.yaml"],
+                                  ["render", "k8s", "examples/multinode-gpu.yaml"],
+                                  ["render", "slurm", "examples/multinode-gpu.yaml"]])
+def test_validate_and_render_import_no_heavy_library(argv):
+    probe = (
+        "import sys, io, contextlib\n"
+        "from deploy.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = main({argv!r})\n"
+        "heavy = sorted(m for m in ('torch', 'kubernetes', 'submitit') if m in sys.modules)\n"
+        "print(rc, heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert result.stdout.split()[1:] == ["[]"], result.stdout + result.stderr
+
+
+def test_readme_reference_matches_the_model():
+    from deploy.docs import reference
+
+    readme = (REPO / "README.md").read_text()
+    assert reference() in readme, "README's job-file reference is stale: run `make docs`"
