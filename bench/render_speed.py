@@ -1,0 +1,85 @@
+"""Whole-process wall time of `ddpkit render` against TorchX's dry run, side by side.
+
+Times, interleaved in one run so machine noise hits both alike:
+  - `ddpkit render slurm examples/multinode-gpu.yaml`
+  - `ddpkit render k8s   examples/multinode-gpu.yaml`
+  - `torchx run --dryrun -s slurm dist.ddp -j 2x8 --script train.py` (torchx 0.7.0, installed by
+    this script into a throwaway virtualenv under the system temp directory)
+and prints the medians and ratios. Goal: ddpkit at most 0.6x TorchX's time.
+
+Usage: python bench/render_speed.py [--repeats N] [--torchx-venv DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = REPO / "examples" / "multinode-gpu.yaml"
+TORCHX_VERSION = "0.7.0"
+
+
+def ensure_torchx(venv: Path) -> Path:
+    exe = venv / "bin" / "torchx"
+    if not exe.exists():
+        print(f"creating a throwaway venv with torchx=={TORCHX_VERSION} in {venv} ...", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                        "--disable-pip-version-check", f"torchx=={TORCHX_VERSION}"], check=True)
+    return exe
+
+
+def wall(argv: list[str], cwd: Path) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(argv, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--torchx-venv", type=Path,
+                        default=Path(tempfile.gettempdir()) / f"ddpkit-bench-torchx-{TORCHX_VERSION}")
+    args = parser.parse_args()
+
+    torchx = ensure_torchx(args.torchx_venv)
+    workdir = Path(tempfile.mkdtemp(prefix="ddpkit-bench-"))
+    (workdir / "train.py").write_text("print('hello')\n")
+    env_py = [sys.executable, "-m", "deploy"]
+    os.environ["PYTHONPATH"] = str(REPO)
+    commands = {
+        "ddpkit render slurm": env_py + ["render", "slurm", str(JOB)],
+        "ddpkit render k8s": env_py + ["render", "k8s", str(JOB)],
+        "torchx --dryrun slurm": [str(torchx), "run", "--dryrun", "-s", "slurm", "dist.ddp",
+                                  "-j", "2x8", "--script", "train.py"],
+    }
+    for argv in commands.values():  # warm the page cache once
+        wall(argv, workdir)
+    times: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(args.repeats):
+        for name, argv in commands.items():
+            times[name].append(wall(argv, workdir))
+
+    base = statistics.median(times["torchx --dryrun slurm"])
+    print(f"whole-process wall time, median of {args.repeats} interleaved runs ({os.cpu_count()} cores)")
+    print(f"{'command':<24}{'median s':>10}{'min s':>9}{'vs torchx':>11}")
+    for name, samples in times.items():
+        med = statistics.median(samples)
+        print(f"{name:<24}{med:>10.3f}{min(samples):>9.3f}{med / base:>10.2f}x")
+    worst = max(statistics.median(times[n]) for n in commands if n.startswith("ddpkit")) / base
+    print(f"goal: ddpkit <= 0.60x torchx; worst ddpkit ratio {worst:.2f}x: {'met' if worst <= 0.6 else 'NOT met'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
