@@ -102,9 +102,10 @@ def _validate(value: Any, schema: dict, path: str, errors: list[tuple[str, str]]
         errors.append((path, "null value (omit the field instead)"))
         return
 
+    int_or_string = schema.get("x-kubernetes-int-or-string") is True
     for sub in schema.get("allOf", []):
         _validate(value, sub, path, errors)
-    if "anyOf" in schema and not any(not _errors(value, s, path) for s in schema["anyOf"]):
+    if "anyOf" in schema and not int_or_string and not any(not _errors(value, s, path) for s in schema["anyOf"]):
         errors.append((path, f"{_short(value)} matches none of the allowed forms"))
     if "oneOf" in schema and sum(not _errors(value, s, path) for s in schema["oneOf"]) != 1:
         errors.append((path, f"{_short(value)} must match exactly one allowed form"))
@@ -113,7 +114,7 @@ def _validate(value: Any, schema: dict, path: str, errors: list[tuple[str, str]]
 
     actual = _type_name(value)
     expected = schema.get("type")
-    if schema.get("x-kubernetes-int-or-string"):
+    if int_or_string:
         if actual not in ("integer", "string"):
             errors.append((path, f"expected an integer or a string, got {actual}"))
             return
@@ -660,3 +661,24 @@ def lint_files(paths: Iterable[str], crd_dir: str | Path | None = None, *,
                 raise LintInputError(f"{path}: cannot read ({exc.strerror})") from None
         problems += lint_text(text, crds, source=path, k8s_version=k8s_version)
     return problems
+
+
+def run(paths: list[str], crd_dir: str | None = None, *, k8s_version: str | None = None,
+        out=None, err=None) -> int:
+    """`ddpkit lint`: print one line per problem; 0 clean, 1 problems found, 2 unusable input."""
+    import sys
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    stdin_text = sys.stdin.read() if "-" in paths else None
+    try:
+        found = lint_files(paths, crd_dir, k8s_version=k8s_version, stdin_text=stdin_text)
+    except LintInputError as exc:
+        print(f"error: {exc}", file=err)
+        return 2
+    for problem in found:
+        print(problem, file=out)
+    if found:
+        print(f"{len(found)} problem(s) in {len(paths)} file(s)", file=err)
+        return 1
+    return 0
