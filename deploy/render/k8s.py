@@ -1,0 +1,431 @@
+"""Kubernetes manifests for a JobSpec: PyTorchJob, TrainJob, JobSet, or Job + headless Service.
+
+`render_k8s(job, flavor=None, source=...)` returns deterministic multi-document YAML: a
+ConfigMap carrying the job file, then the workload (and, for `job`, its Service). It is a pure
+function of the JobSpec: no clock, no randomness, no cluster lookups.
+
+Choices, each the same on every flavor unless said otherwise:
+- The container runs `python -m trainer.launch` (or `job.command`) with the DDPKIT_* launch
+  contract of docs/CONTRACT.md; the job file is the ConfigMap mounted at /etc/ddpkit.
+- Restarts belong to Kubernetes: PyTorchJob `backoffLimit` (pods `OnFailure`, because the
+  `ExitCode` policy ignores backoffLimit, kubeflow/trainer#2045), JobSet
+  `failurePolicy.maxRestarts` (the whole set is recreated), Indexed Job `backoffLimit` =
+  restarts x nodes (one failure stops every node's rendezvous). torchrun itself restarts
+  (`DDPKIT_MAX_RESTARTS`) only where Kubernetes cannot: elastic PyTorchJobs (elasticPolicy
+  maxRestarts) and TrainJobs (the runtime owns the pod's failure policy).
+- CPU, memory and GPU requests equal limits (Guaranteed QoS: no surprise eviction of a
+  multi-node job; extended resources require it anyway).
+- `/dev/shm` is a memory-backed emptyDir sized from `resources.shm` (pods get 64 MiB otherwise).
+- Service-mesh sidecars are turned off (they intercept NCCL/gloo traffic).
+- A flavor that cannot express something the job asks for is a `UserError`, never a silent drop.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import yaml
+
+from deploy.errors import UserError
+from deploy.render import environment, render_template
+from deploy.spec import JOB_FILE_DIR, JobSpec
+
+FLAVORS = ("pytorchjob", "trainjob", "jobset", "job")
+JOB_FILE_NAME = "job.yaml"
+JOB_FILE_PATH = f"{JOB_FILE_DIR}/{JOB_FILE_NAME}"
+#: The port the v1 training operator gives the Master (PET_MASTER_PORT) and names.
+PYTORCHJOB_PORT = 23456
+PYTORCHJOB_PORT_NAME = "pytorchjob-port"
+#: Rendezvous port on JobSet and Job, where ddpkit names the master itself (torchrun default).
+RDZV_PORT = 29500
+#: ClusterTrainingRuntime `torch-distributed` (Trainer v2.3): replicated job and container name.
+TRAINJOB_NODE = "node"
+#: Our entry in TrainJob.spec.runtimePatches (list-map keyed by manager).
+PATCH_MANAGER = "ddpkit"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
+CONTAINER_NAME = {"pytorchjob": "pytorch", "trainjob": TRAINJOB_NODE, "jobset": "trainer",
+                  "job": "trainer"}
+SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
+
+
+def _block_yaml(value: Any, indent: int = 0) -> str:
+    """Like `to_yaml`, but multi-line strings as literal blocks (`|`), readable in a ConfigMap."""
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+        style = "|" if "\n" in data else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+    Dumper.add_representer(str, str_presenter)
+    text = yaml.dump(value, Dumper=Dumper, sort_keys=False, default_flow_style=False,
+                     width=1000).rstrip("\n")
+    return text.replace("\n", "\n" + " " * indent)
+
+
+environment("k8s").filters["to_block_yaml"] = _block_yaml
+
+
+# --------------------------------------------------------------------------------------------
+# What each flavor can express
+
+
+def check_flavor(job: JobSpec, flavor: str) -> None:
+    """Raise UserError for everything the job asks that `flavor` cannot say."""
+    if flavor not in FLAVORS:
+        raise UserError(f"k8s.flavor: {flavor!r} is not a flavor; use one of {', '.join(FLAVORS)}")
+    problems = []
+    k8s = job.k8s
+    if job.nodes.elastic and flavor != "pytorchjob":
+        problems.append(f"nodes: elastic {job.nodes} needs the pytorchjob flavor "
+                        f"(elasticPolicy); {flavor} runs a fixed node count: set nodes: {job.nodes.max} "
+                        "or --flavor pytorchjob")
+    if k8s.gang and flavor != "pytorchjob" and not k8s.queue:
+        problems.append(f"k8s.gang: the {flavor} flavor is gang-admitted by Kueue: set k8s.queue "
+                        "to a LocalQueue (or use --flavor pytorchjob, schedulingPolicy.minAvailable)")
+    if flavor == "trainjob":
+        # Trainer v2.3 runtimePatches: pod metadata, nodeSelector, tolerations, serviceAccount,
+        # imagePullSecrets, terminationGracePeriodSeconds, volumes and container env/mounts.
+        unsupported = {
+            "k8s.priority_class": k8s.priority_class,
+            "k8s.scheduler_name": k8s.scheduler_name,
+            "k8s.ttl_after_finished": k8s.ttl_after_finished,
+        }
+        for field, value in unsupported.items():
+            if value is not None:
+                problems.append(f"{field}: a TrainJob cannot set it (Trainer v2.3 runtimePatches "
+                                "have no such field); set it in the ClusterTrainingRuntime "
+                                f"{k8s.runtime!r} or use another flavor")
+        if job.image_pull_policy != "IfNotPresent":
+            problems.append("image_pull_policy: a TrainJob cannot set imagePullPolicy; leave it "
+                            "IfNotPresent (set it in the runtime) or use another flavor")
+        if k8s.clean_pod_policy != "None":
+            problems.append("k8s.clean_pod_policy: PyTorchJob only; remove it for a TrainJob")
+    if flavor in ("jobset", "job") and k8s.clean_pod_policy != "None":
+        problems.append(f"k8s.clean_pod_policy: PyTorchJob only; remove it for a {flavor}")
+    if problems:
+        raise UserError(*problems)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def labels(job: JobSpec) -> dict[str, str]:
+    """`app.kubernetes.io/*` labels of every object, then the user's."""
+    return {
+        "app.kubernetes.io/name": "ddpkit",
+        "app.kubernetes.io/instance": job.name,
+        "app.kubernetes.io/component": "trainer",
+        "app.kubernetes.io/managed-by": "ddpkit",
+        **job.k8s.labels,
+    }
+
+
+def master_endpoint(job: JobSpec, flavor: str) -> tuple[str, int]:
+    """Host and port of node 0 as pods see it (one naming scheme per flavor)."""
+    if flavor == "pytorchjob":
+        role = "worker" if job.nodes.elastic else "master"
+        return f"{job.name}-{role}-0", PYTORCHJOB_PORT
+    if flavor in ("trainjob", "jobset"):
+        return f"{job.name}-{TRAINJOB_NODE}-0-0.{job.name}", RDZV_PORT
+    return f"{job.name}-0.{job.name}", RDZV_PORT
+
+
+def torchrun_restarts(job: JobSpec, flavor: str) -> int:
+    """torchrun --max-restarts: see the module docstring for who restarts what."""
+    if flavor == "trainjob" or (flavor == "pytorchjob" and job.nodes.elastic):
+        return job.restarts
+    return 0
+
+
+def container_env(job: JobSpec, flavor: str) -> list[dict]:
+    """The launch contract first (docs/CONTRACT.md), then the user's env, then secrets."""
+    env = [
+        {"name": "DDPKIT_JOB_FILE", "value": JOB_FILE_PATH},
+        {"name": "DDPKIT_RUN_ID", "value": job.name},
+        {"name": "DDPKIT_NNODES", "value": str(job.nodes)},
+        {"name": "DDPKIT_NPROC_PER_NODE", "value": str(job.nproc_per_node)},
+        {"name": "DDPKIT_MAX_RESTARTS", "value": str(torchrun_restarts(job, flavor))},
+        {"name": "DDPKIT_LAUNCHER", "value": "torchrun"},
+    ]
+    if flavor in ("jobset", "job"):
+        host, port = master_endpoint(job, flavor)
+        env += [{"name": "DDPKIT_MASTER_ADDR", "value": host},
+                {"name": "DDPKIT_MASTER_PORT", "value": str(port)}]
+    env += [{"name": k, "value": v} for k, v in job.env.items()]
+    env += [{"name": s.name, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
+            for s in job.secret_env]
+    return env
+
+
+def _cpu(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
+
+
+def container_resources(job: JobSpec) -> dict:
+    """Requests equal limits: CPU and memory when set, GPUs when any."""
+    amounts: dict[str, Any] = {}
+    if job.resources.cpus_per_node is not None:
+        amounts["cpu"] = _cpu(job.resources.cpus_per_node)
+    if job.resources.memory is not None:
+        amounts["memory"] = job.resources.memory
+    if job.gpus_per_node:
+        amounts[job.gpu_resource] = job.gpus_per_node
+    return {"limits": dict(amounts), "requests": dict(amounts)} if amounts else {}
+
+
+def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
+    """The job file, /dev/shm, then the user's volumes in order."""
+    volumes: list[dict] = [
+        {"name": "ddpkit-job", "configMap": {"name": configmap_name(job)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.resources.shm}},
+    ]
+    mounts: list[dict] = [
+        {"name": "ddpkit-job", "mountPath": JOB_FILE_DIR, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    for vol in job.volumes:
+        if vol.claim is not None:
+            source = {"persistentVolumeClaim": {"claimName": vol.claim, "readOnly": vol.read_only}}
+        elif vol.host_path is not None:
+            source = {"hostPath": {"path": vol.host_path, "type": "Directory"}}
+        elif vol.nfs is not None:
+            source = {"nfs": {"server": vol.nfs.server, "path": vol.nfs.path,
+                              "readOnly": vol.read_only}}
+        else:
+            empty: dict[str, Any] = {}
+            if vol.empty_dir.medium:
+                empty["medium"] = vol.empty_dir.medium
+            if vol.empty_dir.size_limit:
+                empty["sizeLimit"] = vol.empty_dir.size_limit
+            source = {"emptyDir": empty}
+        volumes.append({"name": vol.name, **source})
+        mount = {"name": vol.name, "mountPath": vol.mount}
+        if vol.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def configmap_name(job: JobSpec) -> str:
+    return f"{job.name}-job"
+
+
+def _tolerations(job: JobSpec) -> list[dict]:
+    out = []
+    for tol in job.k8s.tolerations:
+        item = {"key": tol.key, "operator": tol.operator, "value": tol.value, "effect": tol.effect,
+                "tolerationSeconds": tol.toleration_seconds}
+        out.append({k: v for k, v in item.items() if v is not None})
+    return out
+
+
+def context(job: JobSpec, flavor: str) -> dict[str, Any]:
+    """Everything the templates use, computed once from the JobSpec."""
+    k8s = job.k8s
+    common = labels(job)
+    workload = dict(common)
+    if k8s.queue:
+        workload[KUEUE_QUEUE_LABEL] = k8s.queue
+    volumes, mounts = volumes_and_mounts(job)
+    restart_policy = "Never"
+    if flavor == "pytorchjob" and job.restarts:
+        restart_policy = "OnFailure"
+    host, port = master_endpoint(job, flavor)
+    ctx: dict[str, Any] = {
+        "name": job.name,
+        "namespace": k8s.namespace,
+        "labels": common,
+        "workload_labels": workload,
+        "pod_labels": common,
+        "pod_annotations": {**SIDECARS_OFF, **k8s.annotations},
+        "configmap_name": configmap_name(job),
+        "job_file_data": {JOB_FILE_NAME: job.to_yaml()},
+        "image": job.image,
+        "image_pull_policy": job.image_pull_policy,
+        "command": list(job.command or DEFAULT_COMMAND),
+        "container_name": CONTAINER_NAME[flavor],
+        "env": container_env(job, flavor),
+        "resources": container_resources(job),
+        "volumes": volumes,
+        "volume_mounts": mounts,
+        "node_selector": dict(k8s.node_selector),
+        "tolerations": _tolerations(job),
+        "image_pull_secrets": [{"name": s} for s in k8s.image_pull_secrets],
+        "service_account": k8s.service_account,
+        "priority_class": k8s.priority_class,
+        "scheduler_name": k8s.scheduler_name,
+        "termination_grace": k8s.termination_grace,
+        "restart_policy": restart_policy,
+        "subdomain": None,
+        "ports": [],
+        "nodes": job.nodes.max,
+        "nodes_min": job.nodes.min,
+        "nodes_max": job.nodes.max,
+        "elastic": job.nodes.elastic,
+        "nproc_per_node": job.nproc_per_node,
+        "restarts": job.restarts,
+        "active_deadline_seconds": job.time_limit,
+        "ttl_seconds_after_finished": k8s.ttl_after_finished,
+        "clean_pod_policy": k8s.clean_pod_policy,
+        "runtime": k8s.runtime,
+        "replicated_job": TRAINJOB_NODE,
+        "patch_manager": PATCH_MANAGER,
+        "master_port": port,
+        "master_host": host,
+    }
+    if flavor == "pytorchjob":
+        ctx["ports"] = [{"name": PYTORCHJOB_PORT_NAME, "containerPort": PYTORCHJOB_PORT}]
+        if job.nodes.elastic:
+            ctx["roles"] = [{"name": "Worker", "replicas": job.nodes.max}]
+        else:
+            ctx["roles"] = [{"name": "Master", "replicas": 1}]
+            if job.nodes.max > 1:
+                ctx["roles"].append({"name": "Worker", "replicas": job.nodes.max - 1})
+        policy: dict[str, Any] = {}
+        if k8s.gang:
+            policy["minAvailable"] = job.nodes.min
+            if k8s.priority_class:
+                policy["priorityClass"] = k8s.priority_class
+        ctx["scheduling_policy"] = policy
+    elif flavor in ("jobset", "job"):
+        ctx["ports"] = [{"name": "rdzv", "containerPort": RDZV_PORT}]
+    if flavor == "job":
+        ctx["subdomain"] = job.name
+        ctx["service_name"] = job.name
+        ctx["selector"] = {"app.kubernetes.io/instance": job.name,
+                           "app.kubernetes.io/managed-by": "ddpkit"}
+        ctx["backoff_limit"] = job.restarts * job.nodes.max
+    return ctx
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+
+
+def _header(job: JobSpec, flavor: str, source: str) -> str:
+    # json.dumps: a file name with a newline cannot break out of the comment
+    return (f"# Generated by ddpkit from {json.dumps(str(source))}: job {job.name}, "
+            f"flavor {flavor}. Do not edit; re-render instead.\n"
+            f"# Apply: ddpkit render k8s {json.dumps(str(source))} --flavor {flavor} "
+            "| kubectl apply -f -\n")
+
+
+def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
+    """Multi-document YAML for `flavor` (default: job.k8s.flavor)."""
+    flavor = flavor or job.k8s.flavor
+    check_flavor(job, flavor)
+    ctx = context(job, flavor)
+    if flavor != "trainjob":
+        ctx["pod_template"] = render_template("k8s", "_pod.yaml.j2", **ctx).rstrip("\n")
+    docs = [render_template("k8s", "configmap.yaml.j2", **ctx),
+            render_template("k8s", f"{flavor}.yaml.j2", **ctx)]
+    text = _header(job, flavor, source) + "---\n".join(d if d.endswith("\n") else d + "\n" for d in docs)
+    objects = parse_objects(text)  # a template bug is ours: fail loudly, never print it
+    if any(not isinstance(o, dict) or "kind" not in o for o in objects):
+        raise RuntimeError(f"k8s/{flavor}.yaml.j2 rendered something that is not an object")
+    return text
+
+
+def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
+    """The rendered objects as data (what `kubectl apply` would send)."""
+    return parse_objects(render_k8s(job, flavor=flavor))
+
+
+def parse_objects(text: str) -> list[dict]:
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+
+
+def pod_templates(objects: list[dict]) -> list[tuple[str, int, dict]]:
+    """(role, replicas, pod template) for each kind of pod the objects would create.
+
+    Roles: PyTorchJob `master`/`worker`, JobSet and Job `node`. A TrainJob's pod lives in its
+    ClusterTrainingRuntime; it is rebuilt here from `spec.trainer` and our runtime patch the
+    way the `torch-distributed` runtime does (one container named `node`). Pod templates are
+    copies: change them freely. Used by `ddpkit run --docker` to run the pods as containers.
+    """
+    found: list[tuple[str, int, dict]] = []
+    for obj in objects:
+        kind, spec = obj.get("kind"), obj.get("spec") or {}
+        if kind == "PyTorchJob":
+            for role, rspec in spec["pytorchReplicaSpecs"].items():
+                found.append((role.lower(), rspec.get("replicas", 1), copy.deepcopy(rspec["template"])))
+        elif kind == "JobSet":
+            for rjob in spec["replicatedJobs"]:
+                jspec = rjob["template"]["spec"]
+                count = rjob.get("replicas", 1) * jspec.get("parallelism", 1)
+                found.append((rjob["name"], count, copy.deepcopy(jspec["template"])))
+        elif kind == "Job":
+            found.append(("node", spec.get("parallelism", 1), copy.deepcopy(spec["template"])))
+        elif kind == "TrainJob":
+            found.append((TRAINJOB_NODE, spec["trainer"]["numNodes"], _trainjob_pod(spec)))
+    return found
+
+
+def _trainjob_pod(spec: dict) -> dict:
+    trainer = spec["trainer"]
+    patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = copy.deepcopy(patch["replicatedJobs"][0]["template"]["spec"]["template"])
+    container = pod["spec"]["containers"][0]
+    container.update({"image": trainer["image"], "command": list(trainer["command"]),
+                      "env": copy.deepcopy(trainer.get("env", [])),
+                      "resources": copy.deepcopy(trainer.get("resourcesPerNode", {}))})
+    pod["spec"]["restartPolicy"] = "Never"
+    return pod
+
+
+def injected_env(objects: list[dict], role: str, index: int) -> dict[str, str]:
+    """Variables the controller would add to pod `index` of `role` (for running pods elsewhere).
+
+    PyTorchJob (v1 operator): PET_* plus MASTER_ADDR/PORT, RANK (the pod index) and
+    WORLD_SIZE (pods x nprocPerNode); TrainJob: PET_*; JobSet and Job: JOB_COMPLETION_INDEX
+    (torchrun's other settings come from the rendered DDPKIT_* variables).
+    """
+    for obj in objects:
+        kind, name, spec = obj.get("kind"), obj["metadata"]["name"], obj.get("spec") or {}
+        if kind == "PyTorchJob":
+            replicas = spec["pytorchReplicaSpecs"]
+            pods = sum(r.get("replicas", 1) for r in replicas.values())
+            nproc = int(spec.get("nprocPerNode", "1"))
+            rank = index + (1 if role == "worker" and "Master" in replicas else 0)
+            master = f"{name}-master-0" if "Master" in replicas else f"{name}-worker-0"
+            env = {"PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(PYTORCHJOB_PORT),
+                   "MASTER_ADDR": master, "MASTER_PORT": str(PYTORCHJOB_PORT),
+                   "PET_NNODES": str(pods), "PET_NODE_RANK": str(rank), "RANK": str(rank),
+                   "PET_NPROC_PER_NODE": str(nproc), "WORLD_SIZE": str(pods * nproc)}
+            if "elasticPolicy" in spec:
+                ep = spec["elasticPolicy"]
+                env.update({"PET_NNODES": f"{ep['minReplicas']}:{ep['maxReplicas']}",
+                            "PET_RDZV_BACKEND": ep.get("rdzvBackend", "c10d"),
+                            "PET_RDZV_ENDPOINT": f"{master}:{PYTORCHJOB_PORT}",
+                            "PET_MAX_RESTARTS": str(ep.get("maxRestarts", 0))})
+            return env
+        if kind == "TrainJob":
+            trainer = spec["trainer"]
+            return {"PET_NNODES": str(trainer["numNodes"]),
+                    "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+                    "PET_NODE_RANK": str(index), "JOB_COMPLETION_INDEX": str(index),
+                    "PET_MASTER_ADDR": f"{name}-{TRAINJOB_NODE}-0-0.{name}",
+                    "PET_MASTER_PORT": str(RDZV_PORT)}
+        if kind in ("JobSet", "Job"):
+            return {"JOB_COMPLETION_INDEX": str(index)}
+    raise ValueError("no workload object among the rendered objects")
+
+
+def pod_hostname(objects: list[dict], role: str, index: int) -> tuple[str, str | None]:
+    """(hostname, subdomain) pod `index` of `role` gets, so peers can resolve its DNS name."""
+    for obj in objects:
+        kind, name = obj.get("kind"), obj["metadata"]["name"]
+        if kind == "PyTorchJob":
+            return f"{name}-{role}-{index}", None
+        if kind in ("TrainJob", "JobSet"):
+            return f"{name}-{role}-0-{index}", name
+        if kind == "Job":
+            return f"{name}-{index}", name
+    raise ValueError("no workload object among the rendered objects")
