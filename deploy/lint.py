@@ -663,8 +663,8 @@ def lint_files(paths: Iterable[str], crd_dir: str | Path | None = None, *,
     return problems
 
 
-def run(paths: list[str], crd_dir: str | None = None, *, k8s_version: str | None = None,
-        out=None, err=None) -> int:
+def run_lint(paths: list[str], crds_dir: str | None = None, *, k8s_version: str | None = None,
+             out=None, err=None) -> int:
     """`ddpkit lint`: print one line per problem; 0 clean, 1 problems found, 2 unusable input."""
     import sys
 
@@ -672,7 +672,7 @@ def run(paths: list[str], crd_dir: str | None = None, *, k8s_version: str | None
     err = err or sys.stderr
     stdin_text = sys.stdin.read() if "-" in paths else None
     try:
-        found = lint_files(paths, crd_dir, k8s_version=k8s_version, stdin_text=stdin_text)
+        found = lint_files(paths, crds_dir, k8s_version=k8s_version, stdin_text=stdin_text)
     except LintInputError as exc:
         print(f"error: {exc}", file=err)
         return 2

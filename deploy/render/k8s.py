@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from deploy.errors import UserError
-from deploy.render import environment, render_template
+from deploy.render import environment
 from deploy.spec import JOB_FILE_DIR, JobSpec
 
 FLAVORS = ("pytorchjob", "trainjob", "jobset", "job")
@@ -316,15 +316,19 @@ def _header(job: JobSpec, flavor: str, source: str) -> str:
             "| kubectl apply -f -\n")
 
 
+def _render(template: str, ctx: dict[str, Any]) -> str:
+    return environment("k8s").get_template(template).render(ctx)
+
+
 def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
     """Multi-document YAML for `flavor` (default: job.k8s.flavor)."""
     flavor = flavor or job.k8s.flavor
     check_flavor(job, flavor)
     ctx = context(job, flavor)
     if flavor != "trainjob":
-        ctx["pod_template"] = render_template("k8s", "_pod.yaml.j2", **ctx).rstrip("\n")
-    docs = [render_template("k8s", "configmap.yaml.j2", **ctx),
-            render_template("k8s", f"{flavor}.yaml.j2", **ctx)]
+        ctx["pod_template"] = _render("_pod.yaml.j2", ctx).rstrip("\n")
+    docs = [_render("configmap.yaml.j2", ctx),
+            _render(f"{flavor}.yaml.j2", ctx)]
     text = _header(job, flavor, source) + "---\n".join(d if d.endswith("\n") else d + "\n" for d in docs)
     objects = parse_objects(text)  # a template bug is ours: fail loudly, never print it
     if any(not isinstance(o, dict) or "kind" not in o for o in objects):
