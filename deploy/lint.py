@@ -401,7 +401,7 @@ TRAINING_KINDS = {"PyTorchJob", "TrainJob", "JobSet", "Job"}
 
 RULES = {
     "pytorch-container": "every PyTorchJob replica has a container named `pytorch`",
-    "master-replicas": "a PyTorchJob has exactly one Master replica",
+    "master-replicas": "a PyTorchJob has exactly one Master replica (elastic jobs: none)",
     "nproc-gpus": "processes per node equal the GPU limit of the training container",
     "gpu-requests": "GPU requests equal GPU limits",
     "dev-shm": "/dev/shm is a memory-backed emptyDir mounted in the training container",
@@ -460,10 +460,10 @@ def _check_pytorchjob(spec: dict) -> list[tuple[str, str, str]]:
     found = []
     replicas = spec.get("pytorchReplicaSpecs") or {}
     master = replicas.get("Master")
-    if master is None:
+    if master is None and "elasticPolicy" not in spec:
         found.append(("master-replicas", "spec.pytorchReplicaSpecs",
                       "no Master replica spec (the operator points PET_MASTER_ADDR at it)"))
-    elif master.get("replicas", 1) != 1:
+    elif master is not None and master.get("replicas", 1) != 1:
         found.append(("master-replicas", "spec.pytorchReplicaSpecs.Master.replicas",
                       f"must be 1, got {master.get('replicas')}"))
     for role, rspec in replicas.items():

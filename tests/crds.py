@@ -3,19 +3,14 @@
 Missing folder: the test skips with the reason, except under `CI=true`, where it fails.
 """
 
-import os
 from pathlib import Path
 
-import pytest
+from tests.conftest import SHARED, require
 
-CRD_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "crds"
+CRD_DIR = SHARED / "crds"
 
 
 def crd_dir() -> Path:
-    if CRD_DIR.is_dir():
-        return CRD_DIR
-    reason = (f"upstream CRDs not found at {CRD_DIR} (a folder of CRD YAML beside the checkout, "
-              "see shared/crds/README.md)")
-    if os.environ.get("CI") == "true":
-        pytest.fail(reason + "; CI=true requires them")
-    pytest.skip(reason)
+    require(CRD_DIR.is_dir(), f"upstream CRDs not found at {CRD_DIR} (a folder of CRD YAML "
+                              "beside the checkout, see shared/crds/README.md)")
+    return CRD_DIR

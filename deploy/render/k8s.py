@@ -191,7 +191,9 @@ def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
     ]
     for vol in job.volumes:
         if vol.claim is not None:
-            source = {"persistentVolumeClaim": {"claimName": vol.claim, "readOnly": vol.read_only}}
+            source = {"persistentVolumeClaim": {"claimName": vol.claim}}
+            if vol.read_only:
+                source["persistentVolumeClaim"]["readOnly"] = True
         elif vol.host_path is not None:
             source = {"hostPath": {"path": vol.host_path, "type": "Directory"}}
         elif vol.nfs is not None:

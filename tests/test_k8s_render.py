@@ -1,0 +1,325 @@
+"""deploy.render.k8s: goldens per flavor x example, lint of every rendered object, behaviours."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from deploy import lint
+from deploy.errors import UserError
+from deploy.render import k8s
+from deploy.spec import load_job, parse_job
+from tests.conftest import EXAMPLES, ddpkit
+from tests.crds import crd_dir
+
+#: Combinations a flavor cannot express: (example stem, flavor) -> the field named in the error.
+UNRENDERABLE = {
+    ("elastic", "trainjob"): "nodes:", ("elastic", "jobset"): "nodes:", ("elastic", "job"): "nodes:",
+    ("multinode-gpu", "trainjob"): "k8s.priority_class:",
+}
+CASES = [(e, f) for e in EXAMPLES for f in k8s.FLAVORS]
+
+
+def case_id(case):
+    return f"{case[0].stem}-{case[1]}"
+
+
+@pytest.fixture(scope="module")
+def crds():
+    return lint.load_crds(crd_dir())
+
+
+def render(path, flavor):
+    return k8s.render_k8s(load_job(str(path)), flavor=flavor, source=f"examples/{path.name}")
+
+
+def job(**fields):
+    data = {"name": "demo", "image": "img:1", **fields}
+    return parse_job(data)
+
+
+def objects(spec, flavor):
+    return k8s.render_objects(spec, flavor=flavor)
+
+
+def workload(objs):
+    return next(o for o in objs if o["kind"] in ("PyTorchJob", "TrainJob", "JobSet", "Job"))
+
+
+def pods(objs):
+    return [t for _, _, t in k8s.pod_templates(objs)]
+
+
+def container(template):
+    return template["spec"]["containers"][0]
+
+
+def env_of(template):
+    return {e["name"]: e for e in container(template)["env"]}
+
+
+# ---- goldens and lint ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_golden(case, golden):
+    path, flavor = case
+    if (path.stem, flavor) in UNRENDERABLE:
+        with pytest.raises(UserError) as err:
+            render(path, flavor)
+        assert err.value.problems[0].startswith(UNRENDERABLE[(path.stem, flavor)])
+        return
+    golden(f"k8s/{path.stem}.{flavor}.yaml", render(path, flavor))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if (c[0].stem, c[1]) not in UNRENDERABLE],
+                         ids=case_id)
+def test_every_rendered_object_passes_lint_against_upstream_crds(case, crds):
+    path, flavor = case
+    text = render(path, flavor)
+    assert lint.lint_text(text, crds, source=f"{path.stem}.{flavor}") == []
+
+
+def test_rendering_is_deterministic():
+    path = EXAMPLES[0]
+    assert render(path, "pytorchjob") == render(path, "pytorchjob")
+
+
+# ---- behaviours --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_carries_the_job_file_in_a_configmap_mounted_into_every_pod(flavor):
+    spec = job(nodes=2)
+    objs = objects(spec, flavor)
+    cm = objs[0]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["name"] == "demo-job"
+    assert yaml.safe_load(cm["data"]["job.yaml"]) == spec.model_dump(mode="json")
+    for tpl in pods(objs):
+        vols = {v["name"]: v for v in tpl["spec"]["volumes"]}
+        assert vols["ddpkit-job"]["configMap"]["name"] == "demo-job"
+        assert {"name": "ddpkit-job", "mountPath": "/etc/ddpkit", "readOnly": True} in container(tpl)["volumeMounts"]
+        assert env_of(tpl)["DDPKIT_JOB_FILE"]["value"] == "/etc/ddpkit/job.yaml"
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_mounts_a_memory_backed_dev_shm_sized_from_resources_shm(flavor):
+    objs = objects(job(resources={"shm": "3Gi"}), flavor)
+    for tpl in pods(objs):
+        vols = {v["name"]: v for v in tpl["spec"]["volumes"]}
+        mount = next(m for m in container(tpl)["volumeMounts"] if m["mountPath"] == "/dev/shm")
+        assert vols[mount["name"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "3Gi"}
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_every_object_has_app_kubernetes_io_labels(flavor):
+    for obj in objects(job(k8s={"labels": {"team": "ml"}}), flavor):
+        got = obj["metadata"]["labels"]
+        assert got["app.kubernetes.io/instance"] == "demo"
+        assert got["app.kubernetes.io/managed-by"] == "ddpkit" and got["team"] == "ml"
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_container_starts_python_m_trainer_launch(flavor):
+    for tpl in pods(objects(job(), flavor)):
+        assert container(tpl)["command"] == ["python", "-m", "trainer.launch"]
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_secret_env_uses_secretkeyref_and_never_the_value(flavor):
+    spec = job(secret_env=[{"name": "TOKEN", "secret": "s3cr3t-store", "key": "tok"}])
+    text = k8s.render_k8s(spec, flavor=flavor)
+    for tpl in pods(k8s.parse_objects(text)):
+        assert env_of(tpl)["TOKEN"] == {"name": "TOKEN", "valueFrom": {
+            "secretKeyRef": {"name": "s3cr3t-store", "key": "tok"}}}
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_gpu_limits_equal_requests_and_processes_per_node(flavor):
+    spec = job(gpus_per_node=4, gpu_resource="amd.com/gpu", resources={"cpus_per_node": 1.5,
+                                                                       "memory": "8Gi"})
+    objs = objects(spec, flavor)
+    for tpl in pods(objs):
+        res = container(tpl)["resources"]
+        assert res["limits"] == res["requests"] == {"cpu": "1500m", "memory": "8Gi", "amd.com/gpu": 4}
+        assert env_of(tpl)["DDPKIT_NPROC_PER_NODE"]["value"] == "4"
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_volumes_claim_host_path_nfs_and_empty_dir(flavor):
+    spec = job(volumes=[
+        {"name": "data", "claim": "imagenet", "mount": "/data", "read_only": True},
+        {"name": "host", "host_path": "/mnt/fast", "mount": "/fast"},
+        {"name": "share", "nfs": {"server": "nfs.local", "path": "/export"}, "mount": "/share"},
+        {"name": "scratch", "empty_dir": {"size_limit": "10Gi"}, "mount": "/scratch"},
+    ])
+    tpl = pods(objects(spec, flavor))[0]
+    vols = {v["name"]: v for v in tpl["spec"]["volumes"]}
+    assert vols["data"]["persistentVolumeClaim"] == {"claimName": "imagenet", "readOnly": True}
+    assert vols["host"]["hostPath"] == {"path": "/mnt/fast", "type": "Directory"}
+    assert vols["share"]["nfs"] == {"server": "nfs.local", "path": "/export", "readOnly": False}
+    assert vols["scratch"]["emptyDir"] == {"sizeLimit": "10Gi"}
+    mounts = {m["name"]: m for m in container(tpl)["volumeMounts"]}
+    assert mounts["data"] == {"name": "data", "mountPath": "/data", "readOnly": True}
+    assert mounts["scratch"] == {"name": "scratch", "mountPath": "/scratch"}
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "jobset", "job"])
+def test_scheduling_fields_reach_the_pod(flavor):
+    spec = job(k8s={"node_selector": {"pool": "gpu"}, "priority_class": "high",
+                    "service_account": "trainer", "image_pull_secrets": ["regcred"],
+                    "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                    "scheduler_name": "volcano"})
+    pod = pods(objects(spec, flavor))[0]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu"}
+    assert pod["priorityClassName"] == "high" and pod["serviceAccountName"] == "trainer"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["schedulerName"] == "volcano"
+
+
+def test_trainjob_patches_scheduling_fields_into_the_runtime():
+    spec = job(k8s={"node_selector": {"pool": "gpu"}, "service_account": "trainer",
+                    "image_pull_secrets": ["regcred"], "termination_grace": "5m",
+                    "tolerations": [{"key": "gpu", "operator": "Exists"}]})
+    tj = workload(objects(spec, "trainjob"))
+    [patch] = tj["spec"]["runtimePatches"]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "gpu"} and pod["serviceAccountName"] == "trainer"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}] and pod["terminationGracePeriodSeconds"] == 300
+    assert pod["containers"][0]["name"] == "node"  # the torch-distributed runtime's container
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_termination_grace_period_leaves_time_for_the_sigterm_checkpoint(flavor):
+    for tpl in pods(objects(job(), flavor)):
+        assert tpl["spec"]["terminationGracePeriodSeconds"] == 120
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_sidecar_injection_is_off(flavor):
+    for tpl in pods(objects(job(), flavor)):
+        assert tpl["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_kueue_queue_label_on_the_workload_when_a_queue_is_set(flavor):
+    assert k8s.KUEUE_QUEUE_LABEL not in workload(objects(job(), flavor))["metadata"]["labels"]
+    labels = workload(objects(job(k8s={"queue": "team-a"}), flavor))["metadata"]["labels"]
+    assert labels[k8s.KUEUE_QUEUE_LABEL] == "team-a"
+
+
+def test_pytorchjob_has_one_master_and_nodes_minus_one_workers_named_pytorch():
+    pj = workload(objects(job(nodes=4, procs_per_node=3, restarts=2, time_limit="2h"), "pytorchjob"))
+    replicas = pj["spec"]["pytorchReplicaSpecs"]
+    assert replicas["Master"]["replicas"] == 1 and replicas["Worker"]["replicas"] == 3
+    for rspec in replicas.values():
+        c = container(rspec["template"])
+        assert c["name"] == "pytorch"
+        assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
+        assert rspec["restartPolicy"] == "OnFailure"
+    assert pj["spec"]["nprocPerNode"] == "3"
+    assert pj["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": 2,
+                                       "activeDeadlineSeconds": 7200}
+
+
+def test_pytorchjob_single_node_has_no_worker_and_no_restarts_means_never():
+    pj = workload(objects(job(), "pytorchjob"))
+    assert list(pj["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    assert pj["spec"]["pytorchReplicaSpecs"]["Master"]["restartPolicy"] == "Never"
+
+
+def test_pytorchjob_run_policy_ttl_and_gang_scheduling():
+    pj = workload(objects(job(nodes=3, k8s={"gang": True, "ttl_after_finished": "1h",
+                                            "priority_class": "high"}), "pytorchjob"))
+    run = pj["spec"]["runPolicy"]
+    assert run["ttlSecondsAfterFinished"] == 3600
+    assert run["schedulingPolicy"] == {"minAvailable": 3, "priorityClass": "high"}
+
+
+def test_pytorchjob_elastic_policy_when_nodes_is_min_max():
+    objs = objects(job(nodes="2:5", restarts=7), "pytorchjob")
+    pj = workload(objs)
+    assert pj["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": 2,
+                                           "maxReplicas": 5, "maxRestarts": 7}
+    assert list(pj["spec"]["pytorchReplicaSpecs"]) == ["Worker"]
+    assert pj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 5
+    env = env_of(pods(objs)[0])
+    assert env["DDPKIT_NNODES"]["value"] == "2:5" and env["DDPKIT_MAX_RESTARTS"]["value"] == "7"
+
+
+def test_trainjob_refers_to_the_runtime_and_sets_nodes_and_processes():
+    tj = workload(objects(job(nodes=3, gpus_per_node=2, time_limit="1h",
+                              k8s={"runtime": "my-torch"}), "trainjob"))
+    spec = tj["spec"]
+    assert spec["runtimeRef"] == {"name": "my-torch"}
+    assert spec["trainer"]["numNodes"] == 3 and spec["trainer"]["numProcPerNode"] == 2
+    assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 2
+    assert spec["trainer"]["image"] == "img:1" and spec["activeDeadlineSeconds"] == 3600
+    assert spec["runtimePatches"][0]["manager"] == "ddpkit"
+
+
+def test_jobset_has_dns_hostnames_failure_policy_and_pod_zero_as_master():
+    objs = objects(job(nodes=3, restarts=4), "jobset")
+    js = workload(objs)
+    assert js["spec"]["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 4}
+    [rjob] = js["spec"]["replicatedJobs"]
+    assert rjob["replicas"] == 1
+    assert rjob["template"]["spec"]["parallelism"] == rjob["template"]["spec"]["completions"] == 3
+    env = env_of(pods(objs)[0])
+    assert env["DDPKIT_MASTER_ADDR"]["value"] == "demo-node-0-0.demo"
+    assert env["DDPKIT_MASTER_ADDR"]["value"] == ".".join(k8s.pod_hostname(objs, "node", 0))
+
+
+def test_job_is_indexed_with_a_headless_service_as_its_subdomain():
+    objs = objects(job(nodes=3, restarts=2), "job")
+    svc = next(o for o in objs if o["kind"] == "Service")
+    batch = workload(objs)
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert batch["spec"]["completionMode"] == "Indexed"
+    assert batch["spec"]["completions"] == batch["spec"]["parallelism"] == 3
+    assert batch["spec"]["backoffLimit"] == 6
+    tpl = batch["spec"]["template"]
+    assert tpl["spec"]["subdomain"] == svc["metadata"]["name"]
+    assert all(tpl["metadata"]["labels"][k] == v for k, v in svc["spec"]["selector"].items())
+    env = env_of(tpl)
+    assert env["DDPKIT_MASTER_ADDR"]["value"] == "demo-0.demo"
+    assert env["DDPKIT_MASTER_PORT"]["value"] == "29500"
+
+
+@pytest.mark.parametrize("flavor", ["trainjob", "jobset", "job"])
+def test_elastic_nodes_on_a_fixed_size_flavor_is_an_exit_2_error(flavor, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: demo\nimage: img:1\nnodes: '2:4'\n")
+    result = ddpkit("render", "k8s", str(path), "--flavor", flavor)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: nodes: elastic 2:4 needs the pytorchjob flavor")
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_render_writes_the_file_and_lint_accepts_it(tmp_path):
+    out = tmp_path / "out.yaml"
+    example = next(p for p in EXAMPLES if p.stem == "multinode-gpu")
+    result = ddpkit("render", "k8s", str(example), "--flavor", "job", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    check = ddpkit("lint", str(out), "--crds", str(crd_dir()))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_user_strings_cannot_break_the_yaml():
+    spec = job(env={"WEIRD": "a: b\n- c # d \"e\" 'f' {g}"}, k8s={"annotations": {"note": "x\ny: z"}})
+    for flavor in k8s.FLAVORS:
+        tpl = pods(objects(spec, flavor))[0]
+        assert env_of(tpl)["WEIRD"]["value"] == "a: b\n- c # d \"e\" 'f' {g}"
+        assert tpl["metadata"]["annotations"]["note"] == "x\ny: z"
+
+
+def test_pod_templates_and_injected_env_for_running_pods_elsewhere():
+    objs = objects(job(nodes=3, procs_per_node=2), "pytorchjob")
+    assert [(r, n) for r, n, _ in k8s.pod_templates(objs)] == [("master", 1), ("worker", 2)]
+    env = k8s.injected_env(objs, "worker", 1)
+    assert env["PET_NODE_RANK"] == "2" and env["WORLD_SIZE"] == "6"
+    assert env["PET_MASTER_ADDR"] == "demo-master-0" and env["PET_MASTER_PORT"] == "23456"
+    tj = objects(job(nodes=2), "trainjob")
+    [(role, count, pod)] = k8s.pod_templates(tj)
+    assert (role, count) == ("node", 2) and container(pod)["image"] == "img:1"
+    assert k8s.injected_env(tj, "node", 0)["PET_MASTER_ADDR"] == "demo-node-0-0.demo"
