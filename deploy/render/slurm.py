@@ -1,0 +1,232 @@
+"""The sbatch script for a job: `render_slurm(job) -> str` (template `slurm/job.sh.j2`).
+
+Every count comes from the JobSpec's one topology (nodes, processes per node, GPUs, CPUs):
+- torchrun mode: one Slurm task per node, running `python -m trainer.launch`, which starts
+  torchrun with `nproc_per_node` workers; the task gets all the node's CPUs.
+- srun mode: one Slurm task per process (per GPU), each running `trainer.launch`, which maps
+  SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS onto RANK/LOCAL_RANK/WORLD_SIZE; no torchrun.
+
+Choices worth knowing:
+- The script embeds the validated job YAML and writes it next to the logs at run time, so the
+  script alone is the whole job (no path back to the submit host's job file).
+- `srun` is given `--cpus-per-task` explicitly: Slurm 22.05 stopped passing the batch's value on
+  to steps, and a torchrun task pinned to one CPU runs all its workers on it.
+- The requeue path (trap, forward, wait, `scontrol requeue`) lives in the batch shell, outside
+  any container, bounded by `restarts` through SLURM_RESTART_COUNT.
+- The run id is the job name, so a resubmitted job finds its checkpoints and its FINISHED marker.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import re
+
+from deploy import __version__
+from deploy.errors import UserError
+from deploy.render import render_template, shquote
+from deploy.spec import JobSpec
+from deploy.units import slurm_time
+
+DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
+HEREDOC_END = "DDPKIT_JOB_YAML"
+# sbatch reads #SBATCH lines itself (no shell); keep values to characters it passes unchanged.
+_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&~-]+$")
+
+
+def render_slurm(job: JobSpec, *, source: str = "job.yaml") -> str:
+    """The sbatch script for `job`; `source` is the job file's name, shown in the header."""
+    return render_template("slurm", "job.sh.j2", **slurm_context(job, source=source))
+
+
+def tasks_per_node(job: JobSpec) -> int:
+    """Slurm tasks on each node: 1 (torchrun starts the workers) or one per process."""
+    return 1 if job.slurm.launcher == "torchrun" else job.nproc_per_node
+
+
+def cpus_per_task(job: JobSpec) -> int | None:
+    """The node's CPUs split over its tasks (at least 1); None leaves Slurm's default."""
+    cpus = job.resources.cpus_per_node
+    if cpus is None:
+        return None
+    return max(1, math.floor(math.ceil(cpus) / tasks_per_node(job)))
+
+
+def finished_marker(job: JobSpec) -> str | None:
+    """Where the batch shell finds `FINISHED`, or None when it cannot see that path.
+
+    The trainer resolves a relative checkpoint dir against `<train.output_dir>/<run id>` in its
+    working directory (the submit directory, also inside containers, which mount it there). An
+    absolute path inside a container is mapped back through the container mounts; one that no
+    mount covers lives only in the container, and the trainer's own check is the only one.
+    """
+    path = job.checkpoint.dir
+    if not posixpath.isabs(path):
+        path = posixpath.join(job.train.output_dir, job.name, path)
+    elif job.slurm.container != "none":
+        for src, dst in sorted(_mount_pairs(job), key=lambda p: -len(p[1])):
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                path = src.rstrip("/") + path[len(dst.rstrip("/")):]
+                break
+        else:
+            return None
+    return posixpath.normpath(posixpath.join(path, "FINISHED"))
+
+
+def _mount_pairs(job: JobSpec) -> list[tuple[str, str]]:
+    return [(m.split(":")[0], m.split(":")[1]) for m in _mounts(job)]
+
+
+def _mounts(job: JobSpec) -> list[str]:
+    """Container bind mounts `SRC:DST[:ro]`: slurm.container_mounts plus host_path volumes."""
+    mounts = list(job.slurm.container_mounts)
+    for volume in job.volumes:
+        if volume.host_path is not None:
+            mounts.append(f"{volume.host_path}:{volume.mount}" + (":ro" if volume.read_only else ""))
+    return mounts
+
+
+def _directive(key: str, value: object = None, *, field: str) -> str:
+    if value is None:
+        return f"--{key}"
+    text = str(value)
+    if not _DIRECTIVE_VALUE.match(text):
+        raise UserError(f"{field}: {text!r} cannot go into an #SBATCH line; use letters, digits "
+                        "and _.,:@%+=/|&~- only (no spaces or quotes)")
+    return f"--{key}={text}"
+
+
+def directives(job: JobSpec) -> list[str]:
+    """The `#SBATCH` options, all derived from the JobSpec."""
+    s = job.slurm
+    nodes = str(job.nodes.min) if not job.nodes.elastic else f"{job.nodes.min}-{job.nodes.max}"
+    out = [
+        _directive("job-name", job.name, field="name"),
+        _directive("nodes", nodes, field="nodes"),
+        _directive("ntasks-per-node", tasks_per_node(job), field="slurm.launcher"),
+    ]
+    cpus = cpus_per_task(job)
+    if cpus is not None:
+        out.append(_directive("cpus-per-task", cpus, field="resources.cpus_per_node"))
+    if job.gpus_per_node:
+        if s.gpu_flag == "gres":
+            out.append(_directive("gres", f"gpu:{job.gpus_per_node}", field="gpus_per_node"))
+        else:
+            out.append(_directive("gpus-per-node", job.gpus_per_node, field="gpus_per_node"))
+    if job.resources.memory_bytes is not None:
+        mebibytes = math.ceil(job.resources.memory_bytes / 2**20)
+        out.append(_directive("mem", f"{mebibytes}M", field="resources.memory"))
+    if job.time_limit is not None:
+        out.append(_directive("time", slurm_time(job.time_limit), field="time_limit"))
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(s, key)
+        if value is not None:
+            out.append(_directive(key, value, field=f"slurm.{key}"))
+    if s.exclusive:
+        out.append("--exclusive")
+    log = posixpath.join(s.log_dir, "%x-%j.out")
+    out.append(_directive("output", log, field="slurm.log_dir"))
+    out.append(_directive("error", log, field="slurm.log_dir"))
+    out.append("--open-mode=append")
+    if s.requeue:
+        out.append("--requeue")
+        out.append(f"--signal=B:{s.signal}@{s.signal_seconds}")
+    out.extend(s.extra_directives)
+    return out
+
+
+def launch_line(job: JobSpec) -> str:
+    """The job step: `srun` with the task layout, the container, then the entry point."""
+    s = job.slurm
+    parts = ["srun", "--nodes=\"$SLURM_JOB_NUM_NODES\"",
+             f"--ntasks-per-node={tasks_per_node(job)}"]
+    cpus = cpus_per_task(job)
+    if cpus is not None:
+        parts.append(f"--cpus-per-task={cpus}")
+    parts.append("--kill-on-bad-exit=1")
+    command = " ".join(shquote(arg) for arg in (job.command or DEFAULT_COMMAND))
+    if s.container == "pyxis":
+        parts += [f"--container-image={shquote(job.image)}",
+                  "--container-mounts=\"$container_mounts\"", "--container-workdir=\"$PWD\""]
+    elif s.container == "apptainer":
+        parts += ["apptainer", "exec"]
+        if job.gpus_per_node:
+            parts.append("--nv")
+        if posixpath.isabs(s.log_dir):
+            parts.append('--bind "$job_dir"')
+        parts += [f"--bind {shquote(m)}" for m in _mounts(job)]
+        parts.append(shquote(job.image))
+    return " \\\n  ".join([*_wrap(parts), command])
+
+
+def _wrap(parts: list[str], width: int = 88) -> list[str]:
+    """Group words into lines of about `width` characters (joined with backslash-newlines)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 1 + len(part) <= width:
+            lines[-1] += " " + part
+        else:
+            lines.append(part)
+    return lines
+
+
+def _ignored(job: JobSpec) -> list[str]:
+    """Job-file settings that have no meaning in an sbatch script (shown in its header)."""
+    out = []
+    for volume in job.volumes:
+        if volume.host_path is None:
+            out.append(f"volume {volume.name} ({volume.source}): mount it on the cluster's "
+                       f"shared filesystem at {volume.mount}")
+        elif job.slurm.container == "none" and volume.host_path != volume.mount:
+            out.append(f"volume {volume.name}: without a container {volume.host_path} is not "
+                       f"mounted at {volume.mount}")
+    if job.slurm.container == "none":
+        out.append(f"image {job.image} (slurm.container is none)")
+    return out
+
+
+def _topology(job: JobSpec) -> str:
+    nodes = str(job.nodes)
+    per_node = job.nproc_per_node
+    gpus = f", {job.gpus_per_node} GPUs per node" if job.gpus_per_node else ""
+    if job.slurm.launcher == "torchrun":
+        mode = "torchrun mode: one Slurm task per node starts the workers"
+    else:
+        mode = "srun mode: one Slurm task per process"
+    return f"{nodes} nodes x {per_node} processes{gpus}; {mode}"
+
+
+def slurm_context(job: JobSpec, *, source: str) -> dict:
+    """Everything the template needs, computed here so the template only lays it out."""
+    s = job.slurm
+    job_yaml = job.to_yaml()
+    if not job_yaml.endswith("\n"):
+        job_yaml += "\n"
+    if any(line == HEREDOC_END for line in job_yaml.splitlines()):
+        raise UserError(f"the job contains a line {HEREDOC_END!r}, which ends the embedded job file")
+    return {
+        "version": __version__,
+        "source_comment": re.sub(r"[^\x20-\x7e]", "?", source),
+        "job_name": job.name,
+        "topology": _topology(job),
+        "ignored": _ignored(job),
+        "directives": directives(job),
+        "log_dir": s.log_dir,
+        "log_dir_absolute": posixpath.isabs(s.log_dir),
+        "finished_marker": finished_marker(job),
+        "modules": s.modules,
+        "setup": s.setup,
+        "venv": s.venv if s.container == "none" else None,
+        "nproc_per_node": job.nproc_per_node,
+        "restarts": job.restarts,
+        "launcher": s.launcher,
+        "job_yaml": job_yaml,
+        "heredoc_end": HEREDOC_END,
+        "env": job.env,
+        "secret_env": job.secret_env,
+        "container": s.container,
+        "mounts": _mounts(job),
+        "requeue": s.requeue,
+        "signal": s.signal,
+        "launch": launch_line(job),
+    }
