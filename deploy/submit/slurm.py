@@ -1,0 +1,333 @@
+"""Submit, watch and cancel Slurm jobs: handles `slurm://JOBID`.
+
+`submit` pipes the rendered script into `sbatch --parsable` (default), or hands submitit an
+executor with the same topology and the launch function (`--via submitit`). `status` reads
+`scontrol show job` (Slurm keeps a finished job there for MinJobAge, 5 minutes by default) and
+falls back to `sacct` when the cluster has accounting. `logs` reads the job's output file
+named by Slurm itself (StdOut), so it works for both ways of submitting.
+
+Every Slurm command goes through `runner` (default `subprocess.run`), so unit tests can swap in
+a fake; the end-to-end tests use the real testbed cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from deploy.errors import RuntimeFailure, UserError
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+#: Slurm job states in the shared vocabulary (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED,
+#: CANCELLED). A pending job that has been requeued before is RESTARTING.
+STATES = {
+    "PENDING": "PENDING", "CONFIGURING": "PENDING", "SUSPENDED": "PENDING",
+    "REQUEUE_HOLD": "PENDING", "SPECIAL_EXIT": "FAILED",
+    "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
+    "RESIZING": "RUNNING",
+    "REQUEUED": "RESTARTING", "REQUEUE_FED": "RESTARTING", "PREEMPTED": "RESTARTING",
+    "COMPLETED": "SUCCEEDED",
+    "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED",
+    "FAILED": "FAILED", "TIMEOUT": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
+    "BOOT_FAIL": "FAILED", "DEADLINE": "FAILED",
+}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+_HANDLE = re.compile(r"^(?:slurm://)?([0-9]+(?:_[0-9]+)?)$")
+_NO_SLURM = ("{cmd} not found: run this on a Slurm login node, or try the local testbed: "
+             "`sudo ddpkit testbed slurm up` then `eval \"$(ddpkit testbed slurm env)\"`")
+
+
+def job_id(handle: str) -> str:
+    """`slurm://1234` (or a bare `1234`) -> `1234`."""
+    match = _HANDLE.match(handle.strip())
+    if not match:
+        raise UserError(f"{handle!r} is not a Slurm job handle: expected slurm://JOBID, e.g. slurm://1234")
+    return match.group(1)
+
+
+def _run(runner: Runner, argv: list[str], *, input: str | None = None,
+         check: bool = True) -> subprocess.CompletedProcess:
+    """Run one Slurm client command; a missing command or a refusal is one clear line."""
+    if runner is subprocess.run and shutil.which(argv[0]) is None:
+        raise RuntimeFailure(_NO_SLURM.format(cmd=argv[0]))
+    try:
+        proc = runner(argv, input=input, capture_output=True, text=True, timeout=120)
+    except FileNotFoundError:
+        raise RuntimeFailure(_NO_SLURM.format(cmd=argv[0])) from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeFailure(f"{argv[0]} did not answer within 120 s: is slurmctld up?") from None
+    if check and proc.returncode != 0:
+        raise RuntimeFailure(f"{argv[0]} failed: {_last_line(proc.stderr or proc.stdout)}")
+    return proc
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    return lines[-1] if lines else "no message"
+
+
+# ---------------------------------------------------------------------------------------------
+# submit
+
+
+def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool = False,
+           runner: Runner = subprocess.run, cwd: str | os.PathLike | None = None) -> str:
+    """Submit `job`; return its handle `slurm://JOBID` (with dry_run: sbatch --test-only's answer)."""
+    if via == "submitit":
+        if dry_run:
+            raise UserError("--dry-run is not available with --via submitit; use --via sbatch")
+        return _submit_submitit(job, cwd=cwd)
+    if via != "sbatch":
+        raise UserError(f"--via {via}: use sbatch or submitit")
+    from deploy.render.slurm import render_slurm
+
+    script = render_slurm(job, source=source)
+    workdir = Path(cwd or os.getcwd())
+    # Slurm does not create the output directory; a job whose log cannot be opened just fails
+    (workdir / job.slurm.log_dir).mkdir(parents=True, exist_ok=True)
+    argv = ["sbatch", "--parsable", f"--chdir={workdir}"]
+    if dry_run:
+        proc = _run(runner, [*argv, "--test-only"], input=script, check=False)
+        if proc.returncode != 0:
+            raise RuntimeFailure(f"sbatch --test-only refused the job: {_last_line(proc.stderr)}")
+        return _last_line(proc.stderr or proc.stdout)
+    proc = _run(runner, argv, input=script, check=False)
+    if proc.returncode != 0:
+        raise RuntimeFailure(f"sbatch refused the job: {_last_line(proc.stderr or proc.stdout)}")
+    jobid = proc.stdout.strip().split(";")[0]
+    if not _HANDLE.match(jobid):
+        raise RuntimeFailure(f"sbatch answered {proc.stdout.strip()!r}, not a job id")
+    return f"slurm://{jobid}"
+
+
+def _submit_submitit(job, *, cwd) -> str:
+    """submitit's SlurmExecutor with the job's topology, running `SlurmLaunch` on every task."""
+    try:
+        import submitit
+    except ModuleNotFoundError:
+        raise RuntimeFailure("--via submitit needs the Python package 'submitit': "
+                             "pip install 'ddpkit[slurm]'") from None
+    if shutil.which("sbatch") is None:
+        raise RuntimeFailure(_NO_SLURM.format(cmd="sbatch"))
+    from deploy.render import slurm as render
+
+    s = job.slurm
+    workdir = Path(cwd or os.getcwd())
+    folder = workdir / s.log_dir / "submitit"
+    executor = submitit.SlurmExecutor(folder=folder, python=sys.executable)
+    params: dict = {
+        "job_name": job.name,
+        "nodes": job.nodes.min,
+        "ntasks_per_node": render.tasks_per_node(job),
+        "setup": _submitit_setup(job),
+        "additional_parameters": {"chdir": str(workdir)},
+    }
+    cpus = render.cpus_per_task(job)
+    if cpus is not None:
+        params["cpus_per_task"] = cpus
+    if job.gpus_per_node:
+        if s.gpu_flag == "gres":
+            params["gres"] = f"gpu:{job.gpus_per_node}"
+        else:
+            params["gpus_per_node"] = job.gpus_per_node
+    if job.resources.memory_bytes is not None:
+        params["mem"] = f"{-(-job.resources.memory_bytes // 2**20)}M"
+    if job.time_limit is not None:
+        params["time"] = -(-job.time_limit // 60)
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(s, key) is not None:
+            params[key] = getattr(s, key)
+    if s.exclusive:
+        params["exclusive"] = True
+    params["signal_delay_s"] = s.signal_seconds
+    executor.update_parameters(**params)
+    try:
+        submitted = executor.submit(SlurmLaunch(job.to_yaml(), job.name, s.log_dir, job.nproc_per_node,
+                                                job.restarts, s.launcher, job.command))
+    except Exception as exc:  # submitit wraps sbatch's refusal in its own exception types
+        raise RuntimeFailure(f"submitit could not submit the job: {_last_line(str(exc))}") from None
+    return f"slurm://{submitted.job_id}"
+
+
+def _submitit_setup(job) -> list[str]:
+    """Lines submitit runs before its srun: modules, setup, venv, env (like the sbatch script)."""
+    from deploy.render import shquote
+
+    s = job.slurm
+    lines = [f"module load {shquote(m)}" for m in s.modules] + list(s.setup)
+    if s.venv and s.container == "none":
+        lines.append(f"source {shquote(s.venv + '/bin/activate')}")
+    lines += [f"export {k}={shquote(v)}" for k, v in job.env.items()]
+    return lines
+
+
+class SlurmLaunch:
+    """What submitit runs on every task: the launch contract, then `python -m trainer.launch`.
+
+    Mirrors the sbatch script: master = first node, port from the job id, the job YAML written
+    next to the logs. Runs the entry point as a child process (deploy never imports torch) and
+    forwards SIGUSR2/SIGTERM to it; a non-zero exit raises, so submitit reports a failure.
+    """
+
+    def __init__(self, job_yaml: str, name: str, log_dir: str, nproc_per_node: int, restarts: int,
+                 launcher: str, command: list[str] | None):
+        self.job_yaml, self.name, self.log_dir = job_yaml, name, log_dir
+        self.nproc_per_node, self.restarts = nproc_per_node, restarts
+        self.launcher, self.command = launcher, command
+
+    def environment(self, env: dict[str, str]) -> dict[str, str]:
+        """The DDPKIT_* variables for a task whose Slurm environment is `env`."""
+        hosts = _expand_hostlist(env["SLURM_JOB_NODELIST"])
+        jobid = env["SLURM_JOB_ID"]
+        job_file = Path(self.log_dir).resolve() / f"{self.name}-{jobid}.job.yaml"
+        return {
+            "DDPKIT_MASTER_ADDR": hosts[0],
+            "DDPKIT_MASTER_PORT": str(15000 + int(jobid) % 10000),
+            "DDPKIT_RUN_ID": self.name,
+            "DDPKIT_NNODES": env["SLURM_JOB_NUM_NODES"],
+            "DDPKIT_NPROC_PER_NODE": str(self.nproc_per_node),
+            "DDPKIT_MAX_RESTARTS": str(self.restarts),
+            "DDPKIT_LAUNCHER": self.launcher,
+            "DDPKIT_JOB_FILE": str(job_file),
+        }
+
+    def __call__(self) -> int:
+        import signal
+
+        extra = self.environment(dict(os.environ))
+        job_file = Path(extra["DDPKIT_JOB_FILE"])
+        job_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = job_file.with_name(f".{job_file.name}.{os.getpid()}")
+        tmp.write_text(self.job_yaml, encoding="utf-8")
+        os.replace(tmp, job_file)  # every task writes the same text; replace is atomic
+        argv = self.command or [sys.executable, "-m", "trainer.launch"]
+        child = subprocess.Popen(argv, env={**os.environ, **extra})
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+        rc = child.wait()
+        if rc != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited with code {rc}")
+        return rc
+
+
+def _expand_hostlist(nodelist: str) -> list[str]:
+    """`node[01-03],gpu7` -> host names, with python-hostlist (the same as scontrol)."""
+    import hostlist
+
+    return hostlist.expand_hostlist(nodelist)
+
+
+# ---------------------------------------------------------------------------------------------
+# status, logs, cancel
+
+
+def show_job(handle: str, *, runner: Runner = subprocess.run) -> dict[str, str] | None:
+    """`scontrol show job -o` as a dict, or None when slurmctld no longer knows the job."""
+    jobid = job_id(handle)
+    proc = _run(runner, ["scontrol", "show", "job", "-o", jobid], check=False)
+    if proc.returncode != 0:
+        if "invalid job id" in (proc.stderr + proc.stdout).lower():
+            return None
+        raise RuntimeFailure(f"scontrol show job {jobid} failed: {_last_line(proc.stderr)}")
+    return parse_scontrol(proc.stdout.splitlines()[0] if proc.stdout.strip() else "")
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """`Key=Value Key=Value ...` (one job, `-o` output) to a dict; values may contain spaces
+    only where Slurm puts them (Command, Comment, Reason), which end at the next ` Key=`."""
+    fields: dict[str, str] = {}
+    for match in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_/:]*)=(.*?)(?=\s[A-Za-z][A-Za-z0-9_/:]*=|$)", line):
+        fields.setdefault(match.group(1), match.group(2))
+    return fields
+
+
+def status(handle: str, *, runner: Runner = subprocess.run) -> str:
+    """The job's state in the shared vocabulary."""
+    info = show_job(handle, runner=runner)
+    if info is not None:
+        raw = info.get("JobState", "")
+        state = STATES.get(raw.split()[0].rstrip("+"), "FAILED" if raw else "PENDING")
+        if state == "PENDING" and int(info.get("Restarts", "0") or 0) > 0:
+            return "RESTARTING"
+        return state
+    jobid = job_id(handle)
+    proc = _run(runner, ["sacct", "-n", "-X", "-P", "-o", "State", "-j", jobid], check=False)
+    raw = proc.stdout.strip().splitlines()[-1].split()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
+    if not raw:
+        raise RuntimeFailure(f"Slurm no longer knows job {jobid} (and the cluster keeps no "
+                             "accounting): look in the job's log directory")
+    return STATES.get(raw.rstrip("+"), "FAILED")
+
+
+def log_path(handle: str, *, runner: Runner = subprocess.run) -> Path:
+    """The job's output file, as Slurm names it (StdOut, relative to WorkDir)."""
+    info = show_job(handle, runner=runner)
+    if info is None:
+        raise RuntimeFailure(f"Slurm no longer knows job {job_id(handle)}: its log is in the "
+                             "job's log directory (slurm.log_dir, default logs/)")
+    path = Path(info.get("StdOut", ""))
+    if not path.is_absolute():
+        path = Path(info.get("WorkDir", ".")) / path
+    return path
+
+
+def logs(handle: str, rank: int | None = None, follow: bool = False, *,
+         runner: Runner = subprocess.run, out=None, poll_s: float = 1.0) -> int:
+    """Print the job's output file; with follow, keep printing until the job ends.
+
+    Slurm writes one file per job with every node's output; `rank` keeps the lines of one node
+    (lines that torchrun's or srun's labels mark with that rank, and the unlabelled ones).
+    """
+    out = out or sys.stdout
+    path = log_path(handle, runner=runner)
+    position = 0
+    while True:
+        if path.exists():
+            with path.open("r", encoding="utf-8", errors="replace") as fh:
+                fh.seek(position)
+                chunk = fh.read()
+                position = fh.tell()
+            for line in chunk.splitlines(keepends=True):
+                if rank is None or _line_rank(line) in (None, rank):
+                    out.write(line)
+            out.flush()
+        elif not follow:
+            raise RuntimeFailure(f"{path} does not exist yet (is the job still pending?)")
+        if not follow or status(handle, runner=runner) in TERMINAL:
+            if follow and path.exists():  # what was written after the last read
+                with path.open("r", encoding="utf-8", errors="replace") as fh:
+                    fh.seek(position)
+                    out.write(fh.read())
+                out.flush()
+            return 0
+        time.sleep(poll_s)
+
+
+def _line_rank(line: str) -> int | None:
+    """The rank a log line is labelled with (`[rank3]:`, `[default3]:`, srun's `3: `), if any."""
+    match = re.match(r"^\[(?:rank|default)(\d+)\]:|^\s*(\d+): ", line)
+    if not match:
+        return None
+    return int(match.group(1) or match.group(2))
+
+
+def cancel(handle: str, *, runner: Runner = subprocess.run, wait_s: float = 30.0) -> None:
+    """`scancel`, then wait (up to wait_s) until Slurm reports the job ended."""
+    jobid = job_id(handle)
+    proc = _run(runner, ["scancel", jobid], check=False)
+    if proc.returncode != 0:
+        raise RuntimeFailure(f"scancel {jobid} failed: {_last_line(proc.stderr or proc.stdout)}")
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        info = show_job(handle, runner=runner)
+        if info is None or not info.get("JobState", "").startswith(("RUNNING", "COMPLETING", "PENDING", "CONFIGURING")):
+            return
+        time.sleep(0.5)
+    raise RuntimeFailure(f"job {jobid} is still running {wait_s:.0f} s after scancel")
