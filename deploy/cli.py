@@ -256,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "testbed", cmd_testbed, "a real local cluster to try jobs on (root)",
                  "sudo ddpkit testbed slurm up")
     p.add_argument("kind", choices=["slurm"], metavar="KIND", help="slurm")
-    p.add_argument("action", choices=["up", "down", "status"], metavar="ACTION", help="up, down or status")
+    p.add_argument("action", choices=["up", "down", "status", "env"], metavar="ACTION",
+                   help="up, down, status, or env (prints the PATH line for its client wrappers)")
     return parser
 
 

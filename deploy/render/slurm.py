@@ -145,18 +145,20 @@ def launch_line(job: JobSpec) -> str:
         parts.append(f"--cpus-per-task={cpus}")
     parts.append("--kill-on-bad-exit=1")
     command = " ".join(shquote(arg) for arg in (job.command or DEFAULT_COMMAND))
+    container: list[str] = []
     if s.container == "pyxis":
         parts += [f"--container-image={shquote(job.image)}",
                   "--container-mounts=\"$container_mounts\"", "--container-workdir=\"$PWD\""]
     elif s.container == "apptainer":
-        parts += ["apptainer", "exec"]
+        container = ["apptainer", "exec"]
         if job.gpus_per_node:
-            parts.append("--nv")
+            container.append("--nv")
         if posixpath.isabs(s.log_dir):
-            parts.append('--bind "$job_dir"')
-        parts += [f"--bind {shquote(m)}" for m in _mounts(job)]
-        parts.append(shquote(job.image))
-    return " \\\n  ".join([*_wrap(parts), command])
+            container.append('--bind "$job_dir"')
+        container += [f"--bind {shquote(m)}" for m in _mounts(job)]
+        container.append(shquote(job.image))
+    lines = _wrap(parts) + (_wrap(container) if container else []) + [command]
+    return " \\\n  ".join(lines)
 
 
 def _wrap(parts: list[str], width: int = 88) -> list[str]:

