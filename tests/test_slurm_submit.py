@@ -1,0 +1,151 @@
+"""`deploy.submit.slurm` against a recorded stand-in for the Slurm commands (unit tests; the real
+cluster is in tests/test_slurm_e2e.py)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+
+import pytest
+import yaml
+
+from deploy.errors import RuntimeFailure, UserError
+from deploy.render.slurm import render_slurm
+from deploy.spec import parse_job
+from deploy.submit import slurm
+from tests.conftest import ddpkit
+
+JOB = parse_job(yaml.safe_load("""
+name: demo
+image: x:1
+nodes: 2
+procs_per_node: 2
+"""))
+
+
+class FakeSlurm:
+    """Answers Slurm commands from a table {argv[0]: (rc, stdout, stderr)}; records every call."""
+
+    def __init__(self, **answers):
+        self.answers = answers
+        self.calls: list[tuple[list[str], str | None]] = []
+
+    def __call__(self, argv, input=None, **kwargs):
+        self.calls.append((argv, input))
+        answer = self.answers[argv[0]]
+        if callable(answer):
+            answer = answer(argv)
+        rc, out, err = answer
+        return subprocess.CompletedProcess(argv, rc, out, err)
+
+
+def scontrol_line(state: str, restarts: int = 0, stdout: str = "/w/logs/demo-12.out") -> str:
+    return (f"JobId=12 JobName=demo UserId=root(0) JobState={state} Reason=None Dependency=(null) "
+            f"Requeue=1 Restarts={restarts} BatchFlag=1 Command=(null) WorkDir=/w "
+            f"StdErr={stdout} StdIn=/dev/null StdOut={stdout} Power=\n")
+
+
+def test_submit_pipes_the_rendered_script_into_sbatch_parsable(tmp_path):
+    fake = FakeSlurm(sbatch=(0, "12;cluster\n", ""))
+    handle = slurm.submit(JOB, source="job.yaml", runner=fake, cwd=tmp_path)
+    assert handle == "slurm://12"
+    argv, script = fake.calls[0]
+    assert argv[:2] == ["sbatch", "--parsable"] and f"--chdir={tmp_path}" in argv
+    assert script == render_slurm(JOB, source="job.yaml")
+    assert (tmp_path / "logs").is_dir()  # Slurm does not create it
+
+
+def test_a_refused_submission_is_one_clear_line(tmp_path):
+    err = "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    fake = FakeSlurm(sbatch=(1, "", err))
+    with pytest.raises(RuntimeFailure, match="^sbatch refused the job: sbatch: error: Batch job "
+                                             "submission failed: Invalid partition name specified$"):
+        slurm.submit(JOB, runner=fake, cwd=tmp_path)
+
+
+def test_missing_slurm_commands_are_one_line(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: demo\nimage: x:1\n")
+    proc = ddpkit("submit", "slurm", str(job), env={"PATH": str(tmp_path)}, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith("error: sbatch not found") and proc.stderr.count("\n") == 1
+    proc = ddpkit("status", "slurm://5", env={"PATH": str(tmp_path)})
+    assert proc.returncode == 1 and "scontrol not found" in proc.stderr
+
+
+@pytest.mark.parametrize("state,restarts,shared", [
+    ("PENDING", 0, "PENDING"), ("PENDING", 1, "RESTARTING"), ("RUNNING", 0, "RUNNING"),
+    ("COMPLETING", 0, "RUNNING"), ("REQUEUED", 1, "RESTARTING"), ("COMPLETED", 1, "SUCCEEDED"),
+    ("FAILED", 0, "FAILED"), ("TIMEOUT", 0, "FAILED"), ("OUT_OF_MEMORY", 0, "FAILED"),
+    ("CANCELLED", 0, "CANCELLED"),
+])
+def test_status_speaks_the_shared_vocabulary(state, restarts, shared):
+    fake = FakeSlurm(scontrol=(0, scontrol_line(state, restarts), ""))
+    assert slurm.status("slurm://12", runner=fake) == shared
+    assert fake.calls[0][0] == ["scontrol", "show", "job", "-o", "12"]
+
+
+def test_status_falls_back_to_sacct_when_slurmctld_forgot_the_job():
+    fake = FakeSlurm(scontrol=(1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+                     sacct=(0, "COMPLETED\n", ""))
+    assert slurm.status("slurm://12", runner=fake) == "SUCCEEDED"
+    fake = FakeSlurm(scontrol=(1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+                     sacct=(1, "", "Slurm accounting storage is disabled\n"))
+    with pytest.raises(RuntimeFailure, match="no longer knows job 12"):
+        slurm.status("slurm://12", runner=fake)
+
+
+def test_handles_are_checked():
+    with pytest.raises(UserError, match="slurm://JOBID"):
+        slurm.job_id("slurm://12; rm -rf /")
+    assert slurm.job_id("slurm://12") == "12" and slurm.job_id("34_2") == "34_2"
+
+
+def test_logs_print_the_output_file_slurm_names(tmp_path):
+    log = tmp_path / "demo-12.out"
+    log.write_text("ddpkit: demo starting\n[rank0]: step 10 loss 2.0\n[rank1]: step 10 loss 2.1\n")
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
+    out = io.StringIO()
+    assert slurm.logs("slurm://12", runner=fake, out=out) == 0
+    assert out.getvalue() == log.read_text()
+    out = io.StringIO()
+    slurm.logs("slurm://12", rank=1, runner=fake, out=out)
+    assert out.getvalue() == "ddpkit: demo starting\n[rank1]: step 10 loss 2.1\n"
+
+
+def test_logs_follow_until_the_job_ends(tmp_path):
+    log = tmp_path / "demo-12.out"
+    log.write_text("first\n")
+    states = iter(["RUNNING", "RUNNING", "COMPLETED", "COMPLETED", "COMPLETED"])
+
+    def scontrol(argv):
+        state = next(states)
+        if state == "COMPLETED":
+            with log.open("a") as fh:
+                fh.write("last\n")
+        return 0, scontrol_line(state, stdout=str(log)), ""
+
+    out = io.StringIO()
+    slurm.logs("slurm://12", follow=True, runner=FakeSlurm(scontrol=scontrol), out=out, poll_s=0.01)
+    assert out.getvalue() == "first\nlast\n"
+
+
+def test_cancel_runs_scancel_and_waits_for_the_end():
+    states = iter(["RUNNING", "CANCELLED"])
+    fake = FakeSlurm(scancel=(0, "", ""),
+                     scontrol=lambda argv: (0, scontrol_line(next(states)), ""))
+    slurm.cancel("slurm://12", runner=fake)
+    assert fake.calls[0][0] == ["scancel", "12"]
+    fake = FakeSlurm(scancel=(1, "", "scancel: error: Kill job error on job id 12: Invalid job id specified\n"))
+    with pytest.raises(RuntimeFailure, match="^scancel 12 failed: .*Invalid job id"):
+        slurm.cancel("slurm://12", runner=fake)
+
+
+def test_submitit_launch_sets_the_same_contract(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    launch = slurm.SlurmLaunch(JOB.to_yaml(), "demo", "logs", 2, 1, "torchrun", None)
+    env = launch.environment({"SLURM_JOB_NODELIST": "node[07-08]", "SLURM_JOB_ID": "4242",
+                              "SLURM_JOB_NUM_NODES": "2"})
+    assert env["DDPKIT_MASTER_ADDR"] == "node07" and env["DDPKIT_MASTER_PORT"] == "19242"
+    assert env["DDPKIT_JOB_FILE"] == str(tmp_path / "logs" / "demo-4242.job.yaml")
+    assert env["DDPKIT_NPROC_PER_NODE"] == "2" and env["DDPKIT_LAUNCHER"] == "torchrun"
