@@ -38,7 +38,7 @@ class TrainConfig(BaseModel):
     model: str = Field(
         "cnn",
         description="Workload: `cnn`, `gpt`, or a user function as `package.module:function` "
-        "that takes this `train:` section and returns a `trainer.workloads.Workload`.",
+        "that takes this `train:` section and returns a `trainer.models.Workload`.",
     )
     model_args: dict[str, int | float | str | bool] = Field(
         default_factory=dict,

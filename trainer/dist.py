@@ -1,0 +1,123 @@
+"""The worker-side contract: what one training process reads to join its process group.
+
+Only torchrun's per-worker variables are read (a table, like submitit's `JobEnvironment`);
+everything launcher-specific (`PET_*`, `SLURM_*`, ...) is `trainer.launch`'s business. None of
+them set means a single process without a process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+# field -> the variable that carries it, and whether it is required for a multi-process run
+WORKER_ENV = {
+    "rank": "RANK",
+    "world_size": "WORLD_SIZE",
+    "local_rank": "LOCAL_RANK",
+    "local_world_size": "LOCAL_WORLD_SIZE",
+    "master_addr": "MASTER_ADDR",
+    "master_port": "MASTER_PORT",
+}
+
+
+class DistEnvError(ValueError):
+    """The worker variables are inconsistent; the message names the variable and the fix."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        """True when a process group is needed (set by a launcher, even for world size 1)."""
+        return self.master_addr is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int(env: Mapping[str, str], var: str, default: int) -> int:
+    raw = env.get(var)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise DistEnvError(f"{var}={raw!r} is not an integer; the launcher must set a number") from None
+
+
+def read_dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
+    """Parse the six torchrun variables; raise `DistEnvError` on inconsistent values."""
+    env = os.environ if env is None else env
+    present = [v for v in WORKER_ENV.values() if env.get(v)]
+    if not present:
+        return DistEnv()
+    world_size = _int(env, "WORLD_SIZE", 1)
+    rank = _int(env, "RANK", 0)
+    local_rank = _int(env, "LOCAL_RANK", 0)
+    local_world_size = _int(env, "LOCAL_WORLD_SIZE", 1)
+    if world_size < 1:
+        raise DistEnvError(f"WORLD_SIZE={world_size} must be >= 1")
+    if not 0 <= rank < world_size:
+        raise DistEnvError(
+            f"RANK={rank} is not in [0, WORLD_SIZE={world_size}); a rank is a process index, "
+            "not a node index (start through `python -m trainer.launch`)"
+        )
+    if not 0 <= local_rank < max(local_world_size, 1):
+        raise DistEnvError(f"LOCAL_RANK={local_rank} is not in [0, LOCAL_WORLD_SIZE={local_world_size})")
+    addr = env.get("MASTER_ADDR") or None
+    if addr is None and world_size > 1:
+        raise DistEnvError(f"MASTER_ADDR is not set but WORLD_SIZE={world_size}; set it to rank 0's host")
+    if addr is None:  # WORLD_SIZE=1 with no master: a plain single process
+        return DistEnv(rank=0, world_size=1, local_rank=local_rank, local_world_size=local_world_size)
+    port = _int(env, "MASTER_PORT", 0)
+    if not 0 < port < 65536:
+        raise DistEnvError(f"MASTER_PORT={env.get('MASTER_PORT')!r} must be a port in 1..65535")
+    return DistEnv(rank, world_size, local_rank, local_world_size, addr, port)
+
+
+def pick_device(denv: DistEnv, want: str = "auto"):
+    """`cuda:LOCAL_RANK` when CUDA is wanted and present, else CPU."""
+    import torch
+
+    if want == "cuda" and not torch.cuda.is_available():
+        raise DistEnvError("train.device is cuda but no CUDA device is visible; use device: auto or cpu")
+    if want in ("auto", "cuda") and torch.cuda.is_available():
+        index = denv.local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]:
+    """Join the process group (nccl on CUDA, else gloo) and destroy it on every exit path."""
+    import torch.distributed as dist
+
+    if not denv.distributed:
+        yield
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    # env:// (the default) reads the six variables; under torchrun it also joins the agent's
+    # store (TORCHELASTIC_USE_AGENT_STORE) instead of binding MASTER_PORT a second time.
+    dist.init_process_group(
+        backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

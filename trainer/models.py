@@ -1,0 +1,140 @@
+"""Workloads: a model, its data and its loss. Built in: `cnn` and `gpt`; users: `pkg.mod:fn`."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from trainer.config import TrainConfig
+from trainer.data import synthetic_images, synthetic_tokens
+
+
+@dataclass
+class Workload:
+    """What a workload function returns.
+
+    `loss_fn(output, target)` returns the mean loss of a batch; eval accuracy is
+    `argmax(output, -1) == target` averaged over all elements (set `accuracy=False` when that
+    means nothing for your model). Batches are `(input, target)` pairs.
+    """
+
+    model: nn.Module
+    train_data: Dataset
+    eval_data: Dataset | None = None
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+    accuracy: bool = True
+
+
+def make_cnn() -> nn.Module:
+    """The reference CNN (build it after `torch.manual_seed(0)` to get the reference weights)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(2048, 128), nn.ReLU(), nn.Linear(128, 10),
+    )  # fmt: skip
+
+
+def cnn_workload(cfg: TrainConfig) -> Workload:
+    train, held_out = synthetic_images(cfg.data_samples)
+    torch.manual_seed(0)
+    return Workload(make_cnn(), train, held_out)
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """A small decoder-only transformer (pre-norm, learned positions, causal SDPA)."""
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, layers: int, heads: int):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"train.model_args: d_model={d_model} is not divisible by heads={heads}")
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+        self.ln = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() > 1:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, std=std)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln(x))
+
+
+def _token_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+
+
+GPT_DEFAULTS = {"vocab": 256, "seq_len": 128, "d_model": 256, "layers": 4, "heads": 4, "samples": 8192}
+
+
+def gpt_workload(cfg: TrainConfig) -> Workload:
+    unknown = set(cfg.model_args) - set(GPT_DEFAULTS)
+    if unknown:
+        raise ValueError(
+            f"train.model_args: unknown key(s) {sorted(unknown)} for gpt; known: {sorted(GPT_DEFAULTS)}"
+        )
+    a = {**GPT_DEFAULTS, **cfg.model_args}
+    samples = cfg.data_samples or int(a["samples"])
+    train, held_out = synthetic_tokens(samples, int(a["seq_len"]), int(a["vocab"]))
+    torch.manual_seed(0)
+    model = GPT(int(a["vocab"]), int(a["seq_len"]), int(a["d_model"]), int(a["layers"]), int(a["heads"]))
+    return Workload(model, train, held_out, loss_fn=_token_loss)
+
+
+BUILTIN = {"cnn": cnn_workload, "gpt": gpt_workload}
+
+
+def build_workload(cfg: TrainConfig) -> Workload:
+    """Build the workload named by `train.model` (`cnn`, `gpt` or `package.module:function`)."""
+    if cfg.model in BUILTIN:
+        if cfg.data != "synthetic":
+            raise ValueError(f"train.data: {cfg.model!r} has only the 'synthetic' data set")
+        if cfg.model == "cnn" and cfg.model_args:
+            raise ValueError("train.model_args: the cnn workload takes no arguments; remove them")
+        return BUILTIN[cfg.model](cfg)
+    module_name, sep, func_name = cfg.model.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(
+            f"train.model: {cfg.model!r} is neither a built-in ({', '.join(BUILTIN)}) nor "
+            "'package.module:function'"
+        )
+    try:
+        func = getattr(importlib.import_module(module_name), func_name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"train.model: cannot load {cfg.model!r}: {e}") from None
+    workload = func(cfg)
+    if not isinstance(workload, Workload):
+        raise ValueError(f"train.model: {cfg.model!r} returned {type(workload).__name__}, not a Workload")
+    return workload

@@ -1,0 +1,616 @@
+"""The DDP training loop every target ends in (`python -m trainer.train`, one per rank).
+
+It computes what the textbook DDP loop computes (DistributedSampler + set_epoch, DDP,
+zero_grad/backward/step) and adds what a job needs: gradient accumulation with `no_sync`,
+clipping, bf16 autocast on CUDA, an LR schedule, evaluation reduced across ranks, exact
+resume from checkpoints, a graceful stop on SIGTERM/SIGUSR2/SIGINT, `metrics.jsonl` and a
+plot in the run directory.
+
+Exit codes (docs/CONTRACT.md): 0 done (or FINISHED marker already there), 143 stopped by a
+signal after writing a checkpoint (retryable), 1 failure, 2 bad configuration.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG, EXIT_STOPPED = 0, 1, 2, 143
+STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
+STEADY_AFTER_STEPS = 20  # samples_per_s excludes the first steps (allocation, DDP bucket rebuild)
+
+log = logging.getLogger("ddpkit.trainer")
+
+
+class StopRequest:
+    """Remembers a stop signal; the loop acts on it at the next step boundary.
+
+    A second SIGINT (Ctrl-C twice) interrupts at once.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.after_step = int(os.environ.get("DDPKIT_STOP_AT_STEP") or 0)  # fault injection for tests
+
+    def install(self) -> None:
+        for name in STOP_SIGNALS:
+            signal.signal(getattr(signal, name), self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def requested(self, step: int) -> bool:
+        return self.signum is not None or (0 < self.after_step <= step)
+
+
+class StopVote:
+    """All ranks agree to stop at the same step, one step after any of them was signalled.
+
+    The vote is an asynchronous MAX all-reduce on a CPU (gloo) group started at one step
+    boundary and read at the next, so it never blocks the GPU stream or adds latency.
+    """
+
+    def __init__(self, group: Any, distributed: bool):
+        self.group, self.distributed = group, distributed
+        self.pending: Any = None
+        self.buf: Any = None
+
+    def poll(self, requested: bool) -> bool:
+        if not self.distributed:
+            return requested
+        import torch
+        import torch.distributed as dist
+
+        stop = False
+        if self.pending is not None:
+            self.pending.wait()
+            stop = bool(self.buf.item())
+        self.buf = torch.tensor([int(requested)])
+        self.pending = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return stop
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.pending.wait()
+            self.pending = None
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the base learning rate before optimizer step `step` (0-based)."""
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - progress
+
+
+def params_sha256(module: Any) -> str:
+    """sha256 over every parameter and buffer (name and raw bytes): equal on all ranks."""
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def run_directory(cfg: Any, job_name: str) -> Path:
+    return Path(cfg.output_dir) / (os.environ.get("DDPKIT_RUN_ID") or job_name)
+
+
+class Trainer:
+    def __init__(self, job: Any, denv: Any, device: Any, stop: StopRequest, t0: float):
+        import torch
+        import torch.distributed as dist
+
+        self.job, self.cfg, self.denv, self.device, self.stop, self.t0 = job, job.train, denv, device, stop, t0
+        self.rank, self.world = denv.rank, denv.world_size
+        self.is_main = denv.rank == 0
+        self.run_dir = run_directory(self.cfg, job.name)
+        ckpt = Path(job.checkpoint.dir)
+        self.ckpt_dir = ckpt if ckpt.is_absolute() else self.run_dir / ckpt
+        self.distributed = denv.distributed and dist.is_initialized()
+        # Control traffic (stop vote, small objects) on a CPU group even when training uses nccl.
+        self.control = None
+        if self.distributed and dist.get_backend() != "gloo":
+            self.control = dist.new_group(backend="gloo")
+        self.vote = StopVote(self.control, self.distributed)
+        self.metrics = None
+        if self.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
+        self.torch = torch
+
+    # -- small helpers ------------------------------------------------------------------
+    def write(self, record: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(record) + "\n")
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        if not self.distributed:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.control)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        if not self.distributed:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.control)
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize()
+
+    # -- setup --------------------------------------------------------------------------
+    def already_finished(self) -> bool:
+        from trainer import checkpoint
+
+        step = checkpoint.finished_step(self.ckpt_dir) if self.is_main else None
+        step = self.broadcast(step)
+        if step is not None and self.is_main:
+            log.info(
+                "%s exists (finished at step %d): nothing to do; delete it to train further",
+                self.ckpt_dir / checkpoint.FINISHED, step,
+            )
+        return step is not None
+
+    def setup(self) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        from trainer.data import EpochBatches, collate
+        from trainer.models import build_workload
+
+        cfg, device = self.cfg, self.device
+        self.workload = build_workload(cfg)
+        # Seeds per rank, after the model exists (model init is identical on every rank).
+        seed = cfg.seed + self.rank
+        torch.manual_seed(seed)
+        random.seed(seed)
+        with contextlib.suppress(ImportError):
+            import numpy as np
+
+            np.random.seed(seed)
+        self.model = self.workload.model.to(device)
+
+        if cfg.precision == "fp16" and device.type != "cuda":
+            raise ValueError("train.precision: fp16 needs CUDA; use bf16 or fp32 on CPU")
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        if cfg.precision == "auto" and device.type == "cuda":
+            dtype = torch.bfloat16
+        self.autocast = (
+            (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
+        )
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+
+        if cfg.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(
+                self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            )
+        else:
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+        self.sampler = DistributedSampler(
+            self.workload.train_data, num_replicas=self.world, rank=self.rank, shuffle=True, seed=cfg.seed
+        )
+        self.batches = EpochBatches(self.sampler, cfg.batch_size)
+        self.loader = DataLoader(
+            self.workload.train_data,
+            batch_sampler=self.batches,
+            collate_fn=collate,
+            num_workers=cfg.num_workers,
+            pin_memory=device.type == "cuda",
+            persistent_workers=cfg.num_workers > 0,
+            generator=torch.Generator().manual_seed(seed),  # keeps the global RNG untouched
+        )
+        self.micro_per_epoch = len(self.batches) // cfg.grad_accum * cfg.grad_accum
+        steps_per_epoch = self.micro_per_epoch // cfg.grad_accum
+        if steps_per_epoch == 0:
+            raise ValueError(
+                f"train.batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} is more than one "
+                f"rank's share of the data ({len(self.sampler)} samples); make them smaller"
+            )
+        self.total_steps = cfg.epochs * steps_per_epoch
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+        total, warmup, schedule = self.total_steps, cfg.warmup_steps, cfg.lr_schedule
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, total, warmup, schedule)
+        )
+
+        self.step, self.epoch, self.micro = 0, 0, 0
+        self.resumed_from: int | None = None
+        self.resume()  # before DDP: every rank holds the same restored weights anyway
+
+        self.ddp = None
+        wrapped = self.model
+        if self.distributed and self.world > 1:
+            self.ddp = DDP(
+                self.model,
+                device_ids=[device.index] if device.type == "cuda" else None,
+                bucket_cap_mb=cfg.bucket_cap_mb,
+                gradient_as_bucket_view=True,
+                find_unused_parameters=cfg.find_unused_parameters,
+            )
+            wrapped = self.ddp
+        self.forward = torch.compile(wrapped) if cfg.compile else wrapped
+
+    # -- checkpoints --------------------------------------------------------------------
+    def rng_state(self) -> dict[str, Any]:
+        import numpy as np
+
+        state = {"torch": self.torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+        if self.device.type == "cuda":
+            state["cuda"] = self.torch.cuda.get_rng_state(self.device)
+        return state
+
+    def save(self) -> None:
+        from trainer import checkpoint
+
+        t = time.perf_counter()
+        rng = self.all_gather(self.rng_state())
+        if self.is_main:
+            epoch, micro = self.epoch, self.micro
+            if micro >= self.micro_per_epoch:  # saved at an epoch end: resume at the next one
+                epoch, micro = epoch + 1, 0
+            state = {
+                "step": self.step,
+                "epoch": epoch,
+                "micro_batches_done": micro,
+                "world_size": self.world,
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "rng": rng,
+                "train": self.cfg.model_dump(),
+            }
+            path = checkpoint.save(self.ckpt_dir, self.step, state, self.job.checkpoint.keep)
+            log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t)
+        self.barrier()  # nobody exits (or moves on) before the file is complete
+        self.last_saved = self.step
+
+    def resume(self) -> None:
+        from trainer import checkpoint
+
+        path = checkpoint.newest_valid(self.ckpt_dir) if self.is_main else None
+        path = self.broadcast(None if path is None else str(path))
+        if path is None:
+            return
+        # Every rank reads the file when it can see it (shared storage); else rank 0 sends it.
+        visible = self.all_gather(os.path.exists(path))
+        if all(visible):
+            state = checkpoint.load(Path(path))
+        else:
+            state = self.broadcast(checkpoint.load(Path(path)) if self.is_main else None)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.micro = state["step"], state["epoch"], state["micro_batches_done"]
+        if state["world_size"] == self.world:
+            rng = state["rng"][self.rank]
+            self.torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            import numpy as np
+
+            np.random.set_state(rng["numpy"])
+            if "cuda" in rng and self.device.type == "cuda":
+                self.torch.cuda.set_rng_state(rng["cuda"], self.device)
+        elif self.is_main:
+            log.warning(
+                "checkpoint was written by %d ranks, now %d: data order and RNG streams differ "
+                "from an uninterrupted run", state["world_size"], self.world,
+            )
+        self.resumed_from = self.step
+        self.last_saved = self.step
+        if self.is_main:
+            log.info("resumed from %s (step %d, epoch %d)", path, self.step, self.epoch)
+            self.write({"event": "resumed", "step": self.step, "checkpoint": path})
+
+    # -- evaluation ---------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float] | None:
+        torch, data = self.torch, self.workload.eval_data
+        if data is None:
+            return None
+        t = time.perf_counter()
+        self.model.eval()
+        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss*n, correct, n
+        shard = list(range(self.rank, len(data), self.world))  # no padding: exact metrics
+        bs = self.cfg.batch_size
+        with torch.no_grad(), self.autocast():
+            for i in range(0, len(shard), bs):
+                x, y = data.__getitems__(shard[i : i + bs]) if hasattr(data, "__getitems__") else _stack(data, shard[i : i + bs])
+                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                out = self.model(x)
+                n = y.numel()
+                sums[0] += self.workload.loss_fn(out, y).double() * n
+                if self.workload.accuracy:
+                    sums[1] += (out.argmax(-1) == y).sum()
+                sums[2] += n
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(sums)
+        self.model.train()
+        loss_sum, correct, n = sums.tolist()
+        result = {"eval_loss": loss_sum / max(n, 1)}
+        if self.workload.accuracy:
+            result["eval_accuracy"] = correct / max(n, 1)
+        self.paused += time.perf_counter() - t
+        return result
+
+    # -- the loop -----------------------------------------------------------------------
+    def train(self) -> int:
+        torch, cfg = self.torch, self.cfg
+        accum = cfg.grad_accum
+        global_batch = cfg.batch_size * accum * self.world
+        pbar = _progress(self.total_steps, self.step, enabled=self.is_main)
+        pending: list[tuple[int, int, Any, float, float]] = []  # step, epoch, loss, lr, dt
+        session_steps, first_step_s, window_t0, window_steps = 0, None, None, 0
+        self.paused = 0.0  # evaluation time inside the throughput window
+        losses: list[float] = []
+        last_eval: dict[str, float] | None = None
+        last_eval_step = -1
+        stopped = False
+        t_prev = time.perf_counter()
+        step_loss = None
+        self.last_saved = getattr(self, "last_saved", -1)
+
+        def flush() -> None:
+            if not pending:
+                return
+            values = torch.stack([p[2] for p in pending]).float().tolist()
+            for (step, epoch, _, lr, dt), loss in zip(pending, values, strict=True):
+                losses.append(loss)
+                self.write({"step": step, "epoch": epoch, "loss": loss, "lr": lr,
+                            "samples_per_s": global_batch / dt if dt > 0 else None})
+            step, epoch, _, lr, dt = pending[-1]
+            msg = (f"step {step}/{self.total_steps} epoch {epoch} loss {values[-1]:.4f} lr {lr:.3g} "
+                   f"{global_batch / dt if dt > 0 else 0:.0f} samples/s")
+            pbar.set_postfix_str(f"loss {values[-1]:.4f}", refresh=False)
+            _log_line(pbar, msg)
+            pending.clear()
+
+        while self.step < self.total_steps and not stopped:
+            self.batches.start(self.epoch, self.micro)
+            for x, y in self.loader:
+                if self.micro >= self.micro_per_epoch:
+                    break
+                x = x.to(self.device, non_blocking=True)
+                y = y.to(self.device, non_blocking=True)
+                last_micro = (self.micro + 1) % accum == 0
+                sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
+                with sync_ctx:
+                    with self.autocast():
+                        loss = self.workload.loss_fn(self.forward(x), y)
+                    scaled = loss / accum if accum > 1 else loss
+                    (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+                self.micro += 1
+                if not last_micro:
+                    continue
+                if cfg.grad_clip is not None:
+                    if self.scaler:
+                        self.scaler.unscale_(self.optimizer)
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                lr = self.optimizer.param_groups[0]["lr"]
+                if self.scaler:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
+                self.scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                self.step += 1
+                session_steps += 1
+                t_now = time.perf_counter()
+                pending.append((self.step, self.epoch, step_loss / accum if accum > 1 else step_loss, lr, t_now - t_prev))
+                step_loss = None
+                t_prev = t_now
+                if first_step_s is None:
+                    self.sync()
+                    first_step_s = time.time() - self.t0
+                if session_steps == STEADY_AFTER_STEPS or (window_t0 is None and session_steps == 1):
+                    self.sync()
+                    window_t0, window_steps, self.paused = time.perf_counter(), 0, 0.0
+                else:
+                    window_steps += 1
+                pbar.update(1)
+                if self.step % cfg.log_every_steps == 0:
+                    flush()
+                if self.step % self.job.checkpoint.every_steps == 0:
+                    self.save()  # checkpoint time counts against throughput
+                if self.vote.poll(self.stop.requested(self.step)):
+                    stopped = True
+                    break
+                if self.step >= self.total_steps:
+                    break
+            if self.micro >= self.micro_per_epoch:
+                if cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not stopped:
+                    flush()
+                    last_eval = self.evaluate()
+                    last_eval_step = self.step
+                    if last_eval:
+                        self.write({"eval": True, "step": self.step, "epoch": self.epoch, **last_eval})
+                        _log_line(pbar, f"eval after epoch {self.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                    t_prev = time.perf_counter()
+                self.epoch, self.micro = self.epoch + 1, 0
+        self.sync()
+        t_end, paused = time.perf_counter(), self.paused
+        flush()
+        pbar.close()
+        self.vote.close()
+
+        if self.last_saved != self.step:
+            self.save()
+        if stopped:
+            status = "stopped"
+            signame = signal.Signals(self.stop.signum).name if self.stop.signum else "DDPKIT_STOP_AT_STEP"
+            if self.is_main:
+                log.warning("stop requested (%s): checkpoint at step %d written; exiting %d",
+                            signame, self.step, EXIT_STOPPED)
+        else:
+            status = "completed"
+            if self.is_main:
+                from trainer import checkpoint
+
+                checkpoint.write_finished(self.ckpt_dir, self.step)
+            if cfg.eval_every_epochs and last_eval_step != self.step:
+                last_eval = self.evaluate()
+                if last_eval:
+                    self.write({"eval": True, "step": self.step, "epoch": self.epoch, **last_eval})
+
+        # Every rank leaves a checksum file; the summary lists ranks, hosts and checksums.
+        sha = params_sha256(self.model)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / f"params-rank{self.rank}.sha256").write_text(sha + "\n")
+        ranks = self.all_gather({"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha})
+        final_loss = None
+        if losses:
+            final_loss = losses[-1]
+        window = window_steps if window_t0 is not None else 0
+        elapsed = (t_end - window_t0 - paused) if window_t0 is not None else 0.0
+        summary = {
+            "summary": True,
+            "status": status,
+            "steps": self.step,
+            "epochs_done": self.epoch,
+            "session_steps": session_steps,
+            "resumed_from_step": self.resumed_from,
+            "world_size": self.world,
+            "global_batch": global_batch,
+            "samples_per_s": (window * global_batch / elapsed) if window and elapsed > 0 else None,
+            "first_loss": losses[0] if losses else None,
+            "final_loss": final_loss,
+            **(last_eval or {}),
+            "wall_s": time.time() - self.t0,
+            "first_step_s": first_step_s,
+            "device": str(self.device),
+            "hostnames": sorted({r["hostname"] for r in ranks}),
+            "ranks": ranks,
+            "final_params_sha256": sha if all(r["params_sha256"] == sha for r in ranks) else None,
+            "params_identical": all(r["params_sha256"] == sha for r in ranks),
+            "run_dir": str(self.run_dir),
+            "checkpoint_dir": str(self.ckpt_dir),
+        }
+        if self.is_main:
+            self.write(summary)
+            self.metrics.close()
+            print("ddpkit-summary " + json.dumps(summary), flush=True)
+            if cfg.plot and status == "completed":
+                try:
+                    from trainer.plot import plot_run
+
+                    log.info("plot %s", plot_run(self.run_dir))
+                except Exception as e:  # a plot must never fail a finished training run
+                    log.warning("could not write the plot: %s", e)
+        return EXIT_STOPPED if stopped else EXIT_OK
+
+
+def _stack(data: Any, indices: list[int]):
+    from trainer.data import collate
+
+    return collate([data[i] for i in indices])
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    """A tqdm bar on rank 0 when stderr is a terminal; a no-op object otherwise."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, disable=None if enabled else True, unit="step", dynamic_ncols=True)
+
+
+def _log_line(pbar: Any, msg: str) -> None:
+    if getattr(pbar, "disable", True):
+        log.info(msg)
+    else:
+        pbar.write(msg)
+
+
+def run(job: Any, denv: Any, t0: float) -> int:
+    import torch
+
+    from trainer.dist import pick_device, process_group
+
+    cfg = job.train
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    torch.set_num_threads(cfg.threads or max(1, cpus // max(1, denv.local_world_size)))
+    device = pick_device(denv, cfg.device)
+    stop = StopRequest()
+    stop.install()
+    with process_group(denv, device, cfg.timeout_s):
+        trainer = Trainer(job, denv, device, stop, t0)
+        if trainer.already_finished():
+            return EXIT_OK
+        trainer.setup()
+        return trainer.train()
+
+
+def main() -> int:
+    t0 = float(os.environ.get("DDPKIT_LAUNCH_T0") or time.time())
+    from pydantic import ValidationError
+
+    from trainer.config import load_job_sections
+    from trainer.dist import DistEnvError, read_dist_env
+
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(
+        level=logging.INFO if rank == "0" else logging.WARNING, stream=sys.stdout,
+        format=f"%(asctime)s ddpkit rank {rank} %(levelname)s %(message)s", datefmt="%H:%M:%S",
+    )
+    try:
+        job = load_job_sections()
+        denv = read_dist_env()
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        print(f"ddpkit: bad job file: {where}: {first['msg']}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except (OSError, ValueError, DistEnvError) as e:
+        print(f"ddpkit: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        return run(job, denv, t0)
+    except ValueError as e:  # configuration problems found while building the workload
+        print(f"ddpkit: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
