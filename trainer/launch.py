@@ -1,0 +1,406 @@
+"""The node-level entry point every target starts: `python -m trainer.launch`.
+
+It turns what a node sees (the scheduler's variables plus the `DDPKIT_*` ones a renderer sets,
+docs/CONTRACT.md) into one torchrun invocation, or, in Slurm srun-per-GPU mode, into the six
+per-worker variables `trainer.dist` reads. Which variable carries which fact in which context
+is a table (`CONTEXTS`), not a maze of ifs; `plan_launch` is a pure function of the
+environment, tested context by context.
+
+Precedence, per field: the first source in the table's tuple that is set wins. `DDPKIT_*`
+values come first because they are rendered from the job file (the one source of topology);
+a scheduler variable that disagrees is reported and ignored. Stale worker variables that an
+image or a controller pre-set (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, ..., `PET_*`) are removed
+before torchrun starts, and reported, so torchrun sees exactly the flags we log.
+
+Non-master nodes first wait for the master's rendezvous port with a real TCP connect and a
+bounded backoff (DNS answering is not enough), then fail with a message naming host:port.
+
+torchrun runs as a supervised child rather than by exec: torchrun exits 1 after forwarding
+SIGTERM to its workers, which would turn a clean preemption (workers checkpoint and exit 143)
+into a permanent failure for Kubeflow's ExitCode policy. The shim forwards SIGTERM, SIGINT,
+SIGHUP and SIGUSR2 (torchrun is told to forward USR2 too) and exits 143 when a stop signal
+arrived and training did not complete. Modes without torchrun exec the trainer directly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+Env = Mapping[str, str]
+Source = str | Callable[[Env], "str | None"]
+
+EXIT_STOPPED = 143
+EXIT_FAILURE = 1
+EXIT_BAD_CONFIG = 2
+TRAINER = ["-m", "trainer.train"]
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
+# Variables that describe one worker; stale copies in a node's environment are dropped.
+WORKER_VARS = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+    "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+
+
+class LaunchError(Exception):
+    """A clear, one-line reason the node cannot start."""
+
+
+# -- derived values ---------------------------------------------------------------------
+def slurm_first_host(env: Env) -> str | None:
+    """First host of the job's node list (not `hostname -i`, not the login node)."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    import hostlist
+
+    return hostlist.expand_hostlist(nodelist)[0]
+
+
+def slurm_port(env: Env) -> str | None:
+    """A port from the job id, so jobs sharing a node do not collide on 29500.
+
+    Same formula as the rendered sbatch script: 15000 + job id mod 10000.
+    """
+    job_id = env.get("SLURM_JOB_ID")
+    return str(15000 + int(job_id) % 10000) if job_id and job_id.isdigit() else None
+
+
+def slurm_tasks_per_node(env: Env) -> str | None:
+    """`SLURM_NTASKS_PER_NODE`, else the first count of `SLURM_TASKS_PER_NODE` ("2(x3),1")."""
+    if env.get("SLURM_NTASKS_PER_NODE"):
+        return env["SLURM_NTASKS_PER_NODE"]
+    tpn = env.get("SLURM_TASKS_PER_NODE")
+    return tpn.split("(")[0].split(",")[0] if tpn else None
+
+
+def skypilot_first_ip(env: Env) -> str | None:
+    ips = (env.get("SKYPILOT_NODE_IPS") or "").split()
+    return ips[0] if ips else None
+
+
+def const(value: str) -> Callable[[Env], str]:
+    return lambda env: value
+
+
+# -- the context table ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Context:
+    name: str
+    detect: Callable[[Env], bool]
+    node_rank: tuple[Source, ...] = ()
+    nnodes: tuple[Source, ...] = ()
+    nproc: tuple[Source, ...] = ()
+    master_addr: tuple[Source, ...] = ()
+    master_port: tuple[Source, ...] = ()
+    mode: str = "torchrun"  # torchrun | direct (already a worker) | srun (one task per GPU)
+
+
+def has(*names: str) -> Callable[[Env], bool]:
+    return lambda env: all(env.get(n) for n in names)
+
+
+NPROC = ("DDPKIT_NPROC_PER_NODE",)
+ADDR = ("DDPKIT_MASTER_ADDR",)
+PORT = ("DDPKIT_MASTER_PORT",)
+
+CONTEXTS: tuple[Context, ...] = (
+    # torchrun already started us (a user's own torchrun, or torchrun's restart): be the worker.
+    Context("torchrun", has("TORCHELASTIC_RUN_ID"), mode="direct"),
+    # Slurm, one task per GPU: srun started every worker; the six variables come from SLURM_*.
+    Context(
+        "slurm-srun",
+        lambda e: bool(e.get("SLURM_PROCID")) and e.get("DDPKIT_LAUNCHER") == "srun",
+        node_rank=("SLURM_NODEID",),
+        master_addr=(*ADDR, slurm_first_host),
+        master_port=(*PORT, slurm_port),
+        mode="srun",
+    ),
+    # Kubeflow Training Operator v1 PyTorchJob: PET_* plus RANK (= the POD index) and MASTER_*.
+    Context(
+        "kubeflow-pytorchjob",
+        lambda e: bool(e.get("PET_NNODES") or e.get("PET_NPROC_PER_NODE")) and bool(e.get("RANK") or e.get("MASTER_ADDR")),
+        node_rank=("PET_NODE_RANK", "RANK"),
+        nnodes=("DDPKIT_NNODES", "PET_NNODES"),
+        nproc=(*NPROC, "PET_NPROC_PER_NODE"),
+        master_addr=("PET_MASTER_ADDR", "MASTER_ADDR"),
+        master_port=("PET_MASTER_PORT", "MASTER_PORT"),
+    ),
+    # Kubeflow Trainer v2 TrainJob: PET_* only (torchrun is mandatory there).
+    Context(
+        "kubeflow-trainjob",
+        lambda e: bool(e.get("PET_NNODES") or e.get("PET_NODE_RANK")),
+        node_rank=("PET_NODE_RANK",),
+        nnodes=("DDPKIT_NNODES", "PET_NNODES"),
+        nproc=(*NPROC, "PET_NPROC_PER_NODE"),
+        master_addr=("PET_MASTER_ADDR",),
+        master_port=("PET_MASTER_PORT",),
+    ),
+    # JobSet or Indexed Job: the pod index, everything else rendered.
+    Context(
+        "indexed-job",
+        has("JOB_COMPLETION_INDEX"),
+        node_rank=("JOB_COMPLETION_INDEX",),
+        nnodes=("DDPKIT_NNODES",),
+        nproc=NPROC,
+        master_addr=ADDR,
+        master_port=PORT,
+    ),
+    # Slurm, one task per node running torchrun.
+    Context(
+        "slurm",
+        has("SLURM_JOB_ID", "SLURM_NODEID"),
+        node_rank=("SLURM_NODEID",),
+        nnodes=("DDPKIT_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+        nproc=NPROC,
+        master_addr=(*ADDR, slurm_first_host),
+        master_port=(*PORT, slurm_port),
+    ),
+    Context(
+        "skypilot",
+        has("SKYPILOT_NODE_RANK"),
+        node_rank=("SKYPILOT_NODE_RANK",),
+        nnodes=("DDPKIT_NNODES", "SKYPILOT_NUM_NODES"),
+        nproc=(*NPROC, "SKYPILOT_NUM_GPUS_PER_NODE"),
+        master_addr=(*ADDR, skypilot_first_ip),
+        master_port=(*PORT, const("29500")),
+    ),
+    # Nothing known: one node (a laptop, `ddpkit run --local`, a plain container).
+    Context(
+        "local",
+        lambda e: True,
+        node_rank=(const("0"),),
+        nnodes=("DDPKIT_NNODES", const("1")),
+        nproc=(*NPROC, const("1")),
+        master_addr=(*ADDR, const("127.0.0.1")),
+        master_port=(*PORT, const("29500")),
+    ),
+)
+
+
+@dataclass
+class NodePlan:
+    """What this node will run: argv, its environment, whom to wait for, and what we decided."""
+
+    context: str
+    mode: str
+    argv: list[str]
+    env: dict[str, str]
+    node_rank: int = 0
+    wait_for: tuple[str, int] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _resolve(env: Env, sources: tuple[Source, ...], what: str, notes: list[str]) -> str | None:
+    """First source that yields a value; later disagreeing ones are noted."""
+    chosen: tuple[str, str] | None = None
+    for src in sources:
+        value = src(env) if callable(src) else env.get(src)
+        if value in (None, ""):
+            continue
+        label = src if isinstance(src, str) else "derived"
+        if chosen is None:
+            chosen = (label, str(value))
+        elif str(value) != chosen[1]:
+            notes.append(f"{what}: {label}={value} ignored, using {chosen[0]}={chosen[1]}")
+    return None if chosen is None else chosen[1]
+
+
+def _need(value: str | None, what: str, context: Context, sources: tuple[Source, ...]) -> str:
+    if value is None:
+        names = " or ".join(s for s in sources if isinstance(s, str)) or what
+        raise LaunchError(f"{context.name}: {what} is unknown; set {names}")
+    return value
+
+
+def _int(value: str, what: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"{what}={value!r} is not a number") from None
+
+
+def _nnodes(value: str) -> str:
+    parts = value.split(":")
+    if len(parts) > 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise LaunchError(f"nnodes={value!r} must be N or MIN:MAX")
+    return value
+
+
+def _endpoint(addr: str, port: int) -> str:
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
+def detect_context(env: Env) -> Context:
+    return next(c for c in CONTEXTS if c.detect(env))
+
+
+def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = None, timeout_s: int = 600) -> NodePlan:
+    """Pure: the environment of a node in, the command and environment to start out."""
+    ctx = detect_context(env)
+    notes: list[str] = []
+    if ctx.mode == "direct":
+        return NodePlan(ctx.name, "direct", [python, *TRAINER], dict(env), notes=["already under torchrun"])
+
+    out = {k: v for k, v in env.items() if not k.startswith("PET_") and k not in WORKER_VARS}
+    stale = sorted(k for k in env if k not in out)
+    if stale:
+        notes.append("removed from the worker environment (the launcher sets them): " + ", ".join(stale))
+    run_id = env.get("DDPKIT_RUN_ID") or run_id or "ddpkit"
+    out["DDPKIT_RUN_ID"] = run_id
+    out["DDPKIT_CONTEXT"] = ctx.name
+    addr = _need(_resolve(env, ctx.master_addr, "master address", notes), "master address", ctx, ctx.master_addr)
+    port = _int(_need(_resolve(env, ctx.master_port, "master port", notes), "master port", ctx, ctx.master_port), "master port")
+    if not 0 < port < 65536:
+        raise LaunchError(f"master port {port} is not in 1..65535")
+    node_rank = _int(_need(_resolve(env, ctx.node_rank, "node rank", notes), "node rank", ctx, ctx.node_rank), "node rank")
+
+    if ctx.mode == "srun":
+        sources = {
+            "RANK": ("SLURM_PROCID",),
+            "WORLD_SIZE": ("SLURM_NTASKS",),
+            "LOCAL_RANK": ("SLURM_LOCALID",),
+            "LOCAL_WORLD_SIZE": (*NPROC, slurm_tasks_per_node),
+        }
+        for var, srcs in sources.items():
+            out[var] = str(_int(_need(_resolve(env, srcs, var, notes), var, ctx, srcs), var))
+        rank, world = int(out["RANK"]), int(out["WORLD_SIZE"])
+        if not 0 <= rank < world:
+            raise LaunchError(f"slurm-srun: SLURM_PROCID={rank} is not below SLURM_NTASKS={world}")
+        out["MASTER_ADDR"], out["MASTER_PORT"] = addr, str(port)
+        return NodePlan(
+            ctx.name, "srun", [python, *TRAINER], out, node_rank=node_rank,
+            wait_for=(addr, port) if node_rank != 0 else None, notes=notes,
+        )
+
+    nnodes = _nnodes(_need(_resolve(env, ctx.nnodes, "nnodes", notes), "nnodes", ctx, ctx.nnodes))
+    nproc = _need(_resolve(env, ctx.nproc, "nproc per node", notes), "nproc per node", ctx, ctx.nproc)
+    if nproc == "auto" or not nproc.isdigit() or int(nproc) < 1:
+        raise LaunchError(
+            f"{ctx.name}: processes per node {nproc!r} must be a number (torchrun's 'auto' quietly "
+            "uses one process on some images); set DDPKIT_NPROC_PER_NODE"
+        )
+    max_nodes = int(nnodes.split(":")[-1])
+    if not 0 <= node_rank < max_nodes:
+        raise LaunchError(f"{ctx.name}: node rank {node_rank} is not below nnodes {nnodes}")
+    restarts = _int(env.get("DDPKIT_MAX_RESTARTS") or "0", "DDPKIT_MAX_RESTARTS")
+    argv = [
+        python, "-m", "torch.distributed.run",
+        "--nnodes", nnodes,
+        "--nproc-per-node", nproc,
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", _endpoint(addr, port),
+        "--rdzv-id", run_id,
+        # Node 0 hosts the store whatever its hostname resolves to (no guessing by name).
+        "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'},join_timeout={timeout_s}",
+        "--max-restarts", str(restarts),
+        "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+        *TRAINER,
+    ]  # fmt: skip
+    return NodePlan(
+        ctx.name, "torchrun", argv, out, node_rank=node_rank,
+        wait_for=(addr, port) if node_rank != 0 else None, notes=notes,
+    )
+
+
+# -- doing it ---------------------------------------------------------------------------
+def wait_for_master(host: str, port: int, timeout_s: float, log: Callable[[str], None] = print) -> None:
+    """Return once `host:port` accepts a TCP connection; `LaunchError` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    delay, last, announced = 0.2, "", False
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(5.0, remaining))):
+                return
+        except OSError as e:  # refused, unresolvable yet, unreachable, timed out
+            last = f"{type(e).__name__}: {e}"
+        if remaining <= 0:
+            raise LaunchError(
+                f"master {host}:{port} not reachable after {timeout_s:.0f}s ({last}); check that "
+                "node 0 started and the address and port are right (train.timeout_s sets the wait)"
+            )
+        if not announced:
+            log(f"waiting for master {host}:{port} (up to {timeout_s:.0f}s)")
+            announced = True
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 5.0)
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the shim dies (even by SIGKILL); elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def supervise(argv: list[str], env: dict[str, str]) -> int:
+    """Run torchrun as a child, forward stop signals, map a stopped run to 143."""
+    # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    stopped: list[int] = []
+
+    def forward(signum: int, frame: object) -> None:
+        if signum != signal.SIGHUP:
+            stopped.append(signum)
+        proc.send_signal(signum)
+
+    for name in FORWARDED_SIGNALS:
+        signal.signal(getattr(signal, name), forward)
+    rc = proc.wait()
+    if stopped and rc != 0:
+        return EXIT_STOPPED
+    return 128 - rc if rc < 0 else rc  # torchrun killed by a signal: the shell's 128+N
+
+
+def main() -> int:
+    env = dict(os.environ)
+    env.setdefault("DDPKIT_LAUNCH_T0", repr(time.time()))
+
+    def log(msg: str) -> None:
+        print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
+
+    run_id, timeout_s = None, 600
+    if env.get("DDPKIT_JOB_FILE"):
+        from pydantic import ValidationError
+
+        from trainer.config import load_job_sections
+
+        try:
+            sections = load_job_sections(env["DDPKIT_JOB_FILE"])
+        except (OSError, ValueError, ValidationError) as e:
+            log(f"bad job file {env['DDPKIT_JOB_FILE']}: {str(e).splitlines()[0]}")
+            return EXIT_BAD_CONFIG
+        run_id, timeout_s = sections.name, sections.train.timeout_s
+    try:
+        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s)
+    except LaunchError as e:
+        log(str(e))
+        return EXIT_BAD_CONFIG
+    for note in plan.notes:
+        log(note)
+    log(f"context {plan.context}, node rank {plan.node_rank}, mode {plan.mode}: {' '.join(plan.argv[1:])}")
+    if plan.wait_for:
+        try:
+            wait_for_master(*plan.wait_for, timeout_s=timeout_s, log=log)
+        except LaunchError as e:
+            log(str(e))
+            return EXIT_FAILURE
+    if plan.mode == "torchrun":
+        return supervise(plan.argv, plan.env)
+    sys.stdout.flush()
+    os.execve(plan.argv[0], plan.argv, plan.env)
+    return EXIT_FAILURE  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
