@@ -86,7 +86,13 @@ def skypilot_first_ip(env: Env) -> str | None:
 
 
 def const(value: str) -> Callable[[Env], str]:
-    return lambda env: value
+    """A default: used when no variable is set, never reported as a disagreement."""
+
+    def default(env: Env) -> str:
+        return value
+
+    default.is_default = True  # type: ignore[attr-defined]
+    return default
 
 
 # -- the context table ------------------------------------------------------------------
@@ -207,7 +213,7 @@ def _resolve(env: Env, sources: tuple[Source, ...], what: str, notes: list[str])
         label = src if isinstance(src, str) else "derived"
         if chosen is None:
             chosen = (label, str(value))
-        elif str(value) != chosen[1]:
+        elif str(value) != chosen[1] and not getattr(src, "is_default", False):
             notes.append(f"{what}: {label}={value} ignored, using {chosen[0]}={chosen[1]}")
     return None if chosen is None else chosen[1]
 

@@ -1,0 +1,145 @@
+"""`ddpkit run JOB --local`: the job's trainer as N processes on this machine.
+
+It starts exactly what every cluster target starts, `python -m trainer.launch`, as one node
+with the `DDPKIT_*` launch environment (docs/CONTRACT.md), a free localhost port, output
+streamed as it comes, Ctrl-C / SIGTERM forwarded (the trainer checkpoints and exits 143), and
+then prints the run's summary from `metrics.jsonl`. No torch is imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from deploy.errors import UserError
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_dir_of(job) -> Path:
+    """Where the trainer writes metrics (relative to the current directory)."""
+    return Path(job.train.output_dir) / job.name
+
+
+def write_effective_job(job, run_dir: Path) -> Path:
+    """The job after `--set` overrides, written where the trainer reads it (atomically)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "job.yaml"
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".job.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(job.to_yaml())
+    os.replace(tmp, path)
+    return path.resolve()
+
+
+def launch_env(job, job_file: Path, nproc: int, port: int) -> dict[str, str]:
+    env = {**os.environ, **{k: str(v) for k, v in job.env.items()}}
+    for k in [k for k in env if k.startswith(("PET_", "SLURM_", "TORCHELASTIC_"))] + [
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
+    ]:
+        env.pop(k, None)  # a shell inside a cluster job must not make this look like one
+    env.update({
+        "DDPKIT_JOB_FILE": str(job_file),
+        "DDPKIT_RUN_ID": job.name,
+        "DDPKIT_NNODES": "1",
+        "DDPKIT_NPROC_PER_NODE": str(nproc),
+        "DDPKIT_MAX_RESTARTS": str(job.restarts),
+        "DDPKIT_MASTER_ADDR": "127.0.0.1",
+        "DDPKIT_MASTER_PORT": str(port),
+        "DDPKIT_LAUNCHER": "torchrun",
+        "DDPKIT_LAUNCH_T0": repr(time.time()),
+    })
+    return env
+
+
+def metrics_size(run_dir: Path) -> int:
+    try:
+        return (run_dir / "metrics.jsonl").stat().st_size
+    except OSError:
+        return 0
+
+
+def read_summary(run_dir: Path, offset: int = 0) -> dict | None:
+    """The summary record written after byte `offset` of metrics.jsonl, if any."""
+    try:
+        with open(run_dir / "metrics.jsonl", "rb") as fh:
+            fh.seek(offset)
+            lines = fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        return record if record.get("summary") else None
+    return None
+
+
+def format_summary(s: dict) -> str:
+    def num(key: str, fmt: str) -> str:
+        return format(s[key], fmt) if s.get(key) is not None else "-"
+
+    rows = [
+        ("status", s.get("status", "-")),
+        ("steps", f"{s.get('steps')} ({s.get('world_size')} ranks, global batch {s.get('global_batch')})"),
+        ("loss", f"{num('first_loss', '.4f')} -> {num('final_loss', '.4f')}"),
+        ("eval", f"loss {num('eval_loss', '.4f')}, accuracy {num('eval_accuracy', '.3f')}"),
+        ("samples/s", num("samples_per_s", ".0f")),
+        ("first step", f"{num('first_step_s', '.1f')} s after launch; wall {num('wall_s', '.1f')} s"),
+        ("parameters", "identical on every rank" if s.get("params_identical") else "DIFFER across ranks"),
+        ("run dir", s.get("run_dir", "-")),
+    ]
+    return "\n".join(f"  {k:<11} {v}" for k, v in rows)
+
+
+def run_local(job, job_path: str, nproc: int | None = None) -> int:
+    """Train `job` as `nproc` local processes through `trainer.launch`; return its exit code."""
+    nproc = nproc if nproc is not None else job.nproc_per_node
+    if nproc < 1:
+        raise UserError(f"--nproc {nproc}: give at least 1 process")
+    if job.nodes.max > 1:
+        print(f"ddpkit: {job.name} asks for {job.nodes} nodes; --local runs one node with "
+              f"{nproc} processes", file=sys.stderr)
+    run_dir = run_dir_of(job)
+    job_file = write_effective_job(job, run_dir)
+    env = launch_env(job, job_file, nproc, free_port())
+    offset = metrics_size(run_dir)
+    print(f"ddpkit: training {job.name} ({job_path}) as {nproc} local processes; run dir {run_dir}",
+          file=sys.stderr, flush=True)
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], env=env, start_new_session=True)
+
+    def forward(signum: int, frame: object) -> None:
+        proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    summary = read_summary(run_dir, offset)
+    if summary is not None and rc in (0, 143):
+        print(f"\n{job.name}: {summary.get('status')}\n{format_summary(summary)}", flush=True)
+    if rc == 143:
+        print(f"ddpkit: stopped after a checkpoint; run the same command again to resume "
+              f"(checkpoints in {summary.get('checkpoint_dir') if summary else run_dir})", file=sys.stderr)
+    elif rc == 0 and summary is None:
+        print("ddpkit: nothing to train (the job had already finished); delete the FINISHED "
+              "marker in its checkpoint directory to train further", file=sys.stderr)
+    return rc
