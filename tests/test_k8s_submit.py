@@ -1,0 +1,249 @@
+"""deploy.submit.k8s with a fake cluster: submit, status, logs, cancel, API errors."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from deploy.errors import RuntimeFailure, UserError
+from deploy.spec import parse_job
+from deploy.submit import k8s as sub
+
+
+class FakeCluster:
+    """In-memory API server: objects by (kind, namespace, name); errors injected per call."""
+
+    def __init__(self, errors=None, pods=(), logs=None):
+        self.objects: dict[tuple, dict] = {}
+        self.calls: list[tuple] = []
+        self.errors = errors or {}  # (verb, kind) -> ApiError
+        self._pods = list(pods)
+        self._logs = logs or {}
+
+    def _maybe_fail(self, verb, kind):
+        if (verb, kind) in self.errors:
+            raise self.errors[(verb, kind)]
+
+    def create(self, obj, *, dry_run):
+        kind, meta = obj["kind"], obj["metadata"]
+        self.calls.append(("create", kind, meta["name"], dry_run))
+        self._maybe_fail("create", kind)
+        key = (kind, meta["namespace"], meta["name"])
+        if key in self.objects:
+            raise sub.ApiError(409, "AlreadyExists", f"{kind} {meta['name']} already exists")
+        if not dry_run:
+            self.objects[key] = obj
+        return obj
+
+    def get(self, kind, namespace, name):
+        self.calls.append(("get", kind, name))
+        self._maybe_fail("get", kind)
+        try:
+            return self.objects[(kind, namespace, name)]
+        except KeyError:
+            raise sub.ApiError(404, "NotFound", f"{name} not found") from None
+
+    def delete(self, kind, namespace, name):
+        self.calls.append(("delete", kind, name))
+        self._maybe_fail("delete", kind)
+        if self.objects.pop((kind, namespace, name), None) is None:
+            raise sub.ApiError(404, "NotFound", f"{name} not found")
+
+    def pods(self, namespace, selector):
+        self.calls.append(("pods", selector))
+        return self._pods
+
+    def log(self, namespace, pod, container, follow):
+        self.calls.append(("log", pod, container, follow))
+        yield from self._logs.get(pod, [])
+
+
+def job(**fields):
+    return parse_job({"name": "demo", "image": "img:1", "nodes": 2,
+                      "k8s": {"namespace": "ml"}, **fields})
+
+
+def test_submit_creates_every_object_in_order_and_prints_the_handle():
+    cluster = FakeCluster()
+    handle = sub.submit(job(), flavor="job", cluster=cluster)
+    assert handle == "k8s://ml/job/demo"
+    assert [c[1:3] for c in cluster.calls] == [("ConfigMap", "demo-job"), ("Service", "demo"),
+                                               ("Job", "demo")]
+    assert set(cluster.objects) == {("ConfigMap", "ml", "demo-job"), ("Service", "ml", "demo"),
+                                    ("Job", "ml", "demo")}
+
+
+def test_submit_dry_run_asks_the_server_and_persists_nothing():
+    cluster = FakeCluster()
+    out = sub.submit(job(), flavor="pytorchjob", dry_run=True, cluster=cluster)
+    assert out.startswith("k8s://ml/pytorchjob/demo")
+    assert all(c[3] is True for c in cluster.calls) and cluster.objects == {}
+
+
+def test_submit_uses_the_job_flavor_by_default():
+    cluster = FakeCluster()
+    assert sub.submit(job(k8s={"namespace": "ml", "flavor": "jobset"}), cluster=cluster) == "k8s://ml/jobset/demo"
+    assert ("JobSet", "ml", "demo") in cluster.objects
+
+
+def test_missing_crd_is_one_line_and_rolls_back_the_configmap():
+    cluster = FakeCluster(errors={("create", "PyTorchJob"): sub.ApiError(404, "NotFound", "404 page not found")})
+    with pytest.raises(RuntimeFailure) as err:
+        sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    msg = str(err.value)
+    assert msg == ("create PyTorchJob ml/demo: the cluster does not serve PyTorchJob (kubeflow.org/v1); "
+                   "install the Kubeflow training operator (v1), or use --flavor job (needs no operator)")
+    assert cluster.objects == {}  # nothing half-submitted
+    assert ("delete", "ConfigMap", "demo-job") in cluster.calls
+
+
+def test_already_exists_is_one_line_and_keeps_the_existing_job():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="jobset", cluster=cluster)
+    with pytest.raises(RuntimeFailure) as err:
+        sub.submit(job(), flavor="jobset", cluster=cluster)
+    assert "create ConfigMap ml/demo-job: already exists; cancel it first" in str(err.value)
+    assert ("JobSet", "ml", "demo") in cluster.objects
+
+
+def test_forbidden_names_the_resource_and_namespace():
+    cluster = FakeCluster(errors={("create", "ConfigMap"): sub.ApiError(403, "Forbidden", "no")})
+    with pytest.raises(RuntimeFailure) as err:
+        sub.submit(job(), flavor="job", cluster=cluster)
+    assert str(err.value) == ("create ConfigMap ml/demo-job: forbidden (403): you may not create "
+                              "configmaps in namespace ml; ask a cluster admin for the RBAC rights")
+
+
+def test_missing_namespace_and_unreachable_api_are_one_line():
+    err = sub.ApiError(404, "NotFound", 'namespaces "ml" not found', "namespaces")
+    assert sub.explain(err, "ConfigMap", "ml", "x", "create") == (
+        "create ConfigMap ml/x: namespace 'ml' does not exist; create it or set k8s.namespace")
+    down = sub.ApiError(0, "Unreachable", "cannot reach the Kubernetes API at https://10.0.0.1")
+    assert "check the cluster address" in sub.explain(down, "Job", "ml", "x", "create")
+
+
+def test_api_exception_from_the_real_client_becomes_an_api_error():
+    from kubernetes.client import ApiException
+
+    exc = ApiException(status=404, reason="Not Found")
+    exc.body = json.dumps({"kind": "Status", "message": 'namespaces "ml" not found',
+                           "details": {"name": "ml", "kind": "namespaces"}})
+    err = sub.api_error_from(exc)
+    assert (err.status, err.message, err.details_kind) == (404, 'namespaces "ml" not found', "namespaces")
+    plain = ApiException(status=404, reason="Not Found")
+    plain.body = "404 page not found"
+    assert sub.api_error_from(plain).message == "404 page not found"
+
+
+@pytest.mark.parametrize("text", ["k8s://ml/pytorchjob", "slurm://1", "k8s://ml/cronjob/x",
+                                  "k8s://ML/job/x"])
+def test_bad_handles_are_user_errors(text):
+    with pytest.raises(UserError):
+        sub.parse_handle(text)
+
+
+def conditions(*pairs):
+    return {"status": {"conditions": [{"type": t, "status": s} for t, s in pairs]}}
+
+
+@pytest.mark.parametrize("kind,obj,state", [
+    ("PyTorchJob", {}, "PENDING"),
+    ("PyTorchJob", conditions(("Created", "True")), "PENDING"),
+    ("PyTorchJob", conditions(("Created", "True"), ("Running", "True")), "RUNNING"),
+    ("PyTorchJob", conditions(("Created", "True"), ("Running", "False"), ("Restarting", "True")), "RESTARTING"),
+    ("PyTorchJob", conditions(("Created", "True"), ("Running", "False"), ("Succeeded", "True")), "SUCCEEDED"),
+    ("PyTorchJob", conditions(("Created", "True"), ("Running", "False"), ("Failed", "True")), "FAILED"),
+    ("Job", {"status": {"active": 2, "ready": 2}}, "RUNNING"),
+    ("Job", {"status": {"active": 2, "failed": 1}}, "RESTARTING"),
+    ("Job", {"status": {}}, "PENDING"),
+    ("Job", conditions(("Suspended", "True")), "PENDING"),
+    ("Job", conditions(("SuccessCriteriaMet", "True"), ("Complete", "True")), "SUCCEEDED"),
+    ("Job", conditions(("FailureTarget", "True"), ("Failed", "True")), "FAILED"),
+    ("JobSet", {"status": {"replicatedJobsStatus": [{"name": "node", "active": 1, "ready": 1}]}}, "RUNNING"),
+    ("JobSet", {"status": {"restarts": 1, "replicatedJobsStatus": [{"name": "node", "active": 1}]}}, "RESTARTING"),
+    ("JobSet", conditions(("Completed", "True")), "SUCCEEDED"),
+    ("JobSet", conditions(("Failed", "True")), "FAILED"),
+    ("TrainJob", conditions(("Suspended", "True")), "PENDING"),
+    ("TrainJob", {"status": {"jobsStatus": [{"name": "node", "active": 2, "ready": 2}]}}, "RUNNING"),
+    ("TrainJob", conditions(("Complete", "True")), "SUCCEEDED"),
+    ("TrainJob", conditions(("Failed", "True")), "FAILED"),
+    ("Job", {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"active": 1}}, "CANCELLED"),
+])
+def test_status_maps_each_flavor_to_the_shared_vocabulary(kind, obj, state):
+    assert sub.status_from(kind, obj) == state
+    assert state in sub.STATES
+
+
+def test_status_reads_the_workload_and_reports_a_missing_job_in_one_line():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {
+        "conditions": [{"type": "Created", "status": "True"}, {"type": "Running", "status": "True"}]}
+    assert sub.status("k8s://ml/pytorchjob/demo", cluster=cluster) == "RUNNING"
+    with pytest.raises(RuntimeFailure) as err:
+        sub.status("k8s://ml/pytorchjob/other", cluster=cluster)
+    assert str(err.value) == ("get PyTorchJob ml/other: not found (never submitted, cancelled, or "
+                              "removed after finishing)")
+
+
+def test_cancel_deletes_the_workload_then_its_configmap_and_service():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="job", cluster=cluster)
+    sub.cancel("k8s://ml/job/demo", cluster=cluster)
+    assert [c for c in cluster.calls if c[0] == "delete"] == [
+        ("delete", "Job", "demo"), ("delete", "ConfigMap", "demo-job"), ("delete", "Service", "demo")]
+    assert cluster.objects == {}
+    with pytest.raises(RuntimeFailure, match="delete Job ml/demo: not found"):
+        sub.cancel("k8s://ml/job/demo", cluster=cluster)
+
+
+def pod(name, stamp="2026-01-01T00:00:00Z", **labels):
+    return {"metadata": {"name": name, "creationTimestamp": stamp, "labels": labels}}
+
+
+def test_logs_pick_the_newest_pod_of_the_rank_and_the_training_container():
+    pods = [
+        pod("demo-master-0", **{sub._PJ_TYPE: "master", sub._PJ_INDEX: "0"}),
+        pod("demo-worker-0", **{sub._PJ_TYPE: "worker", sub._PJ_INDEX: "0"}),
+    ]
+    cluster = FakeCluster(pods=pods, logs={"demo-worker-0": ["step 1\n", "step 2\n"]})
+    out = io.StringIO()
+    assert sub.logs("k8s://ml/pytorchjob/demo", rank=1, cluster=cluster, out=out) == 0
+    assert out.getvalue() == "step 1\nstep 2\n"
+    assert ("log", "demo-worker-0", "pytorch", False) in cluster.calls
+    assert ("pods", "app.kubernetes.io/instance=demo,app.kubernetes.io/managed-by=ddpkit") in cluster.calls
+
+
+def test_logs_for_indexed_pods_use_the_completion_index_and_follow():
+    idx = sub._COMPLETION_INDEX
+    pods = [pod("demo-1-old", "2026-01-01T00:00:00Z", **{idx: "1"}),
+            pod("demo-1-new", "2026-01-01T00:05:00Z", **{idx: "1"}),
+            pod("demo-0", **{idx: "0"})]
+    cluster = FakeCluster(pods=pods, logs={"demo-1-new": ["hi\n"]})
+    out = io.StringIO()
+    sub.logs("k8s://ml/job/demo", rank=1, follow=True, cluster=cluster, out=out)
+    assert out.getvalue() == "hi\n" and ("log", "demo-1-new", "trainer", True) in cluster.calls
+
+
+def test_logs_for_a_rank_without_a_pod_says_which_ranks_exist():
+    cluster = FakeCluster(pods=[pod("demo-0", **{sub._COMPLETION_INDEX: "0"})])
+    with pytest.raises(RuntimeFailure, match=r"no pod for node rank 3 \(ranks with pods: 0\)"):
+        sub.logs("k8s://ml/jobset/demo", rank=3, cluster=cluster)
+
+
+def test_elastic_pytorchjob_worker_index_is_the_rank():
+    pods = [pod("demo-worker-0", **{sub._PJ_TYPE: "worker", sub._PJ_INDEX: "0"}),
+            pod("demo-worker-1", **{sub._PJ_TYPE: "worker", sub._PJ_INDEX: "1"})]
+    assert sorted(sub.pods_by_rank("pytorchjob", pods)) == [0, 1]
+
+
+def test_submit_module_does_not_import_kubernetes_until_a_real_cluster_is_needed():
+    import subprocess
+    import sys
+
+    code = ("import sys, deploy.submit.k8s, deploy.render.k8s, deploy.lint; "
+            "print('kubernetes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
