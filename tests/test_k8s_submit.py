@@ -247,3 +247,130 @@ def test_submit_module_does_not_import_kubernetes_until_a_real_cluster_is_needed
             "print('kubernetes' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+# ---- the real client against a local HTTP stand-in for kube-apiserver -------------------------
+
+class _ApiStandIn:
+    """Answers the few REST calls ddpkit makes; records method, path and query of each."""
+
+    def __init__(self):
+        import http.server
+        import threading
+
+        self.requests: list[tuple[str, str, dict, dict | None]] = []
+        self.store: dict[str, dict] = {}
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _reply(self, code, body, content_type="application/json"):
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _record(self):
+                from urllib.parse import parse_qs, urlsplit
+
+                parts = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+                stand_in.requests.append((self.command, parts.path, query, body))
+                return parts.path, query, body
+
+            def do_POST(self):
+                path, query, body = self._record()
+                if "/apis/kubeflow.org/" in path:
+                    return self._reply(404, "404 page not found", "text/plain")
+                if query.get("dryRun") != "All":
+                    stand_in.store[f"{path}/{body['metadata']['name']}"] = body
+                self._reply(201, body)
+
+            def do_GET(self):
+                path, query, _ = self._record()
+                if path.endswith("/log"):
+                    return self._reply(200, "line 1\nline 2\n", "text/plain")
+                if path.endswith("/pods"):
+                    return self._reply(200, {"kind": "PodList", "apiVersion": "v1", "items": [
+                        {"metadata": {"name": "demo-0", "annotations": {
+                            "batch.kubernetes.io/job-completion-index": "0"}}}]})
+                if path in stand_in.store:
+                    obj = dict(stand_in.store[path])
+                    obj["status"] = {"active": 2, "ready": 2}
+                    return self._reply(200, obj)
+                self._reply(404, {"kind": "Status", "status": "Failure", "reason": "NotFound",
+                                  "message": "not found", "code": 404})
+
+            def do_DELETE(self):
+                path, _, _ = self._record()
+                stand_in.store.pop(path, None)
+                self._reply(200, {"kind": "Status", "status": "Success"})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def kubeconfig(self, path):
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "t",
+            "clusters": [{"name": "t", "cluster": {"server": self.url}}],
+            "users": [{"name": "t", "user": {"token": "x"}}],
+            "contexts": [{"name": "t", "context": {"cluster": "t", "user": "t"}}]}))
+        return path
+
+
+@pytest.fixture
+def api(tmp_path, monkeypatch):
+    stand_in = _ApiStandIn()
+    monkeypatch.setenv("KUBECONFIG", str(stand_in.kubeconfig(tmp_path / "kubeconfig")))
+    yield stand_in
+    stand_in.server.shutdown()
+
+
+def test_real_client_sends_strict_dry_run_creates_to_the_right_paths(api):
+    out = sub.submit(job(), flavor="job", dry_run=True, cluster=sub.KubeCluster())
+    assert out.startswith("k8s://ml/job/demo")
+    assert [(m, p) for m, p, _, _ in api.requests] == [
+        ("POST", "/api/v1/namespaces/ml/configmaps"), ("POST", "/api/v1/namespaces/ml/services"),
+        ("POST", "/apis/batch/v1/namespaces/ml/jobs")]
+    assert all(q == {"dryRun": "All", "fieldValidation": "Strict"} for _, _, q, _ in api.requests)
+
+
+def test_real_client_status_logs_and_foreground_cancel(api):
+    cluster = sub.KubeCluster()
+    sub.submit(job(), flavor="job", cluster=cluster)
+    assert sub.status("k8s://ml/job/demo", cluster=cluster) == "RUNNING"
+    out = io.StringIO()
+    sub.logs("k8s://ml/job/demo", rank=0, cluster=cluster, out=out)
+    assert out.getvalue() == "line 1\nline 2\n"
+    log_call = next(r for r in api.requests if r[1].endswith("/log"))
+    assert log_call[1] == "/api/v1/namespaces/ml/pods/demo-0/log" and log_call[2]["container"] == "trainer"
+    sub.cancel("k8s://ml/job/demo", cluster=cluster)
+    deletes = [(p, q) for m, p, q, _ in api.requests if m == "DELETE"]
+    assert deletes[0] == ("/apis/batch/v1/namespaces/ml/jobs/demo", {"propagationPolicy": "Foreground"})
+    assert [p for p, _ in deletes[1:]] == ["/api/v1/namespaces/ml/configmaps/demo-job",
+                                           "/api/v1/namespaces/ml/services/demo"]
+
+
+def test_real_client_missing_crd_rolls_back(api):
+    with pytest.raises(RuntimeFailure, match="does not serve PyTorchJob"):
+        sub.submit(job(), flavor="pytorchjob", cluster=sub.KubeCluster())
+    assert [(m, p) for m, p, _, _ in api.requests][-1] == (
+        "DELETE", "/api/v1/namespaces/ml/configmaps/demo-job")
+
+
+def test_cli_without_credentials_is_one_line(tmp_path):
+    from tests.conftest import ddpkit
+
+    result = ddpkit("status", "k8s://ml/job/demo",
+                    env={"KUBECONFIG": str(tmp_path / "none"), "HOME": str(tmp_path)})
+    assert result.returncode == 1
+    assert result.stderr == ("error: no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
+                             "or run inside a cluster\n")

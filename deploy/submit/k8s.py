@@ -13,6 +13,7 @@ conditions). API errors become one line that names the object and the fix.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -100,7 +101,8 @@ class KubeCluster:
             raise RuntimeFailure("talking to Kubernetes needs the Python package 'kubernetes': "
                                  "pip install 'ddpkit[k8s]'") from None
         try:
-            config.load_kube_config()
+            # KUBECONFIG read now, not when the client was imported (it caches the variable)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
         except Exception:
             try:
                 config.load_incluster_config()
@@ -156,7 +158,8 @@ class KubeCluster:
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
         group, version, plural = KINDS[kind]
-        policy = {"propagation_policy": "Foreground"}
+        # raw response: a DELETE answers a Status or the object, depending on kind and version
+        policy = {"propagation_policy": "Foreground", "_preload_content": False}
         if kind == "Job":
             self._call(self.batch.delete_namespaced_job, name, namespace, **policy)
         elif kind == "ConfigMap":
