@@ -406,6 +406,7 @@ RULES = {
     "gpu-requests": "GPU requests equal GPU limits",
     "dev-shm": "/dev/shm is a memory-backed emptyDir mounted in the training container",
     "names": "object, container and label names are valid",
+    "restart-policy": "PyTorchJob replicas restart OnFailure or Never (ExitCode ignores backoffLimit)",
     "env-owned": "no env var owned by the kit or the launcher is set twice or overridden",
 }
 
@@ -467,6 +468,11 @@ def _check_pytorchjob(spec: dict) -> list[tuple[str, str, str]]:
         found.append(("master-replicas", "spec.pytorchReplicaSpecs.Master.replicas",
                       f"must be 1, got {master.get('replicas')}"))
     for role, rspec in replicas.items():
+        if (rspec or {}).get("restartPolicy") in ("ExitCode", "Always"):
+            found.append(("restart-policy", f"spec.pytorchReplicaSpecs.{role}.restartPolicy",
+                          f"{rspec['restartPolicy']} restarts pods without counting them against "
+                          "runPolicy.backoffLimit (kubeflow/trainer#2045): a failing job loops "
+                          "forever; use OnFailure"))
         containers = (((rspec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
         if not any(c.get("name") == "pytorch" for c in containers):
             names = ", ".join(repr(c.get("name")) for c in containers) or "none"

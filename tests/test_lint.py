@@ -239,3 +239,10 @@ def test_cli_lint_exit_codes(tmp_path):
     missing = run_lint(str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "nope.yaml: cannot read" in missing.stderr
+
+
+def test_rule_restart_policy_is_counted_by_backoff_limit(crds):
+    obj = pytorchjob()
+    obj["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
+    assert [p.path for p in problems(obj, crds, "restart-policy")] == [
+        "spec.pytorchReplicaSpecs.Worker.restartPolicy"]
