@@ -24,6 +24,7 @@ arrived and training did not complete. Modes without torchrun exec the trainer d
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -350,7 +351,17 @@ def _die_with_parent() -> None:
 
 
 def supervise(argv: list[str], env: dict[str, str]) -> int:
-    """Run torchrun as a child, forward stop signals, map a stopped run to 143."""
+    """Run torchrun as a child, forward stop signals, map a stopped run to 143.
+
+    A stopped run is one where this shim got a stop signal, or where a worker reports (by
+    touching `DDPKIT_STOP_FILE`) that it checkpointed and exited 143 on a stop request that
+    reached it some other way; torchrun itself exits 1 in both cases.
+    """
+    import tempfile
+
+    stop_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
+    stop_file = os.path.join(stop_dir, "stopped")
+    env = {**env, "DDPKIT_STOP_FILE": stop_file}
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     stopped: list[int] = []
@@ -363,7 +374,11 @@ def supervise(argv: list[str], env: dict[str, str]) -> int:
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
     rc = proc.wait()
-    if stopped and rc != 0:
+    worker_stopped = os.path.exists(stop_file)
+    with contextlib.suppress(OSError):
+        os.unlink(stop_file)
+        os.rmdir(stop_dir)
+    if (stopped or worker_stopped) and rc != 0:
         return EXIT_STOPPED
     return 128 - rc if rc < 0 else rc  # torchrun killed by a signal: the shell's 128+N
 

@@ -537,6 +537,8 @@ class Trainer:
                     log.info("plot %s", plot_run(self.run_dir))
                 except Exception as e:  # a plot must never fail a finished training run
                     log.warning("could not write the plot: %s", e)
+        if stopped and os.environ.get("DDPKIT_STOP_FILE"):
+            Path(os.environ["DDPKIT_STOP_FILE"]).touch()  # tells trainer.launch: 143, not a crash
         return EXIT_STOPPED if stopped else EXIT_OK
 
 
