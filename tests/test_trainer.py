@@ -11,7 +11,17 @@ import sys
 
 import pytest
 
-from tests.trainer_util import REPO, free_port, records, run, start, step_losses, summary, wait_for, write_job
+from tests.trainer_util import (
+    REPO,
+    free_port,
+    records,
+    run,
+    start,
+    step_losses,
+    summary,
+    wait_for,
+    write_job,
+)
 from trainer import checkpoint
 from trainer.dist import DistEnv, DistEnvError, read_dist_env
 from trainer.train import lr_factor
