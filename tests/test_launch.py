@@ -1,0 +1,205 @@
+"""trainer.launch: for each launcher context, env in -> argv and env out; then real processes."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ddpkit
+from tests.trainer_util import REPO, free_port, launch_env, start, summary, write_job
+from trainer.launch import LaunchError, plan_launch, wait_for_master
+
+PY = "/py"
+WORKER = [PY, "-m", "trainer.train"]
+
+
+def torchrun(nnodes, nproc, endpoint, run_id, is_host, restarts="0"):
+    return [PY, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", nproc,
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
+            "--rdzv-conf", f"is_host={is_host},join_timeout=600", "--max-restarts", restarts,
+            "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", *WORKER[1:]]
+
+
+# context, env in, argv out, env out (a subset), variables that must be gone, node waits for
+CASES = [
+    ("torchrun",
+     {"TORCHELASTIC_RUN_ID": "r1", "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "h", "MASTER_PORT": "1"},
+     WORKER, {"RANK": "1", "WORLD_SIZE": "2"}, [], None),
+    ("kubeflow-pytorchjob",  # v1: RANK is the POD index, WORLD_SIZE = pods x nproc
+     {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "auto", "PET_NODE_RANK": "1",
+      "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456", "RANK": "1", "WORLD_SIZE": "4",
+      "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "DDPKIT_NPROC_PER_NODE": "2",
+      "DDPKIT_RUN_ID": "job", "DDPKIT_MAX_RESTARTS": "3"},
+     torchrun("2", "2", "job-master-0:23456", "job", "false", "3"),
+     {"DDPKIT_RUN_ID": "job", "DDPKIT_CONTEXT": "kubeflow-pytorchjob"},
+     ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PET_NNODES", "PET_NODE_RANK"],
+     ("job-master-0", 23456)),
+    ("kubeflow-pytorchjob",  # v1 without PET_NODE_RANK: the pod index comes from RANK
+     {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "job-master-0",
+      "PET_MASTER_PORT": "23456", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0",
+      "MASTER_PORT": "23456", "DDPKIT_RUN_ID": "job"},
+     torchrun("2", "1", "job-master-0:23456", "job", "true"), {}, ["RANK"], None),
+    ("kubeflow-trainjob",  # v2: PET_* only (and the JobSet index, which must not win)
+     {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "0",
+      "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29500", "DDPKIT_RUN_ID": "tj"},
+     torchrun("2", "4", "tj-node-0-0.tj:29500", "tj", "false"), {}, ["PET_MASTER_ADDR"],
+     ("tj-node-0-0.tj", 29500)),
+    ("indexed-job",  # JobSet / Indexed Job: the pod index plus the rendered env
+     {"JOB_COMPLETION_INDEX": "2", "DDPKIT_NNODES": "3", "DDPKIT_NPROC_PER_NODE": "2",
+      "DDPKIT_MASTER_ADDR": "js-workers-0-0.js", "DDPKIT_MASTER_PORT": "29500", "DDPKIT_RUN_ID": "js"},
+     torchrun("3", "2", "js-workers-0-0.js:29500", "js", "false"), {}, [], ("js-workers-0-0.js", 29500)),
+    ("slurm",  # one task per node: master = first host of the node list, port from the job id
+     {"SLURM_JOB_ID": "4242", "SLURM_NODEID": "1", "SLURM_PROCID": "1", "SLURM_JOB_NUM_NODES": "2",
+      "SLURM_JOB_NODELIST": "gpu[07-08]", "DDPKIT_NPROC_PER_NODE": "8", "DDPKIT_LAUNCHER": "torchrun",
+      "DDPKIT_RUN_ID": "sl", "DDPKIT_MAX_RESTARTS": "2"},
+     torchrun("2", "8", "gpu07:19242", "sl", "false", "2"), {"SLURM_JOB_ID": "4242"}, [], ("gpu07", 19242)),
+    ("slurm-srun",  # one task per GPU: the six variables, no torchrun
+     {"SLURM_JOB_ID": "4242", "SLURM_NODEID": "1", "SLURM_PROCID": "3", "SLURM_NTASKS": "4",
+      "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2(x2)", "SLURM_JOB_NODELIST": "gpu[07-08]",
+      "DDPKIT_LAUNCHER": "srun", "RANK": "9"},
+     WORKER, {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+              "MASTER_ADDR": "gpu07", "MASTER_PORT": "19242"}, [], ("gpu07", 19242)),
+    ("skypilot",
+     {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "10.1.0.5\n10.1.0.6",
+      "SKYPILOT_NUM_GPUS_PER_NODE": "8", "DDPKIT_RUN_ID": "sky"},
+     torchrun("2", "8", "10.1.0.5:29500", "sky", "true"), {}, [], None),
+    ("local",  # nothing known; an image's pre-set RANK/MASTER_ADDR is dropped, not obeyed
+     {"RANK": "5", "MASTER_ADDR": "10.9.9.9", "DDPKIT_NPROC_PER_NODE": "2", "DDPKIT_MASTER_PORT": "4000"},
+     torchrun("1", "2", "127.0.0.1:4000", "fallback-name", "true"), {"DDPKIT_RUN_ID": "fallback-name"},
+     ["RANK", "MASTER_ADDR"], None),
+]
+
+
+@pytest.mark.parametrize("context, env, argv, env_out, gone, wait_for", CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_each_context_becomes_the_right_command(context, env, argv, env_out, gone, wait_for):
+    plan = plan_launch(env, python=PY, run_id="fallback-name")
+    assert plan.context == context
+    assert plan.argv == argv
+    assert {k: plan.env.get(k) for k in env_out} == env_out
+    assert not [k for k in gone if k in plan.env]
+    assert plan.wait_for == wait_for
+
+
+def test_disagreements_and_dropped_variables_are_reported():
+    plan = plan_launch({"PET_NNODES": "3", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "1",
+                        "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "1", "DDPKIT_NNODES": "2"}, python=PY)
+    assert "nnodes: PET_NNODES=3 ignored, using DDPKIT_NNODES=2" in plan.notes
+    assert any(n.startswith("removed from the worker environment") and "PET_NNODES" in n for n in plan.notes)
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE": "auto", "PET_MASTER_ADDR": "m",
+      "PET_MASTER_PORT": "1"}, "processes per node 'auto' must be a number"),
+    ({"JOB_COMPLETION_INDEX": "0", "DDPKIT_NNODES": "2", "DDPKIT_NPROC_PER_NODE": "1",
+      "DDPKIT_MASTER_PORT": "1"}, "indexed-job: master address is unknown; set DDPKIT_MASTER_ADDR"),
+    ({"JOB_COMPLETION_INDEX": "2", "DDPKIT_NNODES": "2", "DDPKIT_NPROC_PER_NODE": "1",
+      "DDPKIT_MASTER_ADDR": "m", "DDPKIT_MASTER_PORT": "1"}, "node rank 2 is not below nnodes 2"),
+    ({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_PROCID": "4", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0",
+      "SLURM_JOB_NODELIST": "n1", "DDPKIT_LAUNCHER": "srun", "DDPKIT_NPROC_PER_NODE": "4"},
+     "SLURM_PROCID=4 is not below SLURM_NTASKS=4"),
+    ({"DDPKIT_NNODES": "2:1x"}, "nnodes='2:1x' must be N or MIN:MAX"),
+    ({"DDPKIT_MASTER_PORT": "70000"}, "master port 70000"),
+])
+def test_inconsistent_launch_env_is_one_clear_error(env, message):
+    with pytest.raises(LaunchError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        plan_launch(env, python=PY)
+
+
+def test_elastic_node_counts_pass_through():
+    plan = plan_launch({"JOB_COMPLETION_INDEX": "3", "DDPKIT_NNODES": "2:4", "DDPKIT_NPROC_PER_NODE": "1",
+                        "DDPKIT_MASTER_ADDR": "m", "DDPKIT_MASTER_PORT": "29500"}, python=PY)
+    assert plan.argv[plan.argv.index("--nnodes") + 1] == "2:4"
+
+
+# -- waiting for the master: a real TCP connect --------------------------------------------
+
+
+def test_wait_for_master_returns_once_the_port_listens():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        t = time.monotonic()
+        wait_for_master("127.0.0.1", server.getsockname()[1], timeout_s=5, log=lambda m: None)
+        assert time.monotonic() - t < 2
+
+
+def test_wait_for_master_gives_up_naming_host_and_port():
+    port = free_port()  # nobody listens there
+    t = time.monotonic()
+    with pytest.raises(LaunchError, match=f"master 127.0.0.1:{port} not reachable after 2s"):
+        wait_for_master("127.0.0.1", port, timeout_s=2, log=lambda m: None)
+    assert 1.9 < time.monotonic() - t < 8
+
+
+# -- real processes -------------------------------------------------------------------------
+
+TINY = {"max_steps": 3, "data_samples": 512}
+
+
+@pytest.mark.slow
+def test_two_nodes_rendezvous_when_the_worker_node_starts_first(tmp_path):
+    """Indexed-Job context, 2 nodes x 1 process: node 1 waits for node 0's port, then trains."""
+    job = write_job(tmp_path, "twonode", TINY)
+    port = str(free_port())
+    common = {"DDPKIT_NNODES": "2", "DDPKIT_MASTER_ADDR": "127.0.0.1", "DDPKIT_MASTER_PORT": port,
+              "DDPKIT_RUN_ID": "twonode"}
+    worker = start(job, tmp_path, nproc=1, JOB_COMPLETION_INDEX="1", **common)
+    time.sleep(3)  # the worker node is waiting: nothing listens yet
+    assert worker.poll() is None
+    master = start(job, tmp_path, nproc=1, JOB_COMPLETION_INDEX="0", **common)
+    out_w, _ = worker.communicate(timeout=240)
+    out_m, _ = master.communicate(timeout=240)
+    assert master.returncode == 0, out_m[-3000:]
+    assert worker.returncode == 0, out_w[-3000:]
+    assert f"waiting for master 127.0.0.1:{port}" in out_w
+    assert "context indexed-job, node rank 1" in out_w
+    s = summary(tmp_path / "runs" / "twonode")
+    assert s["world_size"] == 2 and s["params_identical"] and s["steps"] == 3
+
+
+@pytest.mark.slow
+def test_srun_per_gpu_mode_runs_the_trainer_directly(tmp_path):
+    job = write_job(tmp_path, "srun", TINY)
+    port = str(free_port())
+    procs = [start(job, tmp_path, nproc=2, SLURM_JOB_ID="77", SLURM_NODEID="0", SLURM_PROCID=str(r),
+                   SLURM_NTASKS="2", SLURM_LOCALID=str(r), SLURM_NTASKS_PER_NODE="2",
+                   SLURM_JOB_NODELIST="localhost", DDPKIT_LAUNCHER="srun",
+                   DDPKIT_MASTER_ADDR="127.0.0.1", DDPKIT_MASTER_PORT=port) for r in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "torch.distributed.run" not in outs[0] and "context slurm-srun" in outs[0]
+    s = summary(tmp_path / "runs" / "srun")
+    assert s["world_size"] == 2 and s["params_identical"]
+
+
+@pytest.mark.slow
+def test_under_a_users_torchrun_the_launcher_is_the_worker(tmp_path):
+    job = write_job(tmp_path, "undertr", TINY)
+    env = launch_env(job, nproc=2)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                             "--master-port", str(free_port()), "-m", "trainer.launch"],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("context torchrun") == 2
+    assert summary(tmp_path / "runs" / "undertr")["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_ddpkit_run_local_trains_and_prints_the_summary(tmp_path):
+    result = ddpkit("run", str(REPO / "examples" / "quickstart.yaml"), "--local",
+                    "--set", "train.max_steps=4", "--set", "train.data_samples=1024",
+                    "--set", "train.plot=false", cwd=tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "quickstart: completed" in result.stdout
+    assert "parameters  identical on every rank" in result.stdout
+    run_dir = tmp_path / "runs" / "quickstart"
+    assert summary(run_dir)["steps"] == 4 and summary(run_dir)["world_size"] == 2
+    # The trainer read the overridden job the CLI wrote, not the original file.
+    assert "max_steps: 4" in (run_dir / "job.yaml").read_text()
+    plot = ddpkit("plot", str(run_dir), cwd=tmp_path)
+    assert plot.returncode == 0 and (run_dir / "metrics.png").stat().st_size > 1000
