@@ -250,24 +250,62 @@ def _did_you_mean(key: str, candidates: Iterable[str]) -> str:
 # CRDs
 
 
-@dataclass(frozen=True)
 class CRDIndex:
-    """openAPIV3Schema by (group, version, kind), read from a directory of CRD YAML."""
+    """openAPIV3Schema by (group, version, kind), read from a directory of CRD YAML.
 
-    schemas: dict[tuple[str, str, str], dict]
-    source: str
+    Files are parsed when a kind is first looked up, those that mention the kind first: the
+    upstream CRDs are ~3 MB of YAML and one PyTorchJob needs one of them (bench/lint_speed.py).
+    """
+
+    def __init__(self, files: list[Path], source: str):
+        self.source = source
+        self._texts = {f: None for f in files}
+        self.schemas: dict[tuple[str, str, str], dict] = {}
+
+    def _parse(self, file: Path) -> None:
+        text = self._texts.pop(file)
+        for doc in _load_documents(file, text):
+            for crd in _crds_in(doc):
+                group = crd["spec"]["group"]
+                kind = crd["spec"]["names"]["kind"]
+                for version in crd["spec"].get("versions", []):
+                    schema = (version.get("schema") or {}).get("openAPIV3Schema")
+                    if schema:
+                        self.schemas[(group, version["name"], kind)] = schema
+
+    def _text(self, file: Path) -> str:
+        if self._texts[file] is None:
+            try:
+                self._texts[file] = file.read_text()
+            except OSError as exc:
+                raise LintInputError(f"{file}: cannot read ({exc.strerror})") from None
+        return self._texts[file]
 
     def lookup(self, api_version: str, kind: str) -> dict | None:
         group, _, version = api_version.rpartition("/")
-        return self.schemas.get((group, version, kind))
+        key = (group, version, kind)
+        mention = re.compile(rf"""\bkind["']?:\s*["']?{re.escape(kind)}\b""")
+        for file in [f for f in self._texts if mention.search(self._text(f))]:
+            if key in self.schemas:
+                break
+            self._parse(file)
+        if key not in self.schemas:
+            self._parse_all()
+        return self.schemas.get(key)
+
+    def _parse_all(self) -> None:
+        for file in list(self._texts):
+            self._text(file)
+            self._parse(file)
 
     @property
     def kinds(self) -> list[str]:
+        self._parse_all()
         return sorted({f"{k}.{g}/{v}" for g, v, k in self.schemas})
 
 
 def load_crds(directory: str | Path) -> CRDIndex:
-    """Read every `*.yaml`/`*.yml`/`*.json` under `directory` and keep the CRDs found there.
+    """Index every `*.yaml`/`*.yml`/`*.json` under `directory`; CRDs in them are read on demand.
 
     Non-CRD documents (a ClusterTrainingRuntime next to its CRD, say) are ignored.
     """
@@ -277,18 +315,8 @@ def load_crds(directory: str | Path) -> CRDIndex:
             f"--crds {directory}: not a directory; pass a folder of CRD YAML "
             "(for example the output of `kubectl get crd pytorchjobs.kubeflow.org -o yaml`)"
         )
-    schemas: dict[tuple[str, str, str], dict] = {}
     files = sorted(p for p in root.rglob("*") if p.suffix in (".yaml", ".yml", ".json"))
-    for file in files:
-        for doc in _load_documents(file):
-            for crd in _crds_in(doc):
-                group = crd["spec"]["group"]
-                kind = crd["spec"]["names"]["kind"]
-                for version in crd["spec"].get("versions", []):
-                    schema = (version.get("schema") or {}).get("openAPIV3Schema")
-                    if schema:
-                        schemas[(group, version["name"], kind)] = schema
-    return CRDIndex(schemas=schemas, source=str(directory))
+    return CRDIndex(files, str(directory))
 
 
 def _crds_in(doc: Any) -> Iterator[dict]:
