@@ -1,0 +1,200 @@
+"""End to end on a real two-node Slurm cluster (`ddpkit testbed slurm`, brought up here).
+
+Needs root (network namespaces, daemons). Off CI a missing prerequisite skips with the reason;
+with CI=true it fails. Every job runs from its own temporary submit directory, with this
+interpreter's environment activated through `slurm.venv` and the repository on PYTHONPATH
+(sbatch passes the submitting environment on to the job, as on a real cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from deploy.submit import slurm as submit_slurm
+from deploy.testbed import slurm as testbed
+from tests.conftest import REPO, ddpkit, require
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+EXAMPLE = REPO / "examples" / "quickstart-2node.yaml"
+NODES = testbed.NODES
+JOB_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The testbed's client environment; the cluster comes up once and goes down at the end
+    (unless it was already up before the tests: then it is left as it was)."""
+    require(os.geteuid() == 0, "the Slurm testbed needs root (network namespaces, daemons)")
+    for tool in ("ip", "unshare", "nsenter"):
+        require(shutil.which(tool) is not None, f"the Slurm testbed needs {tool} (iproute2, util-linux)")
+    was_up = testbed.status(quiet=True)
+    if not was_up:
+        testbed.up()
+    env = testbed.client_env()
+    env["PYTHONPATH"] = str(REPO)
+    yield env
+    if not was_up:
+        testbed.down()
+
+
+def runner_for(env):
+    def run(argv, **kw):
+        return subprocess.run(argv, env=env, **kw)
+
+    return run
+
+
+def submit(cluster, workdir: Path, *extra: str) -> str:
+    proc = ddpkit("submit", "slurm", str(EXAMPLE), "--set", f"slurm.venv={sys.prefix}", *extra,
+                  cwd=workdir, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    handle = proc.stdout.strip()
+    assert handle.startswith("slurm://"), proc.stdout
+    return handle
+
+
+def wait_for(cluster, handle: str, states: set[str], timeout: float = JOB_TIMEOUT_S) -> str:
+    run = runner_for(cluster)
+    deadline = time.monotonic() + timeout
+    while True:
+        state = submit_slurm.status(handle, runner=run)
+        if state in states:
+            return state
+        if state in submit_slurm.TERMINAL or time.monotonic() > deadline:
+            pytest.fail(f"{handle} is {state}, expected {sorted(states)}\n{job_log(cluster, handle)}")
+        time.sleep(0.5)
+
+
+def job_log(cluster, handle: str) -> str:
+    path = submit_slurm.log_path(handle, runner=runner_for(cluster))
+    return path.read_text(errors="replace") if path.exists() else f"(no log at {path})"
+
+
+def summaries(log: str) -> list[dict]:
+    return [json.loads(line.split("ddpkit-summary ", 1)[1]) for line in log.splitlines()
+            if "ddpkit-summary " in line]
+
+
+def job_field(cluster, handle: str, key: str) -> str:
+    info = submit_slurm.show_job(handle, runner=runner_for(cluster))
+    assert info is not None
+    return info[key]
+
+
+def metric_steps(workdir: Path) -> list[int]:
+    path = workdir / "runs" / "quickstart-2node" / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line being written
+        if "loss" in record and "step" in record:
+            steps.append(record["step"])
+    return steps
+
+
+def assert_trained_on_two_nodes(summary: dict) -> None:
+    assert summary["status"] == "completed", summary
+    assert summary["world_size"] == 4
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1, 2, 3]
+    assert summary["hostnames"] == sorted(NODES), summary["hostnames"]
+    assert summary["params_identical"] is True
+    assert summary["final_loss"] < summary["first_loss"], summary
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_quickstart_runs_on_two_nodes(cluster, tmp_path, launcher):
+    handle = submit(cluster, tmp_path, "--set", f"slurm.launcher={launcher}")
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    log = job_log(cluster, handle)
+    [summary] = summaries(log)
+    assert_trained_on_two_nodes(summary)
+    assert f"{launcher} mode" in log
+    proc = ddpkit("logs", handle, env=cluster)
+    assert proc.returncode == 0 and "ddpkit-summary" in proc.stdout
+
+
+def test_preempted_job_checkpoints_requeues_resumes_and_never_reruns(cluster, tmp_path):
+    # long enough to be signalled mid-run; checkpoints every 20 steps
+    handle = submit(cluster, tmp_path, "--set", "train.max_steps=400", "--set", "train.epochs=100")
+    jobid = submit_slurm.job_id(handle)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not metric_steps(tmp_path) or max(metric_steps(tmp_path)) < 30:
+        assert time.monotonic() < deadline, job_log(cluster, handle)
+        assert submit_slurm.status(handle, runner=runner_for(cluster)) == "RUNNING", job_log(cluster, handle)
+        time.sleep(0.2)
+    # what `#SBATCH --signal=B:USR2@...` does before the time limit: USR2 to the batch shell only
+    subprocess.run(["scancel", "--batch", "--signal=USR2", jobid], env=cluster, check=True)
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    assert job_field(cluster, handle, "Restarts") == "1"
+    log = job_log(cluster, handle)
+    assert "requeueing (restart 1 of 1)" in log, log
+    assert f"(job {jobid}, restart 1)" in log  # the second run saw SLURM_RESTART_COUNT=1
+    stopped, final = summaries(log)
+    assert stopped["status"] == "stopped" and stopped["steps"] < 400
+    assert final["resumed_from_step"] == stopped["steps"], (stopped, final)
+    assert final["steps"] == 400
+    assert_trained_on_two_nodes(final)
+    assert (tmp_path / "runs/quickstart-2node/checkpoints/FINISHED").exists()
+
+    # started once more (requeued by hand): the FINISHED marker makes it exit at once
+    subprocess.run(["scontrol", "requeue", jobid], env=cluster, check=True)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while job_field(cluster, handle, "Restarts") != "2" or (
+            submit_slurm.status(handle, runner=runner_for(cluster)) != "SUCCEEDED"):
+        assert time.monotonic() < deadline, job_log(cluster, handle)
+        time.sleep(0.5)
+    log = job_log(cluster, handle)
+    assert log.rstrip().endswith("already finished, nothing to do"), log[-2000:]
+    assert len(summaries(log)) == 2  # nothing trained again
+
+
+def test_cancel_leaves_no_process_on_either_node(cluster, tmp_path):
+    handle = submit(cluster, tmp_path, "--set", "train.max_steps=100000", "--set", "train.epochs=1000")
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not metric_steps(tmp_path):
+        assert time.monotonic() < deadline, job_log(cluster, handle)
+        time.sleep(0.2)
+    proc = ddpkit("cancel", handle, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    assert submit_slurm.status(handle, runner=runner_for(cluster)) == "CANCELLED"
+    deadline = time.monotonic() + 20
+    while True:
+        left = {node: leftover_processes(node) for node in NODES}
+        if not any(left.values()):
+            break
+        assert time.monotonic() < deadline, f"still running after cancel: {left}"
+        time.sleep(0.5)
+
+
+def leftover_processes(node: str) -> list[str]:
+    """Processes in the node's namespace other than its slurmd."""
+    out = []
+    for pid in testbed.node_pids(node):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if comm != "slurmd" and state != "Z":
+            out.append(f"{pid}:{comm}")
+    return out
+
+
+def test_submitit_runs_the_same_job(cluster, tmp_path):
+    handle = submit(cluster, tmp_path, "--via", "submitit")
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    [summary] = summaries(job_log(cluster, handle))
+    assert_trained_on_two_nodes(summary)
