@@ -244,6 +244,8 @@ def test_pytorchjob_elastic_policy_when_nodes_is_min_max():
     assert pj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 5
     env = env_of(pods(objs)[0])
     assert env["DDPKIT_NNODES"]["value"] == "2:5" and env["DDPKIT_MAX_RESTARTS"]["value"] == "7"
+    assert env["DDPKIT_MASTER_ADDR"]["value"] == "demo-worker-0"
+    assert env["DDPKIT_MASTER_PORT"]["value"] == "23456"
 
 
 def test_trainjob_refers_to_the_runtime_and_sets_nodes_and_processes():
@@ -323,3 +325,11 @@ def test_pod_templates_and_injected_env_for_running_pods_elsewhere():
     [(role, count, pod)] = k8s.pod_templates(tj)
     assert (role, count) == ("node", 2) and container(pod)["image"] == "img:1"
     assert k8s.injected_env(tj, "node", 0)["PET_MASTER_ADDR"] == "demo-node-0-0.demo"
+
+
+def test_injected_env_of_an_elastic_pytorchjob_is_rendezvous_only():
+    objs = objects(job(nodes="2:4", procs_per_node=2, restarts=3), "pytorchjob")
+    env = k8s.injected_env(objs, "worker", 1)
+    assert env["PET_RDZV_ENDPOINT"] == "demo-worker-0:23456" and env["PET_NNODES"] == "2:4"
+    assert env["PET_MAX_RESTARTS"] == "3"
+    assert "PET_NODE_RANK" not in env and "MASTER_ADDR" not in env

@@ -153,7 +153,9 @@ def container_env(job: JobSpec, flavor: str) -> list[dict]:
         {"name": "DDPKIT_MAX_RESTARTS", "value": str(torchrun_restarts(job, flavor))},
         {"name": "DDPKIT_LAUNCHER", "value": "torchrun"},
     ]
-    if flavor in ("jobset", "job"):
+    if flavor in ("jobset", "job") or (flavor == "pytorchjob" and job.nodes.elastic):
+        # known up front (docs/CONTRACT.md); an elastic PyTorchJob's operator gives only
+        # PET_RDZV_ENDPOINT, no master and no node rank
         host, port = master_endpoint(job, flavor)
         env += [{"name": "DDPKIT_MASTER_ADDR", "value": host},
                 {"name": "DDPKIT_MASTER_PORT", "value": str(port)}]
@@ -389,29 +391,34 @@ def _trainjob_pod(spec: dict) -> dict:
 def injected_env(objects: list[dict], role: str, index: int) -> dict[str, str]:
     """Variables the controller would add to pod `index` of `role` (for running pods elsewhere).
 
-    PyTorchJob (v1 operator): PET_* plus MASTER_ADDR/PORT, RANK (the pod index) and
-    WORLD_SIZE (pods x nprocPerNode); TrainJob: PET_*; JobSet and Job: JOB_COMPLETION_INDEX
-    (torchrun's other settings come from the rendered DDPKIT_* variables).
+    PyTorchJob (v1 operator, pkg/controller.v1/pytorch): MASTER_ADDR/PORT, RANK (the pod
+    index), WORLD_SIZE and PET_*; elastic jobs get only PET_RDZV_* (endpoint `<name>-worker-0`),
+    PET_NNODES `min:max` and PET_MAX_RESTARTS. TrainJob: PET_* (torch plugin, master
+    `<name>-node-0-0.<name>:29500`). JobSet and Job: JOB_COMPLETION_INDEX (torchrun's other
+    settings come from the rendered DDPKIT_* variables).
     """
     for obj in objects:
         kind, name, spec = obj.get("kind"), obj["metadata"]["name"], obj.get("spec") or {}
         if kind == "PyTorchJob":
             replicas = spec["pytorchReplicaSpecs"]
-            pods = sum(r.get("replicas", 1) for r in replicas.values())
-            nproc = int(spec.get("nprocPerNode", "1"))
-            rank = index + (1 if role == "worker" and "Master" in replicas else 0)
-            master = f"{name}-master-0" if "Master" in replicas else f"{name}-worker-0"
-            env = {"PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(PYTORCHJOB_PORT),
-                   "MASTER_ADDR": master, "MASTER_PORT": str(PYTORCHJOB_PORT),
-                   "PET_NNODES": str(pods), "PET_NODE_RANK": str(rank), "RANK": str(rank),
-                   "PET_NPROC_PER_NODE": str(nproc), "WORLD_SIZE": str(pods * nproc)}
+            nproc = str(spec.get("nprocPerNode", "auto"))
             if "elasticPolicy" in spec:
+                # v1 operator, elastic: rendezvous variables only (no rank, no master)
                 ep = spec["elasticPolicy"]
-                env.update({"PET_NNODES": f"{ep['minReplicas']}:{ep['maxReplicas']}",
-                            "PET_RDZV_BACKEND": ep.get("rdzvBackend", "c10d"),
-                            "PET_RDZV_ENDPOINT": f"{master}:{PYTORCHJOB_PORT}",
-                            "PET_MAX_RESTARTS": str(ep.get("maxRestarts", 0))})
-            return env
+                return {"PYTHONUNBUFFERED": "0", "PET_NPROC_PER_NODE": nproc,
+                        "PET_RDZV_ENDPOINT": f"{name}-worker-0:{PYTORCHJOB_PORT}",
+                        "PET_RDZV_BACKEND": ep.get("rdzvBackend", "c10d"),
+                        "PET_NNODES": f"{ep['minReplicas']}:{ep['maxReplicas']}",
+                        "PET_MAX_RESTARTS": str(ep.get("maxRestarts", 0))}
+            pods = sum(r.get("replicas", 1) for r in replicas.values())
+            rank = index + (1 if role == "worker" else 0)
+            master = f"{name}-master-0"
+            world = pods * int(nproc) if nproc.isdigit() else pods
+            return {"PYTHONUNBUFFERED": "0", "MASTER_ADDR": master,
+                    "MASTER_PORT": str(PYTORCHJOB_PORT), "RANK": str(rank),
+                    "WORLD_SIZE": str(world), "PET_MASTER_ADDR": master,
+                    "PET_MASTER_PORT": str(PYTORCHJOB_PORT), "PET_NNODES": str(pods),
+                    "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": nproc}
         if kind == "TrainJob":
             trainer = spec["trainer"]
             return {"PET_NNODES": str(trainer["numNodes"]),
