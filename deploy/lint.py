@@ -435,6 +435,7 @@ RULES = {
     "dev-shm": "/dev/shm is a memory-backed emptyDir mounted in the training container",
     "names": "object, container and label names are valid",
     "restart-policy": "PyTorchJob replicas restart OnFailure or Never (ExitCode ignores backoffLimit)",
+    "job-subdomain": "an Indexed Job's subdomain is a headless Service in the file selecting its pods",
     "env-owned": "no env var owned by the kit or the launcher is set twice or overridden",
 }
 
@@ -599,6 +600,11 @@ def _check_names(obj: dict) -> list[tuple[str, str, str]]:
             found.append(("names", "metadata.name",
                           f"{name!r} is not a DNS-1035 label (lower case letters, digits, '-', "
                           "starting with a letter, at most 63 characters)"))
+        longest = _longest_hostname(obj)
+        if longest and len(longest) > 63:
+            found.append(("names", "metadata.name",
+                          f"pod hostname {longest!r} is {len(longest)} characters (at most 63: "
+                          "longer ones are cut and peers cannot resolve them); shorten the name"))
     elif len(name) > 253 or not DNS1123_SUBDOMAIN.match(name):
         found.append(("names", "metadata.name", f"{name!r} is not a valid DNS-1123 subdomain"))
     found += _check_labels(meta, "metadata")
@@ -609,6 +615,64 @@ def _check_names(obj: dict) -> list[tuple[str, str, str]]:
             if not isinstance(cname, str) or len(cname) > 63 or not DNS1123_LABEL.match(cname):
                 found.append(("names", f"{path}.spec.containers[{i}].name",
                               f"{cname!r} is not a DNS-1123 label"))
+    return found
+
+
+def _longest_hostname(obj: dict) -> str | None:
+    """The longest pod hostname the controller will give (each naming scheme per kind)."""
+    name, spec = obj["metadata"]["name"], obj.get("spec") or {}
+    try:
+        if obj["kind"] == "PyTorchJob":
+            return max((f"{name}-{role.lower()}-{max(int(r.get('replicas', 1)) - 1, 0)}"
+                        for role, r in (spec.get("pytorchReplicaSpecs") or {}).items()), key=len, default=None)
+        if obj["kind"] == "JobSet":
+            return max((f"{name}-{r['name']}-{max(int(r.get('replicas', 1)) - 1, 0)}-"
+                        f"{max(int(r['template']['spec'].get('parallelism', 1)) - 1, 0)}"
+                        for r in spec.get("replicatedJobs") or []), key=len, default=None)
+        if obj["kind"] == "Job" and spec.get("completionMode") == "Indexed":
+            return f"{name}-{max(int(spec.get('completions', 1)) - 1, 0)}"
+        if obj["kind"] == "TrainJob":
+            return f"{name}-node-0-{max(int((spec.get('trainer') or {}).get('numNodes', 1)) - 1, 0)}"
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # malformed: the schema layer reports it
+    return None
+
+
+def check_file_rules(objects: list[dict]) -> list[tuple[int, str, str, str]]:
+    """Rules across objects of one file: (object index, rule, path, message).
+
+    `job-subdomain`: an Indexed Job whose pods name a subdomain needs a headless Service of that
+    name in the same file that selects them (publishing not-ready addresses, so peers resolve
+    before every pod is ready); without it `<name>-0.<subdomain>` never resolves.
+    """
+    found = []
+    services = {(o.get("metadata") or {}).get("name"): o for o in objects
+                if isinstance(o, dict) and o.get("kind") == "Service"}
+    for i, obj in enumerate(objects):
+        if not isinstance(obj, dict) or obj.get("kind") != "Job":
+            continue
+        template = ((obj.get("spec") or {}).get("template") or {})
+        subdomain = (template.get("spec") or {}).get("subdomain")
+        if not subdomain:
+            continue
+        path = "spec.template.spec.subdomain"
+        svc = services.get(subdomain)
+        if svc is None:
+            found.append((i, "job-subdomain", path, f"no Service {subdomain!r} in this file; "
+                          "pods are resolvable only through a headless Service of that name"))
+            continue
+        sspec = svc.get("spec") or {}
+        labels = (template.get("metadata") or {}).get("labels") or {}
+        selector = sspec.get("selector") or {}
+        if sspec.get("clusterIP") != "None":
+            found.append((i, "job-subdomain", path, f"Service {subdomain!r} is not headless "
+                          "(clusterIP: None): pods get no DNS records"))
+        if not selector or any(labels.get(k) != v for k, v in selector.items()):
+            found.append((i, "job-subdomain", path, f"Service {subdomain!r} does not select "
+                          "this Job's pods (its selector must match the pod template labels)"))
+        if sspec.get("publishNotReadyAddresses") is not True:
+            found.append((i, "job-subdomain", path, f"Service {subdomain!r} needs "
+                          "publishNotReadyAddresses: true (workers resolve node 0 before it is ready)"))
     return found
 
 
@@ -675,8 +739,12 @@ def lint_object(obj: Any, crds: CRDIndex | None, *, source: str = "-", index: in
 def lint_text(text: str, crds: CRDIndex | None, *, source: str = "-",
               k8s_version: str | None = None) -> list[Problem]:
     problems: list[Problem] = []
-    for i, doc in enumerate(_load_documents(Path(source), text)):
+    docs = _load_documents(Path(source), text)
+    for i, doc in enumerate(docs):
         problems += lint_object(doc, crds, source=source, index=i, k8s_version=k8s_version)
+    for i, rule, path, message in check_file_rules(docs):
+        name = (docs[i].get("metadata") or {}).get("name", "?")
+        problems.append(Problem(source, f"{docs[i]['kind']}/{name}", path, message, rule))
     return problems
 
 

@@ -215,7 +215,7 @@ def test_rule_owned_env_is_not_overridden(crds):
 def test_every_rule_has_a_test():
     text = Path(__file__).read_text()
     for rule in lint.RULES:
-        assert f'"{rule}")' in text, f"no test for lint rule {rule}"
+        assert f'"{rule}")' in text or f'rule == "{rule}"' in text, f"no test for lint rule {rule}"
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -246,3 +246,33 @@ def test_rule_restart_policy_is_counted_by_backoff_limit(crds):
     obj["spec"]["pytorchReplicaSpecs"]["Worker"]["restartPolicy"] = "ExitCode"
     assert [p.path for p in problems(obj, crds, "restart-policy")] == [
         "spec.pytorchReplicaSpecs.Worker.restartPolicy"]
+
+
+def test_rule_names_pod_hostnames_fit_in_63_characters(crds):
+    obj = pytorchjob()
+    obj["metadata"]["name"] = "a" * 55
+    obj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 12
+    found = problems(obj, crds, "names")
+    assert len(found) == 1 and f"pod hostname '{'a' * 55}-worker-11' is 65 characters" in found[0].message
+
+
+def indexed_job_file(**service_spec):
+    from deploy.render.k8s import render_objects
+    from deploy.spec import parse_job
+
+    objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": 2}), flavor="job")
+    svc = next(o for o in objs if o["kind"] == "Service")
+    svc["spec"].update(service_spec)
+    return objs
+
+
+def test_rule_job_subdomain_is_a_headless_service_selecting_the_pods():
+    assert lint.check_file_rules(indexed_job_file()) == []
+    objs = indexed_job_file(clusterIP="10.0.0.1", publishNotReadyAddresses=False,
+                            selector={"app": "other"})
+    messages = [m for _, rule, _, m in lint.check_file_rules(objs) if rule == "job-subdomain"]
+    assert len(messages) == 3
+    without = [o for o in indexed_job_file() if o["kind"] != "Service"]
+    [(_, rule, path, message)] = lint.check_file_rules(without)
+    assert (rule, path) == ("job-subdomain", "spec.template.spec.subdomain")
+    assert message.startswith("no Service 'demo' in this file")
