@@ -1,0 +1,67 @@
+# ddpkit training image: one image for every target (local Docker, Kubernetes, Slurm/pyxis).
+#
+# Online:   docker build -t ddpkit:0.1 .
+# Offline:  ddpkit image build --offline     (or: make image WHEELHOUSE=DIR)
+#           pip wheels are prepared on the host and installed here with --no-index from a
+#           BuildKit bind mount, so nothing is fetched during the build (air-gapped sites, CI).
+#
+# BASE_IMAGE defaults to the official PyTorch runtime image of the pinned torch release (its
+# python already has torch, so pip keeps it). Any Debian/Ubuntu image with python3 (>= 3.10,
+# venv module included) works too, e.g. a bare Debian made with debootstrap: torch then comes
+# from the wheelhouse. No `# syntax=` line on purpose: that would pull a frontend image, which
+# an air-gapped daemon cannot do; the built-in BuildKit frontend supports RUN --mount.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
+
+# ---- python: the base plus a python3 that can make virtual environments -------------------
+FROM ${BASE_IMAGE} AS python
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# Only installs when the base lacks python3/venv (the official PyTorch image has both); package
+# versions are whatever the base distribution ships, so they are not pinned here.
+# hadolint ignore=DL3008
+RUN if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then \
+        apt-get update \
+        && apt-get install -y --no-install-recommends python3 python3-venv \
+        && rm -rf /var/lib/apt/lists/*; \
+    fi
+
+# ---- build: a virtual environment with ddpkit[train] ----------------------------------------
+FROM python AS build
+# "1" = install only from the wheelhouse (pip --no-index); "0" = also use the package index.
+ARG OFFLINE=0
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore
+# --system-site-packages: reuse the torch that a PyTorch base image already ships.
+RUN python3 -m venv --system-site-packages /opt/ddpkit
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY deploy/ deploy/
+COPY trainer/ trainer/
+COPY k8s/ k8s/
+COPY slurm/ slurm/
+# wheelhouse/ holds the prepared wheels (empty for an online build); it is bind-mounted, never
+# copied into a layer. torch is pinned: unpinned, pip resolves a multi-GB CUDA build.
+RUN --mount=type=bind,source=wheelhouse,target=/wheels \
+    PIP_NO_INDEX="$OFFLINE" /opt/ddpkit/bin/pip install --find-links /wheels \
+        "torch==2.13.0" "/src[train]" \
+    && /opt/ddpkit/bin/python -c "import torch, numpy, trainer.launch; print('torch', torch.__version__)"
+
+# ---- runtime: the venv, a non-root user, the entry point ------------------------------------
+FROM python AS runtime
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="ddpkit" \
+      org.opencontainers.image.description="One PyTorch DDP entry point for local, Kubernetes and Slurm runs" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/ddpkit /opt/ddpkit
+# A fixed uid (1000) so a pod's securityContext.runAsUser and bind-mounted run directories can
+# match it; /workspace is its writable home.
+RUN useradd --create-home --home-dir /workspace --uid 1000 --user-group ddpkit
+ENV PATH=/opt/ddpkit/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 1000:1000
+WORKDIR /workspace
+ENTRYPOINT ["python", "-m", "trainer.launch"]
