@@ -24,8 +24,9 @@ RUN if ! python3 -c 'import venv, ensurepip' 2>/dev/null; then \
         && rm -rf /var/lib/apt/lists/*; \
     fi
 
-# ---- build: a virtual environment with ddpkit[train] ----------------------------------------
-FROM python AS build
+# ---- deps: a virtual environment with the dependencies of ddpkit[train] ----------------------
+# Its own stage (and layer) so that a code change reinstalls only ddpkit itself, not torch.
+FROM python AS deps
 # "1" = install only from the wheelhouse (pip --no-index); "0" = also use the package index.
 ARG OFFLINE=0
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -33,20 +34,29 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 # --system-site-packages: reuse the torch that a PyTorch base image already ships.
 RUN python3 -m venv --system-site-packages /opt/ddpkit
+# The requirement list comes from pyproject.toml (one source); wheelhouse/ holds the prepared
+# wheels (empty for an online build) and is bind-mounted, never copied into a layer. torch is
+# pinned there: unpinned, pip resolves a multi-GB CUDA build.
+RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
+    --mount=type=bind,source=wheelhouse,target=/wheels \
+    /opt/ddpkit/bin/python -c 'import tomllib; p = tomllib.load(open("/tmp/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["train"]))' > /tmp/requirements.txt \
+    && PIP_NO_INDEX="$OFFLINE" /opt/ddpkit/bin/pip install --find-links /wheels -r /tmp/requirements.txt \
+    && rm /tmp/requirements.txt
+
+# ---- wheel: ddpkit itself, built from the source ------------------------------------------
+FROM deps AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY deploy/ deploy/
 COPY trainer/ trainer/
 COPY k8s/ k8s/
 COPY slurm/ slurm/
-# wheelhouse/ holds the prepared wheels (empty for an online build); it is bind-mounted, never
-# copied into a layer. torch is pinned: unpinned, pip resolves a multi-GB CUDA build.
+# The build backend (hatchling) comes from the wheelhouse when offline.
 RUN --mount=type=bind,source=wheelhouse,target=/wheels \
-    PIP_NO_INDEX="$OFFLINE" /opt/ddpkit/bin/pip install --find-links /wheels \
-        "torch==2.13.0" "/src[train]" \
-    && /opt/ddpkit/bin/python -c "import torch, numpy, trainer.launch; print('torch', torch.__version__)"
+    PIP_NO_INDEX="$OFFLINE" /opt/ddpkit/bin/pip wheel --no-deps --find-links /wheels \
+        --wheel-dir /dist /src
 
-# ---- runtime: the venv, a non-root user, the entry point ------------------------------------
+# ---- runtime: the venv, ddpkit itself, a non-root user, the entry point ---------------------
 FROM python AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
@@ -55,7 +65,14 @@ LABEL org.opencontainers.image.title="ddpkit" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=build /opt/ddpkit /opt/ddpkit
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_ROOT_USER_ACTION=ignore
+COPY --from=deps /opt/ddpkit /opt/ddpkit
+# Only the wheel, from a bind mount: neither the source nor the wheel file stays in a layer.
+RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
+    /opt/ddpkit/bin/pip install --no-index --no-deps /dist/*.whl \
+    && /opt/ddpkit/bin/python -c "import torch, numpy, trainer.launch"
 # A fixed uid (1000) so a pod's securityContext.runAsUser and bind-mounted run directories can
 # match it; /workspace is its writable home.
 RUN useradd --create-home --home-dir /workspace --uid 1000 --user-group ddpkit
