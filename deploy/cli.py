@@ -161,6 +161,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_image(args: argparse.Namespace) -> int:
+    return _module("deploy.image", "`ddpkit image`").main(args)
+
+
 def cmd_testbed(args: argparse.Namespace) -> int:
     return _module(f"deploy.testbed.{args.kind}", f"the {args.kind} testbed").main(args.action)
 
@@ -252,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "plot", cmd_plot, "plot loss and throughput of a run directory",
                  "ddpkit plot runs/quickstart")
     p.add_argument("run_dir", metavar="RUN_DIR")
+
+    p = _command(sub, "image", cmd_image, "build the training image (Docker, BuildKit)",
+                 "ddpkit image build --offline --base-image debian-bookworm")
+    p.add_argument("action", choices=["build"], metavar="ACTION", help="build")
+    p.add_argument("--tag", metavar="TAG", help="image tag (default: ddpkit:<major.minor>)")
+    p.add_argument("--offline", action="store_true",
+                   help="install only from a wheelhouse prepared on this host (pip --no-index)")
+    p.add_argument("--wheelhouse", metavar="DIR",
+                   help="--offline: where the wheels are or go (default: wheelhouse/)")
+    p.add_argument("--base-image", metavar="IMAGE",
+                   help="base image (default: the Dockerfile's, the official PyTorch runtime)")
 
     p = _command(sub, "testbed", cmd_testbed, "a real local cluster to try jobs on (root)",
                  "sudo ddpkit testbed slurm up")
