@@ -1,0 +1,801 @@
+"""`ddpkit run JOB --docker [--flavor F]`: the rendered Kubernetes pods, run as Docker containers.
+
+The job is rendered exactly as `ddpkit render k8s` renders it, parsed back as data, and each pod
+the controller would create is started as one container on a private Docker network. What the
+controllers add to a pod is emulated from the manifest itself (the table of sources is in
+`controller_pods`), so a manifest that is wrong for the cluster fails here too:
+
+- names: every pod gets the hostname and the DNS names Kubernetes would give it (a pod's own
+  `<pod>` Service for PyTorchJob, `<hostname>.<subdomain>` through a headless Service for
+  JobSet, TrainJob and Indexed Jobs, each also with `.<namespace>`, `.svc` and
+  `.svc.cluster.local`); a reference to a name Kubernetes would not serve is an error;
+- environment: the controller's variables (PET_*, MASTER_*, RANK, WORLD_SIZE,
+  JOB_COMPLETION_INDEX), then the container's own list with `valueFrom` and `$(VAR)` resolved;
+- volumes: ConfigMaps from the manifest become read-only files; claims, hostPath and NFS become
+  directories shared by every pod (as shared storage would be); emptyDirs are per pod, and a
+  memory-backed one at /dev/shm sets `--shm-size` to its sizeLimit;
+- resources: CPU and memory limits become `--cpus` / `--memory`;
+- the image is never pulled: it must be on the daemon (`ddpkit image build`).
+
+Output is streamed with a `[node N]` prefix; the exit code is the job's: 0 when every pod
+succeeded, else the first failing pod's code (the others are stopped). Containers and the network
+are removed afterwards, also on Ctrl-C or SIGTERM (pods get SIGTERM and their grace period).
+Restarts (backoffLimit, failurePolicy) are not emulated: the first pod failure ends the run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from deploy import units
+from deploy.errors import RuntimeFailure, UserError
+from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
+
+#: Label on every container and network this module creates (for manual clean-up:
+#: `docker rm -f $(docker ps -aq --filter label=ddpkit.run)`).
+RUN_LABEL = "ddpkit.run"
+CLUSTER_DOMAIN = "cluster.local"
+#: Kubernetes' annotation (and, since 1.28, label) with an Indexed Job pod's index.
+COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+#: Kubeflow training-operator defaults (pkg/apis/kubeflow.org/v1/pytorch_types.go).
+PYTORCHJOB_PORT_NAME = "pytorchjob-port"
+PYTORCHJOB_DEFAULT_PORT = 23456
+#: Kubeflow Trainer v2 constants (pkg/constants/constants.go): the `node` replicated job and
+#: container of the torch runtimes, and ContainerTrainerPort.
+TRAINJOB_NODE = "node"
+TRAINJOB_PORT = 29500
+
+
+@dataclass
+class Pod:
+    """One pod as the controllers would create it."""
+
+    name: str
+    index: int                      # node rank: what the log prefix shows
+    namespace: str
+    hostname: str
+    subdomain: str | None
+    template: dict                  # pod template (metadata + spec), a private copy
+    injected_env: list[dict]        # what the controller adds to every container
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    dns_names: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> dict:
+        return self.template.get("spec") or {}
+
+
+# --------------------------------------------------------------------------------------------
+# Controller emulation: manifest objects -> pods
+
+
+def _env(name: str, value: object) -> dict:
+    return {"name": name, "value": str(value)}
+
+
+def _completion_index_env() -> dict:
+    # kubernetes pkg/controller/job/indexed_job_utils.go, addCompletionIndexEnvVariable: the
+    # Job controller adds JOB_COMPLETION_INDEX to every container of an Indexed Job's pods, as a
+    # fieldRef to the completion-index annotation it sets on the pod.
+    return {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}}
+
+
+def _service_names(name: str, namespace: str) -> list[str]:
+    """What cluster DNS serves for `name` (a Service, or `<hostname>.<subdomain>`), as a pod in
+    `namespace` may write it: short, namespaced, `.svc` and fully qualified."""
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}"]
+
+
+def _template_labels(template: dict) -> dict:
+    return dict((template.get("metadata") or {}).get("labels") or {})
+
+
+def _template_annotations(template: dict) -> dict:
+    return dict((template.get("metadata") or {}).get("annotations") or {})
+
+
+def _pytorchjob_pods(obj: dict) -> list[Pod]:
+    """Kubeflow training-operator v1 (pkg/controller.v1/pytorch/): one pod per replica, named
+    `<job>-<type>-<i>` (replicaName in envvar.go), each behind a headless Service of the same name
+    (service.go). Env, from envvar.go setPodEnv and master.go MasterEnvVarGenerator:
+    PYTHONUNBUFFERED=0; MASTER_ADDR=<job>-master-0 and MASTER_PORT=the Master container's port
+    named `pytorchjob-port` (PET_MASTER_ADDR/PET_MASTER_PORT the same); WORLD_SIZE = pods x
+    nprocPerNode; RANK = PET_NODE_RANK = the pod index (+1 for workers when a Master exists);
+    PET_NPROC_PER_NODE = nprocPerNode; PET_NNODES = pods, or `min:max` with an elasticPolicy,
+    which also sets PET_RDZV_BACKEND, PET_RDZV_ENDPOINT (<job>-worker-0:port), PET_MAX_RESTARTS
+    (elastic.go)."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    replicas = spec.get("pytorchReplicaSpecs") or {}
+    unknown = set(replicas) - {"Master", "Worker"}
+    if unknown:
+        raise UserError(f"PyTorchJob {name}: replica type(s) {sorted(unknown)}: only Master and "
+                        "Worker exist")
+    counts = {rtype: int(r.get("replicas", 1)) for rtype, r in replicas.items()}
+    if "Master" in counts and counts["Master"] != 1:
+        raise UserError(f"PyTorchJob {name}: Master replicas must be 1 (the operator rejects "
+                        f"{counts['Master']})")
+    total = sum(counts.values())
+    nproc_raw = str(spec.get("nprocPerNode", "auto"))
+    nproc = int(nproc_raw) if nproc_raw.isdigit() else 1  # getNprocPerNodeInt: `auto` -> 1
+    elastic = spec.get("elasticPolicy")
+
+    def port_of(rtype: str) -> int:
+        for c in replicas[rtype]["template"]["spec"].get("containers", []):
+            if c.get("name") == "pytorch":
+                for p in c.get("ports") or []:
+                    if p.get("name") == PYTORCHJOB_PORT_NAME:
+                        return int(p["containerPort"])
+        # the operator's defaulter adds this port when the container declares none
+        return PYTORCHJOB_DEFAULT_PORT
+
+    pods = []
+    for rtype in ("Master", "Worker"):
+        if rtype not in replicas:
+            continue
+        template = replicas[rtype]["template"]
+        if not any(c.get("name") == "pytorch" for c in template["spec"].get("containers", [])):
+            raise UserError(f"PyTorchJob {name}: {rtype} has no container named 'pytorch'; the "
+                            "operator only configures that one")
+        for i in range(counts[rtype]):
+            rank = i + 1 if rtype == "Worker" and "Master" in replicas else i
+            pod_name = f"{name}-{rtype.lower()}-{i}"
+            env = [_env("PYTHONUNBUFFERED", "0")]
+            if "Master" in replicas:
+                master, port = f"{name}-master-0", port_of("Master")
+                env += [_env("MASTER_PORT", port), _env("MASTER_ADDR", master),
+                        _env("PET_MASTER_PORT", port), _env("PET_MASTER_ADDR", master),
+                        _env("WORLD_SIZE", total * nproc), _env("RANK", rank),
+                        _env("PET_NPROC_PER_NODE", nproc_raw), _env("PET_NODE_RANK", rank)]
+            if elastic is not None:
+                host = elastic.get("rdzvHost") or f"{name}-worker-0"
+                port = elastic.get("rdzvPort") or port_of("Worker")
+                lo, hi = elastic.get("minReplicas"), elastic.get("maxReplicas")
+                nnodes = f"{lo}:{hi}" if lo is not None or hi is not None else counts.get("Worker", 0)
+                env += [_env("PET_RDZV_ENDPOINT", f"{host}:{port}"),
+                        _env("PET_RDZV_BACKEND", elastic.get("rdzvBackend", "c10d")),
+                        _env("PET_NNODES", nnodes)]
+                if elastic.get("maxRestarts") is not None:
+                    env.append(_env("PET_MAX_RESTARTS", elastic["maxRestarts"]))
+                if elastic.get("nProcPerNode") is not None:
+                    env.append(_env("PET_NPROC_PER_NODE", elastic["nProcPerNode"]))
+                if elastic.get("rdzvId") is not None:
+                    env.append(_env("PET_RDZV_ID", elastic["rdzvId"]))
+            else:
+                env.append(_env("PET_NNODES", total))
+            labels = {**_template_labels(template),
+                      "training.kubeflow.org/job-name": name,
+                      "training.kubeflow.org/replica-type": rtype.lower(),
+                      "training.kubeflow.org/replica-index": str(i)}
+            if rtype == "Master":
+                labels["training.kubeflow.org/job-role"] = "master"
+            pod = Pod(name=pod_name, index=rank, namespace=namespace,
+                      hostname=template["spec"].get("hostname") or pod_name,
+                      subdomain=template["spec"].get("subdomain"),
+                      template=copy.deepcopy(template), injected_env=env, labels=labels,
+                      annotations=_template_annotations(template))
+            pod.dns_names = _service_names(pod_name, namespace)
+            pods.append(pod)
+    return pods
+
+
+def _indexed_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
+                  extra_env: list[dict], extra_labels: dict[str, str],
+                  subdomain: str | None) -> list[Pod]:
+    """An Indexed Job's pods (kubernetes pkg/controller/job/job_controller.go and
+    indexed_job_utils.go): pod `i` gets hostname `<job>-<i>` (set for Indexed Jobs), the
+    completion-index annotation and label, and JOB_COMPLETION_INDEX."""
+    if job_spec.get("completionMode") != "Indexed":
+        raise UserError(f"Job {job_name}: completionMode must be Indexed (pods need stable "
+                        "hostnames and JOB_COMPLETION_INDEX)")
+    template = job_spec["template"]
+    count = int(job_spec.get("parallelism", 1))
+    completions = int(job_spec.get("completions", count))
+    if completions != count:
+        raise UserError(f"Job {job_name}: parallelism {count} != completions {completions}: "
+                        "some nodes would never start together with the others")
+    pods = []
+    for i in range(count):
+        hostname = f"{job_name}-{i}"
+        pod = Pod(name=hostname, index=first_index + i, namespace=namespace, hostname=hostname,
+                  subdomain=subdomain or template["spec"].get("subdomain"),
+                  template=copy.deepcopy(template),
+                  injected_env=[_completion_index_env(), *extra_env],
+                  labels={**_template_labels(template), **extra_labels,
+                          COMPLETION_INDEX_KEY: str(i)},
+                  annotations={**_template_annotations(template), COMPLETION_INDEX_KEY: str(i)})
+        pods.append(pod)
+    return pods
+
+
+def _jobset_pods(obj: dict, *, extra_env: list[dict] | None = None,
+                 override=None) -> list[Pod]:
+    """JobSet (kubernetes-sigs/jobset pkg/controllers/jobset_controller.go): replicated job `r`
+    copy `j` is an Indexed Job `<jobset>-<r>-<j>`; with network.enableDNSHostnames (default
+    true) every pod's subdomain is network.subdomain or the JobSet name, served by a headless
+    Service of that name which the controller creates."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    network = spec.get("network") or {}
+    dns = network.get("enableDNSHostnames", True)
+    subdomain = (network.get("subdomain") or name) if dns else None
+    pods: list[Pod] = []
+    global_index = 0
+    for rjob in spec.get("replicatedJobs") or []:
+        for j in range(int(rjob.get("replicas", 1))):
+            job_spec = copy.deepcopy(rjob["template"]["spec"])
+            if override is not None:
+                override(rjob["name"], job_spec)
+            job_name = f"{name}-{rjob['name']}-{j}"
+            labels = {"jobset.sigs.k8s.io/jobset-name": name,
+                      "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
+                      "jobset.sigs.k8s.io/job-index": str(j),
+                      "jobset.sigs.k8s.io/job-global-index": str(global_index)}
+            found = _indexed_pods(job_name, namespace, job_spec, first_index=len(pods),
+                                  extra_env=extra_env or [], extra_labels=labels,
+                                  subdomain=subdomain)
+            if subdomain:
+                for pod in found:
+                    pod.dns_names = _service_names(f"{pod.hostname}.{subdomain}", namespace)
+            pods += found
+            global_index += 1
+    return pods
+
+
+def _trainjob_pods(obj: dict, objects: list[dict]) -> list[Pod]:
+    """Kubeflow Trainer v2 TrainJob: a JobSet named after the TrainJob from its runtime (the
+    `torch-distributed` ClusterTrainingRuntime: replicated job `node`, container `node`), with
+    spec.trainer's image, command, args, env and resourcesPerNode on that container, numNodes
+    pods, and spec.runtimePatches merged in. The torch plugin
+    (pkg/runtime/framework/plugins/torch/torch.go) adds PET_NNODES, PET_NPROC_PER_NODE,
+    PET_NODE_RANK (fieldRef to the completion index), PET_MASTER_ADDR
+    `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT 29500."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    name = meta["name"]
+    trainer = spec.get("trainer") or {}
+    runtime = _find_runtime(spec.get("runtimeRef") or {}, objects)
+    nodes = int(trainer.get("numNodes", 1))
+    nproc = trainer.get("numProcPerNode", "auto")
+    env = [_env("PET_NNODES", nodes), _env("PET_NPROC_PER_NODE", nproc),
+           {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
+               "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}},
+           _env("PET_MASTER_ADDR", f"{name}-{TRAINJOB_NODE}-0-0.{name}"),
+           _env("PET_MASTER_PORT", TRAINJOB_PORT)]
+    patches = [p.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
+               for p in spec.get("runtimePatches") or []]
+
+    def override(rjob_name: str, job_spec: dict) -> None:
+        pod_spec = job_spec["template"].setdefault("spec", {})
+        for patch in patches:
+            for prj in patch.get("replicatedJobs") or []:
+                if prj.get("name") == rjob_name:
+                    _merge_pod_template(job_spec["template"],
+                                        prj.get("template", {}).get("spec", {}).get("template", {}))
+        if rjob_name != TRAINJOB_NODE:
+            return
+        job_spec["parallelism"] = job_spec["completions"] = nodes
+        job_spec.setdefault("completionMode", "Indexed")
+        container = next((c for c in pod_spec.get("containers", []) if c.get("name") == TRAINJOB_NODE), None)
+        if container is None:
+            raise UserError(f"TrainJob {name}: the runtime has no `{TRAINJOB_NODE}` container")
+        for key in ("image", "command", "args"):
+            if key in trainer:
+                container[key] = copy.deepcopy(trainer[key])
+        if "resourcesPerNode" in trainer:
+            container["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+        container["env"] = [*(container.get("env") or []), *copy.deepcopy(trainer.get("env") or [])]
+
+    jobset = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
+              "spec": copy.deepcopy(runtime["spec"]["template"]["spec"])}
+    pods = _jobset_pods(jobset, override=override)
+    for pod in pods:
+        if pod.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == TRAINJOB_NODE:
+            pod.injected_env = [*pod.injected_env, *env]
+    return [p for p in pods if p.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == TRAINJOB_NODE]
+
+
+#: The upstream `torch-distributed` ClusterTrainingRuntime (kubeflow/trainer v2.3.0,
+#: manifests/base/runtimes/torch_distributed.yaml), reduced to what shapes a pod. Clusters
+#: install it; a manifest may also carry its own runtime, which then wins.
+TORCH_DISTRIBUTED_RUNTIME = {
+    "metadata": {"name": "torch-distributed"},
+    "spec": {"template": {"spec": {"replicatedJobs": [{
+        "name": TRAINJOB_NODE,
+        "template": {"spec": {"template": {
+            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+            "spec": {"containers": [{"name": TRAINJOB_NODE}]},
+        }}},
+    }]}}},
+}
+
+
+def _find_runtime(ref: dict, objects: list[dict]) -> dict:
+    kind = ref.get("kind", "ClusterTrainingRuntime")
+    for obj in objects:
+        if obj.get("kind") == kind and obj["metadata"].get("name") == ref.get("name"):
+            return obj
+    if ref.get("name") == TORCH_DISTRIBUTED_RUNTIME["metadata"]["name"] and kind == "ClusterTrainingRuntime":
+        return TORCH_DISTRIBUTED_RUNTIME
+    raise UserError(f"TrainJob runtimeRef {kind}/{ref.get('name')}: unknown runtime; --docker "
+                    "knows `torch-distributed` or a runtime included in the manifest")
+
+
+def _merge_pod_template(base: dict, patch: dict) -> None:
+    """Strategic-merge-like: metadata maps merged, containers merged by name, lists of named
+    things (volumes, initContainers) merged by name, other fields replaced."""
+    for key in ("labels", "annotations"):
+        if (patch.get("metadata") or {}).get(key):
+            base.setdefault("metadata", {}).setdefault(key, {}).update(patch["metadata"][key])
+    bspec, pspec = base.setdefault("spec", {}), patch.get("spec") or {}
+    for key, value in pspec.items():
+        if key in ("containers", "initContainers", "volumes"):
+            items = bspec.setdefault(key, [])
+            for new in value:
+                old = next((i for i in items if i.get("name") == new.get("name")), None)
+                if old is None:
+                    items.append(copy.deepcopy(new))
+                else:
+                    old.update(copy.deepcopy(new))
+        else:
+            bspec[key] = copy.deepcopy(value)
+
+
+def _job_pods(obj: dict, objects: list[dict]) -> list[Pod]:
+    """A plain Indexed Job; DNS names only through a headless Service of the manifest whose
+    name is the pod subdomain and whose selector matches the pod's labels (as cluster DNS)."""
+    meta = obj["metadata"]
+    namespace = meta.get("namespace", "default")
+    pods = _indexed_pods(meta["name"], namespace, obj.get("spec") or {}, first_index=0,
+                         extra_env=[], extra_labels={}, subdomain=None)
+    for pod in pods:
+        if pod.subdomain and _headless_service(objects, pod.subdomain, namespace, pod.labels):
+            pod.dns_names = _service_names(f"{pod.hostname}.{pod.subdomain}", namespace)
+    return pods
+
+
+def _headless_service(objects: list[dict], name: str, namespace: str, labels: dict) -> bool:
+    for obj in objects:
+        if obj.get("kind") != "Service" or obj["metadata"].get("name") != name:
+            continue
+        if obj["metadata"].get("namespace", "default") != namespace:
+            continue
+        spec = obj.get("spec") or {}
+        selector = spec.get("selector") or {}
+        if spec.get("clusterIP") == "None" and selector and all(
+                labels.get(k) == v for k, v in selector.items()):
+            return True
+    return False
+
+
+def controller_pods(objects: list[dict]) -> list[Pod]:
+    """Every pod the workload object among `objects` would get, in node-rank order."""
+    workloads = [o for o in objects if o.get("kind") in ("PyTorchJob", "TrainJob", "JobSet", "Job")]
+    if len(workloads) != 1:
+        raise UserError(f"the rendered manifest has {len(workloads)} workload objects; "
+                        "--docker runs exactly one (PyTorchJob, TrainJob, JobSet or Job)")
+    obj = workloads[0]
+    kind = obj["kind"]
+    if kind == "PyTorchJob":
+        pods = _pytorchjob_pods(obj)
+    elif kind == "TrainJob":
+        pods = _trainjob_pods(obj, objects)
+    elif kind == "JobSet":
+        pods = _jobset_pods(obj)
+    else:
+        pods = _job_pods(obj, objects)
+    return sorted(pods, key=lambda p: p.index)
+
+
+# --------------------------------------------------------------------------------------------
+# Pod spec -> docker arguments
+
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion (`$$` escapes; unknown references stay as written)."""
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+    return _VAR_REF.sub(sub, text)
+
+
+def _field_value(pod: Pod, path: str) -> str:
+    simple = {"metadata.name": pod.name, "metadata.namespace": pod.namespace,
+              "spec.serviceAccountName": pod.spec.get("serviceAccountName", "default"),
+              "spec.nodeName": "docker", "metadata.uid": f"docker-{pod.name}"}
+    if path in simple:
+        return simple[path]
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if m:
+        source = pod.labels if m.group(1) == "labels" else pod.annotations
+        return source.get(m.group(2), "")
+    raise UserError(f"pod {pod.name}: env fieldRef {path!r} is not supported by --docker")
+
+
+def resolve_env(pod: Pod, container: dict, objects: list[dict], host_env: dict[str, str]) -> dict[str, str]:
+    """The container's environment as the kubelet would set it: the controller's variables
+    and the container's list in order, each value `$(VAR)`-expanded against those before it."""
+    env: dict[str, str] = {}
+    for item in [*pod.injected_env, *(container.get("env") or [])]:
+        name = item["name"]
+        if "value" in item:
+            env[name] = expand(str(item["value"]), env)
+            continue
+        source = item.get("valueFrom") or {}
+        if "fieldRef" in source:
+            env[name] = _field_value(pod, source["fieldRef"]["fieldPath"])
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            if name in host_env:
+                env[name] = host_env[name]
+            elif not ref.get("optional"):
+                raise UserError(f"env {name}: comes from Secret {ref.get('name')!r} (key "
+                                f"{ref.get('key')!r}), which --docker cannot read; export "
+                                f"{name} on this host to pass it in")
+        elif "configMapKeyRef" in source:
+            ref = source["configMapKeyRef"]
+            data = _configmap_data(objects, ref["name"], pod.namespace)
+            if data is not None and ref["key"] in data:
+                env[name] = data[ref["key"]]
+            elif not ref.get("optional"):
+                raise UserError(f"env {name}: ConfigMap {ref['name']!r} key {ref['key']!r} is "
+                                "not in the manifest; the pod would not start")
+        else:
+            raise UserError(f"env {name}: valueFrom {sorted(source)} is not supported by --docker")
+    return env
+
+
+def _configmap_data(objects: list[dict], name: str, namespace: str) -> dict[str, str] | None:
+    for obj in objects:
+        if (obj.get("kind") == "ConfigMap" and obj["metadata"].get("name") == name
+                and obj["metadata"].get("namespace", "default") == namespace):
+            return {k: str(v) for k, v in (obj.get("data") or {}).items()}
+    return None
+
+
+def _cpus(quantity: object) -> str:
+    text = str(quantity)
+    return str(int(text[:-1]) / 1000) if text.endswith("m") else text
+
+
+@dataclass
+class Mount:
+    source: Path | None      # None: tmpfs
+    target: str
+    read_only: bool = False
+    size: int | None = None  # tmpfs bytes
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "_"
+
+
+def pod_mounts(pod: Pod, container: dict, objects: list[dict], run_dir: Path) -> tuple[list[Mount], int | None]:
+    """The container's volume mounts as local directories, and the /dev/shm size if the pod
+    mounts a memory-backed emptyDir there."""
+    volumes = {v["name"]: v for v in pod.spec.get("volumes") or []}
+    limits = (container.get("resources") or {}).get("limits") or {}
+    mounts: list[Mount] = []
+    shm_size: int | None = None
+    for vm in container.get("volumeMounts") or []:
+        vol = volumes.get(vm["name"])
+        target = vm["mountPath"]
+        if vol is None:
+            raise UserError(f"pod {pod.name}: volumeMount {vm['name']!r} names no volume of the pod")
+        if ":" in target or "," in target:
+            raise UserError(f"pod {pod.name}: mountPath {target!r}: ':' and ',' are not supported by --docker")
+        read_only = bool(vm.get("readOnly"))
+        if "emptyDir" in vol:
+            empty = vol["emptyDir"] or {}
+            size = units.parse_quantity(empty["sizeLimit"]) if empty.get("sizeLimit") else None
+            if empty.get("medium") == "Memory":
+                if size is None and limits.get("memory"):
+                    size = units.parse_quantity(limits["memory"])  # tmpfs counts against the pod
+                if target == "/dev/shm":
+                    shm_size = size or 64 * 2**20
+                else:
+                    mounts.append(Mount(None, target, read_only, size))
+                continue
+            source = run_dir / "pods" / pod.name / _safe_name(vm["name"])
+        elif "configMap" in vol:
+            source = _configmap_dir(vol["configMap"], pod, objects, run_dir)
+            read_only = True  # ConfigMap volumes are always read-only
+        elif "persistentVolumeClaim" in vol:
+            claim = vol["persistentVolumeClaim"]
+            source = run_dir / "volumes" / f"claim-{_safe_name(claim['claimName'])}"
+            read_only = read_only or bool(claim.get("readOnly"))
+        elif "hostPath" in vol:
+            source = run_dir / "volumes" / f"host{_safe_name(vol['hostPath']['path'])}"
+        elif "nfs" in vol:
+            nfs = vol["nfs"]
+            source = run_dir / "volumes" / f"nfs-{_safe_name(nfs['server'])}{_safe_name(nfs['path'])}"
+            read_only = read_only or bool(nfs.get("readOnly"))
+        else:
+            kinds = sorted(set(vol) - {"name"})
+            raise UserError(f"pod {pod.name}: volume {vm['name']!r} of type {kinds} is not "
+                            "supported by --docker (configMap, emptyDir, persistentVolumeClaim, "
+                            "hostPath and nfs are)")
+        if vm.get("subPath"):
+            source = source / vm["subPath"]
+        _make_writable_dir(source)
+        mounts.append(Mount(source, target, read_only))
+    return mounts, shm_size
+
+
+def _make_writable_dir(path: Path) -> None:
+    """A directory every container user can write (the image runs as uid 1000, not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o777)
+
+
+def _configmap_dir(ref: dict, pod: Pod, objects: list[dict], run_dir: Path) -> Path:
+    data = _configmap_data(objects, ref["name"], pod.namespace)
+    if data is None:
+        raise UserError(f"pod {pod.name}: ConfigMap {ref['name']!r} is not in the manifest; the "
+                        "pod would stay in ContainerCreating on a cluster")
+    target = run_dir / "configmaps" / _safe_name(ref["name"])
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    items = ref.get("items") or [{"key": k, "path": k} for k in data]
+    for item in items:
+        if item["key"] not in data:
+            raise UserError(f"pod {pod.name}: ConfigMap {ref['name']!r} has no key {item['key']!r}")
+        path = target / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(data[item["key"]], encoding="utf-8")
+        path.chmod(item.get("mode", ref.get("defaultMode", 0o644)))
+    target.chmod(0o755)
+    return target
+
+
+def _dns_only_names(pods: list[Pod]) -> dict[str, Pod]:
+    """Names Docker resolves but cluster DNS would not: a pod's bare hostname, unless it is
+    also one of its Service names (PyTorchJob)."""
+    served = {n for p in pods for n in p.dns_names}
+    return {p.hostname: p for p in pods if p.hostname not in served}
+
+
+def check_names(pods: list[Pod], envs: dict[str, dict[str, str]], argvs: dict[str, list[str]]) -> None:
+    """Fail on a reference to a peer that only Docker's DNS would resolve: it would hang the
+    rendezvous on a cluster."""
+    for host, owner in _dns_only_names(pods).items():
+        token = re.compile(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])")
+        for pod in pods:
+            for key, value in envs[pod.name].items():
+                if token.search(value):
+                    hint = (f" (cluster DNS serves {owner.dns_names[0]})" if owner.dns_names
+                            else " (no headless Service gives it a DNS name)")
+                    raise UserError(f"pod {pod.name}: env {key}={value!r} names pod {host} by its "
+                                    f"bare hostname, which Kubernetes DNS does not resolve{hint}")
+            for arg in argvs[pod.name]:
+                if token.search(arg):
+                    raise UserError(f"pod {pod.name}: command argument {arg!r} names pod {host} "
+                                    "by its bare hostname, which Kubernetes DNS does not resolve")
+
+
+@dataclass
+class ContainerPlan:
+    pod: Pod
+    container_name: str      # docker's name
+    image: str
+    create_args: list[str]   # `docker create` arguments after the image-independent ones
+    argv: list[str]          # entrypoint override + args (k8s command/args)
+
+
+def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id: str,
+                    network: str, host_env: dict[str, str], extra_env: dict[str, str]) -> list[ContainerPlan]:
+    """`docker create` arguments for each pod's (single) container."""
+    plans, envs, argvs = [], {}, {}
+    for pod in pods:
+        containers = pod.spec.get("containers") or []
+        if len(containers) != 1:
+            raise UserError(f"pod {pod.name}: {len(containers)} containers; --docker runs pods "
+                            "with exactly one")
+        if pod.spec.get("initContainers"):
+            raise UserError(f"pod {pod.name}: initContainers are not supported by --docker")
+        container = containers[0]
+        env = resolve_env(pod, container, objects, host_env)
+        env.update(extra_env)
+        command = [expand(str(a), env) for a in container.get("command") or []]
+        args = [expand(str(a), env) for a in container.get("args") or []]
+        envs[pod.name], argvs[pod.name] = env, command + args
+        mounts, shm = pod_mounts(pod, container, objects, run_dir)
+        cname = f"ddpkit-{run_id}-{pod.name}"
+        create = ["--name", cname, "--hostname", pod.hostname, "--network", network,
+                  "--label", f"{RUN_LABEL}={run_id}", "--init", "--pull", "never",
+                  "--stop-timeout", str(int(pod.spec.get("terminationGracePeriodSeconds", 30)))]
+        for alias in pod.dns_names:
+            create += ["--network-alias", alias]
+        if pod.subdomain:
+            create += ["--domainname", f"{pod.subdomain}.{pod.namespace}.svc.{CLUSTER_DOMAIN}"]
+        for key, value in env.items():
+            create += ["--env", f"{key}={value}"]
+        for m in mounts:
+            if m.source is None:
+                opts = f"rw,size={m.size}" if m.size else "rw"
+                create += ["--tmpfs", f"{m.target}:{opts},mode=1777"]
+            else:
+                create += ["--volume", f"{m.source.resolve()}:{m.target}{':ro' if m.read_only else ''}"]
+        if shm:
+            create += ["--shm-size", str(shm)]
+        limits = (container.get("resources") or {}).get("limits") or {}
+        if limits.get("cpu"):
+            create += ["--cpus", _cpus(limits["cpu"])]
+        if limits.get("memory"):
+            create += ["--memory", str(units.parse_quantity(limits["memory"]))]
+        gpus = [v for k, v in limits.items() if k.endswith("/gpu")]
+        if gpus:
+            create += ["--gpus", str(gpus[0])]
+        sc = {**(pod.spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+        if sc.get("runAsUser") is not None:
+            create += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
+        if pod.spec.get("securityContext", {}).get("fsGroup") is not None:
+            create += ["--group-add", str(pod.spec["securityContext"]["fsGroup"])]
+        if container.get("workingDir"):
+            create += ["--workdir", container["workingDir"]]
+        if command:
+            create += ["--entrypoint", command[0]]
+        plans.append(ContainerPlan(pod, cname, container["image"], create,
+                                   command[1:] + args if command else args))
+    check_names(pods, envs, argvs)
+    return plans
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+
+
+class _Stop(Exception):
+    """SIGTERM to ddpkit: stop the pods like Ctrl-C."""
+
+
+class DockerRun:
+    """Containers of one run: create, start, stream, wait, and always clean up."""
+
+    def __init__(self, plans: list[ContainerPlan], network: str, run_id: str, out=None):
+        self.plans, self.network, self.run_id = plans, network, run_id
+        self.out = out or sys.stdout
+        self.lock = threading.Lock()
+        self.results: dict[str, int] = {}
+        self.summary: dict | None = None
+        self.done = threading.Event()
+        self.failed: ContainerPlan | None = None
+
+    def _print(self, line: str) -> None:
+        with self.lock:
+            self.out.write(line)
+            self.out.flush()
+
+    def _attach(self, plan: ContainerPlan) -> None:
+        """`docker start --attach`: stream the output with the node prefix; its exit code is the
+        container's."""
+        prefix = f"[node {plan.pod.index}] "
+        proc = subprocess.Popen([docker_binary(), "start", "--attach", plan.container_name],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                env=docker_env(), start_new_session=True)
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            if line.startswith("ddpkit-summary "):
+                try:
+                    self.summary = json.loads(line[len("ddpkit-summary "):])
+                except json.JSONDecodeError:
+                    pass
+            self._print(prefix + line if line.endswith("\n") else prefix + line + "\n")
+        rc = proc.wait()
+        with self.lock:
+            self.results[plan.container_name] = rc
+            if rc != 0 and self.failed is None:
+                self.failed = plan
+            if rc != 0 or len(self.results) == len(self.plans):
+                self.done.set()
+
+    def run(self) -> int:
+        docker("network", "create", "--label", f"{RUN_LABEL}={self.run_id}", self.network)
+        try:
+            for plan in self.plans:
+                docker("create", *plan.create_args, plan.image, *plan.argv)
+            threads = [threading.Thread(target=self._attach, args=(p,), daemon=True)
+                       for p in self.plans]
+            for t in threads:
+                t.start()
+            self.done.wait()
+            if self.failed is not None:
+                self._print(f"ddpkit: pod {self.failed.pod.name} failed with exit code "
+                            f"{self.results[self.failed.container_name]}; stopping the others\n")
+                self._stop()
+            for t in threads:
+                t.join(timeout=60)
+            if self.failed is not None:
+                return self.results[self.failed.container_name]
+            return 0
+        finally:
+            self._stop()
+            self.cleanup()
+
+    def _stop(self) -> None:
+        """SIGTERM, then SIGKILL after each pod's grace period (`docker stop`), all at once."""
+        names = [p.container_name for p in self.plans]
+        grace = max(int(p.pod.spec.get("terminationGracePeriodSeconds", 30)) for p in self.plans)
+        docker("stop", "--time", str(grace), *names, check=False, timeout=grace + 60)
+
+    def cleanup(self) -> None:
+        names = [p.container_name for p in self.plans]
+        docker("rm", "--force", *names, check=False, timeout=120)
+        docker("network", "rm", self.network, check=False, timeout=60)
+
+
+def default_run_dir(job, flavor: str) -> Path:
+    return Path(job.train.output_dir) / f"{job.name}-docker-{flavor}"
+
+
+def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | None = None,
+               host_env: dict[str, str] | None = None) -> int:
+    """Render `job` for Kubernetes and run its pods as containers; return the job's exit code."""
+    import os
+
+    from deploy.render.k8s import render_k8s
+
+    flavor = flavor or job.k8s.flavor
+    text = render_k8s(job, flavor=flavor, source=source)
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    pods = controller_pods(objects)
+    require_daemon()
+    run_dir = Path(run_dir or default_run_dir(job, flavor))
+    if (run_dir / "pods").exists():
+        shutil.rmtree(run_dir / "pods")  # emptyDirs live as long as their pod
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = secrets.token_hex(3)
+    network = f"ddpkit-{job.name}-{run_id}"
+    t0 = time.time()
+    plans = plan_containers(pods, objects, run_dir, run_id, network,
+                            host_env if host_env is not None else dict(os.environ),
+                            {"DDPKIT_LAUNCH_T0": repr(t0)})
+    for image in sorted({p.image for p in plans}):
+        if not image_exists(image):
+            raise UserError(f"image {image}: not on this Docker daemon and --docker never pulls; "
+                            f"build it with `ddpkit image build --tag {image}`")
+    print(f"ddpkit: running {job.name} ({source}) as {len(plans)} {flavor} pod(s) in Docker "
+          f"(network {network}; volumes in {run_dir})", file=sys.stderr, flush=True)
+    runner = DockerRun(plans, network, run_id)
+
+    def on_term(signum, frame):
+        raise _Stop()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        rc = runner.run()
+    except _Stop:
+        print("ddpkit: stopped (SIGTERM); containers removed", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("ddpkit: interrupted; containers removed", file=sys.stderr)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if runner.summary is not None:
+        from deploy.submit.local import format_summary
+
+        print(f"\n{job.name}: {runner.summary.get('status')} ({flavor} in Docker)\n"
+              f"{format_summary(runner.summary)}", flush=True)
+    return rc
