@@ -74,8 +74,11 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
     /opt/ddpkit/bin/pip install --no-index --no-deps /dist/*.whl \
     && /opt/ddpkit/bin/python -c "import torch, numpy, trainer.launch"
 # A fixed uid (1000) so a pod's securityContext.runAsUser and bind-mounted run directories can
-# match it; /workspace is its writable home.
-RUN useradd --create-home --home-dir /workspace --uid 1000 --user-group ddpkit
+# match it; /workspace is its writable home. matplotlib's font cache is built here once, not at
+# the end of every run (it takes seconds).
+RUN useradd --create-home --home-dir /workspace --uid 1000 --user-group ddpkit \
+    && HOME=/workspace /opt/ddpkit/bin/python -c "import matplotlib.font_manager" \
+    && chown -R 1000:1000 /workspace
 ENV PATH=/opt/ddpkit/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1

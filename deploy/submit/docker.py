@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 import secrets
 import shutil
@@ -36,12 +37,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import yaml
 
 from deploy import units
-from deploy.errors import RuntimeFailure, UserError
+from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
 
 #: Label on every container and network this module creates (for manual clean-up:
@@ -473,8 +474,11 @@ def _configmap_data(objects: list[dict], name: str, namespace: str) -> dict[str,
 
 
 def _cpus(quantity: object) -> str:
+    """`--cpus` for a CPU limit, capped at this machine's CPU count (docker refuses more; the
+    cap is a local limit, not one of the manifest)."""
     text = str(quantity)
-    return str(int(text[:-1]) / 1000) if text.endswith("m") else text
+    cpus = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return f"{min(cpus, os.cpu_count() or 1):g}"
 
 
 @dataclass
@@ -730,8 +734,14 @@ class DockerRun:
                 return self.results[self.failed.container_name]
             return 0
         finally:
-            self._stop()
-            self.cleanup()
+            # a second Ctrl-C must not leave containers behind: finish the clean-up first
+            previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                self._stop()
+                self.cleanup()
+            finally:
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
 
     def _stop(self) -> None:
         """SIGTERM, then SIGKILL after each pod's grace period (`docker stop`), all at once."""
@@ -752,8 +762,6 @@ def default_run_dir(job, flavor: str) -> Path:
 def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | None = None,
                host_env: dict[str, str] | None = None) -> int:
     """Render `job` for Kubernetes and run its pods as containers; return the job's exit code."""
-    import os
-
     from deploy.render.k8s import render_k8s
 
     flavor = flavor or job.k8s.flavor
