@@ -429,6 +429,8 @@ TRAINING_KINDS = {"PyTorchJob", "TrainJob", "JobSet", "Job"}
 
 RULES = {
     "pytorch-container": "every PyTorchJob replica has a container named `pytorch`",
+    "replica-types": "PyTorchJob replica types are Master and Worker (the operator's webhook)",
+    "images": "every container names an image",
     "master-replicas": "a PyTorchJob has exactly one Master replica (elastic jobs: none)",
     "nproc-gpus": "processes per node equal the GPU limit of the training container",
     "gpu-requests": "GPU requests equal GPU limits",
@@ -460,6 +462,8 @@ def check_rules(obj: dict) -> list[tuple[str, str, str]]:
             nproc = _nproc(obj, pod)
             for i, container in enumerate(pod.get("containers") or []):
                 cpath = f"{path}.spec.containers[{i}]"
+                if not container.get("image"):
+                    found.append(("images", f"{cpath}.image", "missing; name the trainer image"))
                 found += _check_env(container.get("env") or [], f"{cpath}.env")
                 found += _check_gpus(container.get("resources") or {}, nproc, f"{cpath}.resources")
             found += _check_shm(pod, _training_container(kind, pod), f"{path}.spec")
@@ -496,6 +500,10 @@ def _check_pytorchjob(spec: dict) -> list[tuple[str, str, str]]:
     elif master is not None and master.get("replicas", 1) != 1:
         found.append(("master-replicas", "spec.pytorchReplicaSpecs.Master.replicas",
                       f"must be 1, got {master.get('replicas')}"))
+    for role in replicas:
+        if role not in ("Master", "Worker"):
+            found.append(("replica-types", f"spec.pytorchReplicaSpecs.{role}",
+                          f"{role!r} is not a replica type; use Master and Worker (case matters)"))
     for role, rspec in replicas.items():
         if (rspec or {}).get("restartPolicy") in ("ExitCode", "Always"):
             found.append(("restart-policy", f"spec.pytorchReplicaSpecs.{role}.restartPolicy",
@@ -515,6 +523,9 @@ def _check_trainjob(spec: dict) -> list[tuple[str, str, str]]:
     """TrainJob: the pod lives in the runtime; check what the TrainJob sets and patches."""
     found = []
     trainer = spec.get("trainer") or {}
+    if not trainer.get("image"):
+        found.append(("images", "spec.trainer.image", "missing; without it the runtime's "
+                      "placeholder image runs instead of your trainer"))
     found += _check_env(trainer.get("env") or [], "spec.trainer.env")
     nproc = trainer.get("numProcPerNode")
     found += _check_gpus(trainer.get("resourcesPerNode") or {}, nproc if isinstance(nproc, int) else None,

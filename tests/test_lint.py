@@ -276,3 +276,23 @@ def test_rule_job_subdomain_is_a_headless_service_selecting_the_pods():
     [(_, rule, path, message)] = lint.check_file_rules(without)
     assert (rule, path) == ("job-subdomain", "spec.template.spec.subdomain")
     assert message.startswith("no Service 'demo' in this file")
+
+
+def test_rule_replica_types_are_master_and_worker(crds):
+    obj = pytorchjob()
+    obj["spec"]["pytorchReplicaSpecs"]["worker"] = obj["spec"]["pytorchReplicaSpecs"].pop("Worker")
+    assert [p.path for p in problems(obj, crds, "replica-types")] == ["spec.pytorchReplicaSpecs.worker"]
+
+
+def test_rule_images_are_named(crds):
+    obj = pytorchjob()
+    del master_container(obj)["image"]
+    assert [p.path for p in problems(obj, crds, "images")] == [
+        "spec.pytorchReplicaSpecs.Master.template.spec.containers[0].image"]
+    from deploy.render.k8s import render_objects
+    from deploy.spec import parse_job
+
+    tj = next(o for o in render_objects(parse_job({"name": "d", "image": "i:1"}), flavor="trainjob")
+              if o["kind"] == "TrainJob")
+    del tj["spec"]["trainer"]["image"]
+    assert [p.path for p in problems(tj, crds, "images")] == ["spec.trainer.image"]
