@@ -599,7 +599,8 @@ class JobSpec(Strict):
 
     def to_yaml(self) -> str:
         """The normalised job (overrides applied, defaults filled): what every node reads."""
-        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        return yaml.dump(self.model_dump(mode="json"), Dumper=dumper, sort_keys=False, width=100)
 
 
 # --------------------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ def _index_lines(node: yaml.Node, path: Path_, lines: dict, dups: list[str]) -> 
 
 def load_yaml(text: str, source: str) -> tuple[object, dict]:
     """Parse one YAML document; return (data, {key path: line})."""
-    loader = yaml.SafeLoader(text)
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml when present
     try:
         try:
             node = loader.get_single_node()

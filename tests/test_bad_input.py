@@ -15,7 +15,7 @@ from conftest import REPO
 CORPUS = Path(__file__).parent / "bad_input"
 
 EXPECTED = {
-    "malformed.yaml": "invalid YAML: expected ',' or ']', but got '<stream end>' (while parsing a flow sequence at line 2)",
+    "malformed.yaml": "invalid YAML: did not find expected ',' or ']' (while parsing a flow sequence at line 2)",
     "wrong_types.yaml": "name: expected a valid string",
     "unknown_top.yaml": "node: unknown field, did you mean 'nodes'?",
     "unknown_k8s.yaml": "k8s.namespce: unknown field, did you mean 'namespace'?",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -44,10 +45,28 @@ def to_yaml(value: object, indent: int = 0) -> str:
     return text.replace("\n", pad)
 
 
+def _bytecode_cache() -> jinja2.BytecodeCache | None:
+    """Compiled templates cached per user (keyed by template source checksum, so an edited
+    template is recompiled). Compiling costs more than the rest of a render; without a writable
+    cache directory ddpkit just compiles every time."""
+    if os.environ.get("DDPKIT_NO_TEMPLATE_CACHE"):
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    directory = base / "ddpkit" / "templates"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if not os.access(directory, os.W_OK):
+            return None
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(directory))
+
+
 @functools.cache
 def environment(kind: str) -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir(kind))),
+        bytecode_cache=_bytecode_cache(),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
