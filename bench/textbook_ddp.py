@@ -73,7 +73,7 @@ def main() -> None:
         h.update(name.encode())
         h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     skip = 20 if len(stamps) > 21 else 1
-    steady = (len(stamps) - skip) * 64 * world / (stamps[-1] - stamps[skip - 1])
+    steady = (len(stamps) - skip) * 64 * world / (stamps[-1] - stamps[skip - 1]) if len(stamps) > 1 else None
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"losses": losses, "samples_per_s": steady, "first_step_s": first_step_s,

@@ -133,6 +133,7 @@ class Trainer:
             self.control = dist.new_group(backend="gloo")
         self.vote = StopVote(self.control, self.distributed)
         self.metrics = None
+        self.marks: dict[str, float] = {}
         if self.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
@@ -167,6 +168,12 @@ class Trainer:
 
             dist.barrier(group=self.control)
 
+    def to_device(self, x: Any) -> Any:
+        x = x.to(self.device, non_blocking=True)
+        if x.dim() == 4 and self.memory_format is not self.torch.contiguous_format:
+            x = x.contiguous(memory_format=self.memory_format)
+        return x
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize()
@@ -194,6 +201,7 @@ class Trainer:
 
         cfg, device = self.cfg, self.device
         self.workload = build_workload(cfg)
+        self.marks["workload built"] = time.time()
         # Seeds per rank, after the model exists (model init is identical on every rank).
         seed = cfg.seed + self.rank
         torch.manual_seed(seed)
@@ -203,6 +211,9 @@ class Trainer:
 
             np.random.seed(seed)
         self.model = self.workload.model.to(device)
+        self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        if cfg.channels_last:
+            self.model = self.model.to(memory_format=torch.channels_last)
 
         if cfg.precision == "fp16" and device.type != "cuda":
             raise ValueError("train.precision: fp16 needs CUDA; use bf16 or fp32 on CPU")
@@ -251,6 +262,7 @@ class Trainer:
 
         self.step, self.epoch, self.micro = 0, 0, 0
         self.resumed_from: int | None = None
+        self.marks["optimizer+loader"] = time.time()
         self.resume()  # before DDP: every rank holds the same restored weights anyway
 
         self.ddp = None
@@ -353,7 +365,7 @@ class Trainer:
         with torch.no_grad(), self.autocast():
             for i in range(0, len(shard), bs):
                 x, y = data.__getitems__(shard[i : i + bs]) if hasattr(data, "__getitems__") else _stack(data, shard[i : i + bs])
-                x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+                x, y = self.to_device(x), y.to(self.device, non_blocking=True)
                 out = self.model(x)
                 n = y.numel()
                 sums[0] += self.workload.loss_fn(out, y).double() * n
@@ -409,7 +421,7 @@ class Trainer:
             for x, y in self.loader:
                 if self.micro >= self.micro_per_epoch:
                     break
-                x = x.to(self.device, non_blocking=True)
+                x = self.to_device(x)
                 y = y.to(self.device, non_blocking=True)
                 last_micro = (self.micro + 1) % accum == 0
                 sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
@@ -443,6 +455,10 @@ class Trainer:
                 if first_step_s is None:
                     self.sync()
                     first_step_s = time.time() - self.t0
+                    if self.is_main:
+                        marks = getattr(self, "marks", {})
+                        log.info("first step %.2fs after launch (%s)", first_step_s, ", ".join(
+                            f"{k} {v - self.t0:.2f}s" for k, v in marks.items()))
                 if session_steps == STEADY_AFTER_STEPS or (window_t0 is None and session_steps == 1):
                     self.sync()
                     window_t0, window_steps, self.paused = time.perf_counter(), 0, 0.0
@@ -563,6 +579,7 @@ def _log_line(pbar: Any, msg: str) -> None:
 
 
 def run(job: Any, denv: Any, t0: float) -> int:
+    t_start = time.time()
     import torch
 
     from trainer.dist import pick_device, process_group
@@ -576,11 +593,15 @@ def run(job: Any, denv: Any, t0: float) -> int:
     device = pick_device(denv, cfg.device)
     stop = StopRequest()
     stop.install()
+    marks = {"trainer started": t_start}
     with process_group(denv, device, cfg.timeout_s):
+        marks["process group"] = time.time()
         trainer = Trainer(job, denv, device, stop, t0)
+        trainer.marks = {**marks, **trainer.marks}
         if trainer.already_finished():
             return EXIT_OK
         trainer.setup()
+        marks["setup done"] = time.time()
         return trainer.train()
 
 
