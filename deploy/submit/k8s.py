@@ -177,9 +177,13 @@ class KubeCluster:
     def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]:
         resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
                           follow=follow, _preload_content=False)
+        import codecs
+
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
         try:
             for chunk in resp.stream(4096):
-                yield chunk.decode("utf-8", errors="replace")
+                yield decoder.decode(chunk)
+            yield decoder.decode(b"", final=True)
         finally:
             resp.release_conn()
 
