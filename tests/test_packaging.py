@@ -52,3 +52,15 @@ def test_installed_init_and_validate(installed, tmp_path):
     assert run_installed(target, "init", "job.yaml", cwd=tmp_path).returncode == 0
     result = run_installed(target, "validate", "job.yaml", cwd=tmp_path)
     assert result.returncode == 0 and "ok: my-ddp-job" in result.stdout
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "trainjob", "jobset", "job"])
+def test_installed_renders_every_k8s_flavor(installed, tmp_path, flavor):
+    import yaml
+
+    _, target = installed
+    assert run_installed(target, "init", "job.yaml", cwd=tmp_path).returncode == 0
+    result = run_installed(target, "render", "k8s", "job.yaml", "--flavor", flavor, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    kinds = [d["kind"] for d in yaml.safe_load_all(result.stdout) if d]
+    assert kinds[0] == "ConfigMap" and len(kinds) >= 2
