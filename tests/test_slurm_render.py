@@ -302,3 +302,13 @@ def test_modules_setup_and_venv_run_before_the_launch(tmp_path):
     env = srun_env(tmp_path)
     assert env["VENV_ON"] == "yes" and env["FROM_SETUP"] == "1"
     assert (tmp_path / "module.calls").read_text() == "load cuda/12.4\n"
+
+
+def test_a_signal_during_setup_is_not_lost(tmp_path):
+    job = job_from(BASE, "slurm.requeue=true",
+                   "slurm.setup=['touch \"$FAKE_DIR/started\"; sleep 1']")
+    proc = start_script(tmp_path, render_slurm(job), body="sleep 20")
+    rc, out = signal_when_started(tmp_path, proc)
+    assert "not starting it" in out and not (tmp_path / "srun.args").exists()
+    assert (tmp_path / "scontrol.calls").read_text() == "requeue 4242\n", out
+    assert rc != 0 and "requeueing (restart 1 of 1)" in out
