@@ -152,7 +152,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    return _module("deploy.lint", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds)
+    return _module("deploy.lint", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds,
+                                                           k8s_version=args.k8s_version)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -252,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "ddpkit render k8s job.yaml -o job.k8s.yaml && ddpkit lint job.k8s.yaml --crds crds/")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--crds", metavar="DIR", help="directory of CustomResourceDefinitions (YAML)")
+    p.add_argument("--k8s-version", metavar="X.Y",
+                   help="Kubernetes version of the core schemas (default: the newest bundled)")
 
     p = _command(sub, "plot", cmd_plot, "plot loss and throughput of a run directory",
                  "ddpkit plot runs/quickstart")

@@ -296,3 +296,12 @@ def test_rule_images_are_named(crds):
               if o["kind"] == "TrainJob")
     del tj["spec"]["trainer"]["image"]
     assert [p.path for p in problems(tj, crds, "images")] == ["spec.trainer.image"]
+
+
+def test_cli_lint_checks_core_kinds_against_a_chosen_kubernetes_version(tmp_path):
+    cm = tmp_path / "cm.yaml"
+    cm.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": "x"}, "data": {}}))
+    assert run_lint(str(cm), "--k8s-version", "1.30").returncode == 0
+    bad = run_lint(str(cm), "--k8s-version", "9.99")
+    assert bad.returncode == 2 and "--k8s-version 9.99: not supported" in bad.stderr
