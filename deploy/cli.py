@@ -273,7 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "testbed", cmd_testbed, "a real local cluster to try jobs on (root)",
                  "sudo ddpkit testbed slurm up")
-    p.add_argument("kind", choices=["slurm"], metavar="KIND", help="slurm")
+    p.add_argument("kind", choices=["slurm", "docker"], metavar="KIND",
+                   help="slurm (2-node cluster) or docker (dockerd + a debootstrap base image)")
     p.add_argument("action", choices=["up", "down", "status", "env"], metavar="ACTION",
                    help="up, down, status, or env (prints the PATH line for its client wrappers)")
     return parser

@@ -1,0 +1,154 @@
+"""`ddpkit testbed docker up|down|status`: a Docker engine and a base image, without a registry.
+
+For machines like our CI: root, Debian, package mirrors reachable, no container registry. `up`
+installs Debian's `docker.io` and `debootstrap` when missing, starts `dockerd` unless a daemon
+already answers (and remembers the PID of the one it started), and makes the base image
+`ddpkit-base:bookworm` when the daemon lacks it: `debootstrap --variant=minbase` with Debian's
+python3 and venv module (the image's python; the torch cp311 wheel matches it), imported with
+`docker import`. `down` stops only a daemon that `up` started, by its PID. Then
+`ddpkit image build --offline --base-image ddpkit-base:bookworm` builds the training image.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from deploy.errors import RuntimeFailure, UserError
+from deploy.image import docker, docker_binary, docker_env, image_exists
+
+BASE_IMAGE = "ddpkit-base:bookworm"
+SUITE = "bookworm"
+PACKAGES = ["docker.io", "debootstrap"]
+
+
+def testbed_dir() -> Path:
+    return Path(os.environ.get("DDPKIT_DOCKER_TESTBED_DIR", "/tmp/ddpkit-docker-testbed"))
+
+
+def _pid_file() -> Path:
+    return testbed_dir() / "dockerd.pid"
+
+
+def daemon_up() -> bool:
+    try:
+        return docker("version", "--format", "{{.Server.Version}}", check=False,
+                      timeout=15).returncode == 0
+    except RuntimeFailure:  # no client installed
+        return False
+
+
+def _apt_install() -> None:
+    missing = [p for p, cmd in (("docker.io", "/usr/bin/docker"), ("debootstrap", "debootstrap"))
+               if shutil.which(cmd) is None]
+    if not missing:
+        return
+    if shutil.which("apt-get") is None:
+        raise UserError(f"missing {' '.join(missing)} and no apt-get: install them with your "
+                        "package manager")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
+    print(f"testbed: apt-get install {' '.join(missing)}", file=sys.stderr)
+    if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
+        if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
+            raise RuntimeFailure(f"apt-get install {' '.join(missing)} failed (see above)")
+
+
+def start_daemon(timeout: float = 60) -> None:
+    """Start dockerd in the background (the Debian package cannot start it without an init
+    system) and wait until it answers."""
+    testbed_dir().mkdir(parents=True, exist_ok=True)
+    log = open(testbed_dir() / "dockerd.log", "ab")
+    proc = subprocess.Popen(["dockerd", "--storage-driver=overlay2"], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    _pid_file().write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeFailure(f"dockerd exited with {proc.returncode}; see "
+                                 f"{testbed_dir() / 'dockerd.log'}")
+        if daemon_up():
+            return
+        time.sleep(0.5)
+    raise RuntimeFailure(f"dockerd did not answer within {timeout:.0f} s; see "
+                         f"{testbed_dir() / 'dockerd.log'}")
+
+
+def make_base_image(name: str = BASE_IMAGE) -> None:
+    """A minimal Debian with python3 + venv, as a local image (about 50 s, 265 MB)."""
+    with tempfile.TemporaryDirectory(prefix="ddpkit-rootfs-") as tmp:
+        root = Path(tmp) / "rootfs"
+        print(f"testbed: debootstrap {SUITE} -> {name}", file=sys.stderr)
+        boot = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3-venv",
+                               SUITE, str(root)], capture_output=True, text=True)
+        if boot.returncode != 0:
+            tail = (boot.stderr or boot.stdout).strip().splitlines()[-1:]
+            raise RuntimeFailure(f"debootstrap failed: {tail[0] if tail else boot.returncode}")
+        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
+        imported = subprocess.run([docker_binary(), "import", "-", name], stdin=tar.stdout,
+                                  env=docker_env(), capture_output=True, text=True)
+        tar.wait()
+        if imported.returncode != 0 or tar.returncode != 0:
+            raise RuntimeFailure(f"docker import failed: {imported.stderr.strip()}")
+
+
+def up() -> None:
+    if os.geteuid() != 0:
+        raise UserError("ddpkit testbed docker needs root (dockerd, debootstrap): use sudo")
+    _apt_install()
+    if not daemon_up():
+        start_daemon()
+    if not image_exists(BASE_IMAGE):
+        make_base_image()
+    print(f"testbed: docker up; base image {BASE_IMAGE}", file=sys.stderr)
+
+
+def down() -> None:
+    """Stop the dockerd that `up` started (by its PID); leave any other daemon alone."""
+    try:
+        pid = int(_pid_file().read_text())
+    except (OSError, ValueError):
+        print("testbed: no dockerd started by `testbed docker up`; nothing to stop", file=sys.stderr)
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    _pid_file().unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (a killed daemon lingers as one until reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def main(action: str) -> int:
+    """The CLI's `testbed docker ACTION`."""
+    if action == "up":
+        up()
+    elif action == "down":
+        down()
+    elif action == "status":
+        ok = daemon_up() and image_exists(BASE_IMAGE)
+        print(f"docker daemon {'up' if daemon_up() else 'down'}; base image {BASE_IMAGE} "
+              f"{'present' if ok else 'missing'}")
+        return 0 if ok else 3
+    else:
+        raise UserError(f"testbed docker: unknown action {action!r}: use up, down or status")
+    return 0
