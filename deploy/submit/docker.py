@@ -572,29 +572,35 @@ def _configmap_dir(ref: dict, pod: Pod, objects: list[dict], run_dir: Path) -> P
     return target
 
 
-def _dns_only_names(pods: list[Pod]) -> dict[str, Pod]:
-    """Names Docker resolves but cluster DNS would not: a pod's bare hostname, unless it is
-    also one of its Service names (PyTorchJob)."""
+def unserved_names(pods: list[Pod]) -> dict[str, str]:
+    """Names of pods that cluster DNS would not resolve, each with the reason: a bare hostname
+    (Docker's DNS would resolve it, so it must be caught here), and `<hostname>.<subdomain>`
+    when no headless Service gives the pod that name."""
     served = {n for p in pods for n in p.dns_names}
-    return {p.hostname: p for p in pods if p.hostname not in served}
+    names = {}
+    for p in pods:
+        if p.hostname not in served:
+            names[p.hostname] = (f"a bare pod hostname, which Kubernetes DNS does not resolve"
+                                 f"{f' (it serves {p.dns_names[0]})' if p.dns_names else ''}")
+        if p.subdomain and not p.dns_names:
+            names[f"{p.hostname}.{p.subdomain}"] = (
+                f"not resolvable: no headless Service named {p.subdomain!r} in the manifest "
+                "selects the pod")
+    return names
 
 
 def check_names(pods: list[Pod], envs: dict[str, dict[str, str]], argvs: dict[str, list[str]]) -> None:
-    """Fail on a reference to a peer that only Docker's DNS would resolve: it would hang the
-    rendezvous on a cluster."""
-    for host, owner in _dns_only_names(pods).items():
-        token = re.compile(rf"(?<![\w.-]){re.escape(host)}(?![\w.-])")
+    """Fail on a reference to a peer that cluster DNS would not resolve: on a cluster it would
+    hang the rendezvous until its timeout."""
+    for host, reason in unserved_names(pods).items():
+        token = re.compile(rf"(?<![\w.-]){re.escape(host)}(?![\w-]|\.[a-z0-9])")
         for pod in pods:
             for key, value in envs[pod.name].items():
                 if token.search(value):
-                    hint = (f" (cluster DNS serves {owner.dns_names[0]})" if owner.dns_names
-                            else " (no headless Service gives it a DNS name)")
-                    raise UserError(f"pod {pod.name}: env {key}={value!r} names pod {host} by its "
-                                    f"bare hostname, which Kubernetes DNS does not resolve{hint}")
+                    raise UserError(f"pod {pod.name}: env {key}={value!r} names {host}: {reason}")
             for arg in argvs[pod.name]:
                 if token.search(arg):
-                    raise UserError(f"pod {pod.name}: command argument {arg!r} names pod {host} "
-                                    "by its bare hostname, which Kubernetes DNS does not resolve")
+                    raise UserError(f"pod {pod.name}: command argument {arg!r} names {host}: {reason}")
 
 
 @dataclass

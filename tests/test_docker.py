@@ -1,0 +1,226 @@
+"""`ddpkit run --docker` without a daemon: what each controller would do to the rendered pods.
+
+The manifests are the real renderer's output for the examples, parsed back as YAML; the pods,
+their environment, DNS names and volumes are what `deploy.submit.docker` would hand to
+`docker create`. The end-to-end runs are in test_docker_e2e.py.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.errors import UserError
+from deploy.render.k8s import render_k8s
+from deploy.spec import load_job
+from deploy.submit import docker as dk
+from tests.conftest import REPO
+
+QUICK = str(REPO / "examples" / "quickstart-2node.yaml")
+
+
+def objects_for(path: str = QUICK, flavor: str = "pytorchjob", overrides=()) -> list[dict]:
+    job = load_job(path, list(overrides))
+    return [o for o in yaml.safe_load_all(render_k8s(job, flavor=flavor)) if o]
+
+
+def envs(objects, host_env=None):
+    pods = dk.controller_pods(objects)
+    return pods, [dk.resolve_env(p, p.spec["containers"][0], objects, host_env or {}) for p in pods]
+
+
+def plan(objects, tmp_path: Path, host_env=None):
+    pods = dk.controller_pods(objects)
+    return dk.plan_containers(pods, objects, tmp_path, "t0", "net0", host_env or {}, {})
+
+
+def opt(args: list[str], flag: str) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == flag]
+
+
+def test_pytorchjob_env_is_the_v1_operators():
+    pods, env = envs(objects_for(flavor="pytorchjob"))
+    assert [p.name for p in pods] == ["quickstart-2node-master-0", "quickstart-2node-worker-0"]
+    for rank, e in enumerate(env):
+        assert e["MASTER_ADDR"] == e["PET_MASTER_ADDR"] == "quickstart-2node-master-0"
+        assert e["MASTER_PORT"] == e["PET_MASTER_PORT"] == "23456"  # the pytorchjob-port
+        assert e["WORLD_SIZE"] == "4"  # pods x nprocPerNode
+        assert e["RANK"] == e["PET_NODE_RANK"] == str(rank)  # a pod index, not a process rank
+        assert e["PET_NNODES"] == "2" and e["PET_NPROC_PER_NODE"] == "2"
+        assert e["PYTHONUNBUFFERED"] == "0"
+        assert e["DDPKIT_JOB_FILE"] == "/etc/ddpkit/job.yaml"  # the rendered env comes after
+
+
+def test_pytorchjob_pods_are_reachable_by_their_service_names():
+    pods = dk.controller_pods(objects_for(flavor="pytorchjob"))
+    master = pods[0]
+    assert master.hostname == "quickstart-2node-master-0"
+    assert master.dns_names == ["quickstart-2node-master-0", "quickstart-2node-master-0.default",
+                                "quickstart-2node-master-0.default.svc",
+                                "quickstart-2node-master-0.default.svc.cluster.local"]
+
+
+def test_pytorchjob_master_port_comes_from_the_manifest():
+    objects = objects_for(flavor="pytorchjob")
+    pj = next(o for o in objects if o["kind"] == "PyTorchJob")
+    for rspec in pj["spec"]["pytorchReplicaSpecs"].values():
+        rspec["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] = 12345
+    _, env = envs(objects)
+    assert {e["MASTER_PORT"] for e in env} == {"12345"}
+
+
+def test_elastic_pytorchjob_gets_the_rendezvous_env():
+    objects = objects_for(str(REPO / "examples" / "elastic.yaml"), "pytorchjob")
+    pods, env = envs(objects)
+    assert [p.name for p in pods][:2] == ["elastic-ddp-worker-0", "elastic-ddp-worker-1"]
+    assert env[0]["PET_NNODES"] == "2:4"
+    assert env[0]["PET_RDZV_ENDPOINT"] == "elastic-ddp-worker-0:23456"
+    assert env[0]["PET_RDZV_BACKEND"] == "c10d"
+    assert "MASTER_ADDR" not in env[0]  # no Master replica: the operator sets none
+
+
+def test_two_masters_are_rejected_like_the_operator_does():
+    objects = objects_for(flavor="pytorchjob")
+    pj = next(o for o in objects if o["kind"] == "PyTorchJob")
+    pj["spec"]["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+    with pytest.raises(UserError, match="Master replicas must be 1"):
+        dk.controller_pods(objects)
+
+
+def test_trainjob_env_is_the_torch_plugins():
+    pods, env = envs(objects_for(flavor="trainjob"))
+    assert [(p.hostname, p.subdomain) for p in pods] == [
+        ("quickstart-2node-node-0-0", "quickstart-2node"), ("quickstart-2node-node-0-1", "quickstart-2node")]
+    for index, e in enumerate(env):
+        assert e["PET_NODE_RANK"] == e["JOB_COMPLETION_INDEX"] == str(index)
+        assert e["PET_MASTER_ADDR"] == "quickstart-2node-node-0-0.quickstart-2node"
+        assert e["PET_MASTER_PORT"] == "29500"
+        assert e["PET_NNODES"] == "2" and e["PET_NPROC_PER_NODE"] == "2"
+        assert "RANK" not in e and "WORLD_SIZE" not in e  # Trainer v2 sets PET_* only
+
+
+def test_trainjob_runtime_patch_brings_the_volumes(tmp_path):
+    plans = plan(objects_for(flavor="trainjob"), tmp_path)
+    args = plans[0].create_args
+    assert any(v.endswith(":/etc/ddpkit:ro") for v in opt(args, "--volume"))
+    assert opt(args, "--shm-size") == [str(512 * 2**20)]
+
+
+@pytest.mark.parametrize("flavor", ["jobset", "job"])
+def test_indexed_pods_get_completion_index_and_subdomain_names(flavor):
+    pods, env = envs(objects_for(flavor=flavor))
+    prefix = "quickstart-2node-node-0" if flavor == "jobset" else "quickstart-2node"
+    for index, (pod, e) in enumerate(zip(pods, env, strict=True)):
+        assert pod.hostname == f"{prefix}-{index}"
+        assert e["JOB_COMPLETION_INDEX"] == str(index)
+        assert pod.dns_names[0] == f"{prefix}-{index}.quickstart-2node"
+        assert pod.dns_names[-1] == f"{prefix}-{index}.quickstart-2node.default.svc.cluster.local"
+        assert e["DDPKIT_MASTER_ADDR"] == f"{prefix}-0.quickstart-2node"
+        assert "PET_NODE_RANK" not in e  # no operator: trainer.launch reads the index
+
+
+def test_job_without_its_headless_service_is_unresolvable(tmp_path):
+    objects = [o for o in objects_for(flavor="job") if o["kind"] != "Service"]
+    pods = dk.controller_pods(objects)
+    assert all(p.dns_names == [] for p in pods)
+    with pytest.raises(UserError, match="no headless Service named 'quickstart-2node'"):
+        plan(objects, tmp_path)
+
+
+def test_service_selector_must_match_the_pods(tmp_path):
+    objects = objects_for(flavor="job")
+    svc = next(o for o in objects if o["kind"] == "Service")
+    svc["spec"]["selector"] = {"app.kubernetes.io/instance": "someone-else"}
+    with pytest.raises(UserError, match="DDPKIT_MASTER_ADDR"):
+        plan(objects, tmp_path)
+
+
+def test_bare_hostname_is_rejected_though_docker_would_resolve_it(tmp_path):
+    objects = objects_for(flavor="jobset")
+    js = next(o for o in objects if o["kind"] == "JobSet")
+    container = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    for item in container["env"]:
+        if item["name"] == "DDPKIT_MASTER_ADDR":
+            item["value"] = "quickstart-2node-node-0-0"
+    with pytest.raises(UserError, match="bare pod hostname"):
+        plan(objects, tmp_path)
+
+
+def test_configmap_volume_holds_the_rendered_job_file(tmp_path):
+    objects = objects_for(flavor="job")
+    plans = plan(objects, tmp_path)
+    mounts = opt(plans[0].create_args, "--volume")
+    source = next(m.split(":")[0] for m in mounts if m.endswith(":/etc/ddpkit:ro"))
+    written = yaml.safe_load((Path(source) / "job.yaml").read_text())
+    assert written == load_job(QUICK).model_dump(mode="json") | {"k8s": written["k8s"]}
+    assert written["name"] == "quickstart-2node"
+
+
+def test_missing_configmap_fails_like_a_pod_stuck_in_container_creating(tmp_path):
+    objects = [o for o in objects_for(flavor="job") if o["kind"] != "ConfigMap"]
+    with pytest.raises(UserError, match="ConfigMap 'quickstart-2node-job' is not in the manifest"):
+        plan(objects, tmp_path)
+
+
+def test_claims_are_shared_and_empty_dirs_are_per_pod(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(Path(QUICK).read_text() + (
+        "volumes:\n"
+        "  - {name: runs, claim: runs, mount: /workspace/runs}\n"
+        "  - {name: data, host_path: /mnt/data, mount: /data, read_only: true}\n"
+        "  - {name: scratch, empty_dir: {}, mount: /scratch}\n"
+        "  - {name: fast, empty_dir: {medium: Memory, size_limit: 1Gi}, mount: /fast}\n"))
+    plans = plan(objects_for(str(job_file), "pytorchjob"), tmp_path / "run")
+    by_target = [{m.split(":")[1]: m for m in opt(p.create_args, "--volume")} for p in plans]
+    assert by_target[0]["/workspace/runs"] == by_target[1]["/workspace/runs"]
+    assert by_target[0]["/data"].endswith(":ro") and by_target[0]["/data"] == by_target[1]["/data"]
+    assert by_target[0]["/scratch"] != by_target[1]["/scratch"]
+    assert opt(plans[0].create_args, "--tmpfs") == [f"/fast:rw,size={2**30},mode=1777"]
+    shared = Path(by_target[0]["/workspace/runs"].split(":")[0])
+    assert shared.is_dir() and shared.stat().st_mode & 0o777 == 0o777  # the image runs as uid 1000
+
+
+def test_resources_and_grace_period_become_docker_limits(tmp_path):
+    args = plan(objects_for(flavor="pytorchjob"), tmp_path)[0].create_args
+    assert opt(args, "--memory") == [str(4 * 2**30)]
+    assert float(opt(args, "--cpus")[0]) > 0
+    assert opt(args, "--stop-timeout") == ["120"]
+    assert "--init" in args and opt(args, "--pull") == ["never"]
+    assert opt(args, "--entrypoint") == ["python"]
+
+
+def test_secret_env_comes_from_the_host_or_fails_naming_it(tmp_path):
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(Path(QUICK).read_text() +
+                        "secret_env: [{name: WANDB_API_KEY, secret: wandb, key: api-key}]\n")
+    objects = objects_for(str(job_file), "job")
+    with pytest.raises(UserError, match="export WANDB_API_KEY"):
+        plan(objects, tmp_path)
+    _, env = envs(objects, {"WANDB_API_KEY": "k-123"})
+    assert env[0]["WANDB_API_KEY"] == "k-123"
+
+
+def test_dollar_paren_references_expand_like_the_kubelet():
+    env = {"A": "x", "B": "y"}
+    assert dk.expand("$(A)-$(B):$(C)", env) == "x-y:$(C)"
+    assert dk.expand("$$(A)", env) == "$(A)"
+
+
+def test_command_and_args_expand_against_the_env(tmp_path):
+    objects = objects_for(flavor="pytorchjob",
+                          overrides=['command=["sh", "-c", "echo $(MASTER_ADDR):$(MASTER_PORT)"]'])
+    plans = plan(copy.deepcopy(objects), tmp_path)
+    assert opt(plans[1].create_args, "--entrypoint") == ["sh"]
+    assert plans[1].argv == ["-c", "echo quickstart-2node-master-0:23456"]
+
+
+def test_unsupported_volume_type_is_one_clear_error(tmp_path):
+    objects = objects_for(flavor="job")
+    job = next(o for o in objects if o["kind"] == "Job")
+    job["spec"]["template"]["spec"]["volumes"].append({"name": "x", "csi": {"driver": "d"}})
+    job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"].append({"name": "x", "mountPath": "/x"})
+    with pytest.raises(UserError, match=r"volume 'x' of type \['csi'\] is not supported"):
+        plan(objects, tmp_path)
