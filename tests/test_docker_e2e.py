@@ -1,0 +1,152 @@
+"""`ddpkit run --docker` for real: the image built offline, the rendered pods as containers.
+
+Needs a Docker daemon and the base image `ddpkit-base:bookworm` (`sudo ddpkit testbed docker
+up` makes both; .ci/run does it in CI). On a laptop without them these tests skip with the
+reason; with CI=true they fail instead. The image is (re)built once per session from the
+working tree (`ddpkit image build --offline`; a few seconds when only code changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, ddpkit, require
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BASE_IMAGE = os.environ.get("DDPKIT_TEST_BASE_IMAGE", "ddpkit-base:bookworm")
+IMAGE = "ddpkit:test"
+QUICK = (REPO / "examples" / "quickstart-2node.yaml").read_text()
+
+
+def docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    from deploy.image import docker_binary
+
+    return subprocess.run([docker_binary(), *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def image() -> str:
+    try:
+        up = docker("version", "--format", "{{.Server.Version}}").returncode == 0
+    except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired):
+        up = False
+    require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
+    require(docker("image", "inspect", BASE_IMAGE).returncode == 0,
+            f"base image {BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
+    built = ddpkit("image", "build", "--offline", "--base-image", BASE_IMAGE, "--tag", IMAGE,
+                   timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return IMAGE
+
+
+def job_file(tmp_path: Path, name: str, extra: str = "") -> Path:
+    """quickstart-2node (2 nodes x 2 CPU processes) under another name, with this image."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(QUICK.replace("name: quickstart-2node", f"name: {name}")
+                    .replace("image: ddpkit:0.1", f"image: {IMAGE}") + extra)
+    return path
+
+
+def leftovers(name: str) -> tuple[str, str]:
+    containers = docker("ps", "-a", "--filter", f"name={name}", "--format", "{{.Names}}").stdout
+    networks = docker("network", "ls", "--filter", f"name=ddpkit-{name}", "--format", "{{.Name}}").stdout
+    return containers.strip(), networks.strip()
+
+
+PROBE = """
+import os, socket
+rank = os.environ.get("PET_NODE_RANK") or os.environ["JOB_COMPLETION_INDEX"]
+master = os.environ.get("PET_MASTER_ADDR") or os.environ["DDPKIT_MASTER_ADDR"]
+me = socket.gethostname()
+shm = os.statvfs("/dev/shm")
+print("probe", rank, me, socket.gethostbyname(me), master, socket.gethostbyname(master),
+      shm.f_blocks * shm.f_frsize, flush=True)
+"""
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "trainjob", "jobset", "job"])
+def test_pods_see_their_controller_env_and_resolve_the_master(image, tmp_path, flavor):
+    name = f"e2e-probe-{flavor}"
+    path = job_file(tmp_path, name, f"command: [python, -c, {json.dumps(PROBE)}]\n")
+    result = ddpkit("run", str(path), "--docker", "--flavor", flavor, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    probes = {}
+    for line in result.stdout.splitlines():
+        prefix, _, rest = line.partition(" probe ")
+        if rest:
+            probes[prefix] = rest.split()
+    assert set(probes) == {"[node 0]", "[node 1]"}, result.stdout
+    node0, node1 = probes["[node 0]"], probes["[node 1]"]
+    assert (node0[0], node1[0]) == ("0", "1")
+    assert node0[1] != node1[1]  # two pods, two hostnames
+    # both resolve the master's in-cluster name to pod 0's address
+    assert node0[3] == node1[3] and node1[4] == node0[2] == node0[4]
+    assert node0[5] == node1[5] == str(512 * 2**20)  # /dev/shm sized like the manifest's emptyDir
+    assert leftovers(name) == ("", "")
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
+def test_two_nodes_by_two_processes_train_to_identical_parameters(image, tmp_path, flavor):
+    name = f"e2e-ddp-{flavor}"
+    path = job_file(tmp_path, name, "volumes: [{name: runs, claim: runs, mount: /workspace/runs}]\n")
+    result = ddpkit("run", str(path), "--docker", "--flavor", flavor, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert "[node 0] " in result.stdout and "[node 1] " in result.stdout
+    summary = json.loads(next(line.split("ddpkit-summary ", 1)[1]
+                              for line in result.stdout.splitlines() if "ddpkit-summary " in line))
+    assert summary["status"] == "completed" and summary["world_size"] == 4
+    assert summary["params_identical"] is True
+    assert len(summary["hostnames"]) == 2  # ranks really were spread over two containers
+    # every rank's checksum landed on the shared claim, all equal
+    run_dir = tmp_path / "runs" / f"{name}-docker-{flavor}" / "volumes" / "claim-runs" / name
+    sums = {p.name: p.read_text().strip() for p in run_dir.glob("params-rank*.sha256")}
+    assert sorted(sums) == [f"params-rank{r}.sha256" for r in range(4)]
+    assert len(set(sums.values())) == 1 and summary["final_params_sha256"] in sums.values()
+    assert (run_dir / "checkpoints" / "FINISHED").exists()
+    assert "identical on every rank" in result.stdout
+    assert leftovers(name) == ("", "")
+
+
+def test_a_failing_pod_fails_the_job_with_its_exit_code(image, tmp_path):
+    name = "e2e-fail"
+    script = "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\ntime.sleep(300)\n"
+    path = job_file(tmp_path, name, f"command: [python, -c, {json.dumps(script)}]\n")
+    start = time.monotonic()
+    result = ddpkit("run", str(path), "--docker", "--flavor", "pytorchjob", cwd=tmp_path, timeout=300)
+    assert result.returncode == 7, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "e2e-fail-worker-0 failed with exit code 7" in result.stdout
+    assert time.monotonic() - start < 120  # the sleeping master was stopped, not waited for
+    assert leftovers(name) == ("", "")
+
+
+def test_ctrl_c_stops_and_removes_every_container_and_the_network(image, tmp_path):
+    name = "e2e-ctrlc"
+    path = job_file(tmp_path, name, "command: [sleep, '300']\n")
+    proc = subprocess.Popen([sys.executable, "-m", "deploy", "run", str(path), "--docker"],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            running = docker("ps", "--filter", f"name={name}", "--format", "{{.Names}}").stdout.split()
+            if len(running) == 2:
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        assert len(running) == 2, "the two pods never ran"
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)  # sleep exits on SIGTERM through --init at once
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, out
+    assert leftovers(name) == ("", "")
