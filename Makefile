@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test lint docs bench clean image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ lint: $(STAMP)
 ## docs: regenerate the README's job-file reference from the model's field descriptions
 docs: $(STAMP)
 	$(PY) -m deploy.docs --write README.md
+
+## image: the training image; offline from a wheelhouse (air-gapped):
+##   make image WHEELHOUSE=wheels BASE_IMAGE=ddpkit-base:bookworm
+IMAGE ?= ddpkit:0.1
+image: $(STAMP)
+	$(VENV)/bin/ddpkit image build --tag $(IMAGE) $(if $(WHEELHOUSE),--offline --wheelhouse $(WHEELHOUSE)) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE))
 
 bench: $(STAMP)
 	$(PY) bench/render_speed.py

@@ -144,7 +144,8 @@ def _revision() -> str:
 
 
 def build_image(tag: str = DEFAULT_TAG, *, offline: bool = False, wheelhouse: str | None = None,
-                base_image: str | None = None, quiet: bool = False) -> float:
+                base_image: str | None = None, quiet: bool = False,
+                no_cache: bool = False) -> float:
     """Build the image; return the seconds the `docker build` took."""
     if not (REPO / "Dockerfile").is_file():
         raise RuntimeFailure(f"no Dockerfile in {REPO}: `ddpkit image build` works from a "
@@ -168,6 +169,8 @@ def build_image(tag: str = DEFAULT_TAG, *, offline: bool = False, wheelhouse: st
         args += ["--build-arg", f"BASE_IMAGE={base_image}"]
     if quiet:
         args.append("--quiet")
+    if no_cache:
+        args.append("--no-cache")
     start = time.monotonic()
     proc = docker(*args, str(REPO), check=False, capture=quiet, timeout=3600)
     elapsed = time.monotonic() - start
