@@ -56,7 +56,9 @@ fi
 kubectl config use-context "kind-$CLUSTER" >/dev/null
 
 log "building $IMAGE and loading it into the cluster"
-docker build -t "$IMAGE" "$REPO"
+# the project's Dockerfile through `ddpkit image build` (BuildKit on; BASE_IMAGE=... for a
+# local base, e.g. on a machine that cannot pull the official PyTorch image)
+ddpkit image build --tag "$IMAGE" ${BASE_IMAGE:+--base-image "$BASE_IMAGE"}
 kind load docker-image "$IMAGE" --name "$CLUSTER"
 
 wants() { [[ " $FLAVORS " == *" $1 "* ]]; }
