@@ -15,7 +15,9 @@ end); evaluation and the plot are off because the textbook loop has neither.
 
     python bench/trainer_vs_textbook.py [--steps 200] [--repeats 3]
 
-GPU: `--device cuda` runs the same comparison on CUDA (nccl). Not measured here (no GPU).
+GPU: `--device cuda [--model gpt]` times ours alone on CUDA (nccl, bf16 autocast): the
+textbook loop is the CPU reference. Ready, but not measured in this repository's sessions
+(no GPU was available).
 """
 
 from __future__ import annotations
@@ -60,12 +62,12 @@ def run_textbook(work: Path, nproc: int, steps: int, threads: int) -> dict:
     return {"samples_per_s": r["samples_per_s"], "first_step_s": r["first_step_s"]}
 
 
-def run_ours(work: Path, nproc: int, steps: int, threads: int, device: str, i: int) -> dict:
+def run_ours(work: Path, nproc: int, steps: int, threads: int, device: str, i: int, model: str) -> dict:
     name = f"ours-{nproc}-{i}"
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {
-        "max_steps": steps, "threads": threads, "eval_every_epochs": 0, "plot": False,
-        "device": device, "log_every_steps": 50}}))
+        "model": model, "max_steps": steps, "threads": threads, "eval_every_epochs": 0,
+        "plot": False, "device": device, "log_every_steps": 50}}))
     env = {**base_env(threads), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
            "DDPKIT_MASTER_PORT": str(free_port()), "DDPKIT_LAUNCH_T0": repr(time.time())}
     subprocess.run([sys.executable, "-m", "trainer.launch"], cwd=work, env=env, check=True,
@@ -81,19 +83,22 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="threads per rank")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--model", default="cnn", choices=["cnn", "gpt"], help="gpt: ours alone")
+    p.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="rank counts to run")
     args = p.parse_args()
-    if args.device == "cuda":
-        print("note: the textbook loop is CPU/gloo only; --device cuda times ours alone")
+    textbook = args.device == "cpu" and args.model == "cnn"
+    if not textbook:
+        print("note: the textbook loop is the cnn workload on CPU/gloo; timing ours alone")
     results: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as tmp:
         work = Path(tmp)
         for i in range(args.repeats):
-            for nproc in (1, 2):
-                if args.device == "cpu":
+            for nproc in args.nproc:
+                if textbook:
                     results.setdefault(("textbook", nproc), []).append(
                         run_textbook(work, nproc, args.steps, args.threads))
                 results.setdefault(("ddpkit", nproc), []).append(
-                    run_ours(work, nproc, args.steps, args.threads, args.device, i))
+                    run_ours(work, nproc, args.steps, args.threads, args.device, i, args.model))
                 print(f"  repeat {i + 1}/{args.repeats}, {nproc} rank(s): " + ", ".join(
                     f"{k} {v[-1]['samples_per_s']:.0f} samples/s" for (k, n), v in results.items() if n == nproc),
                     flush=True)
@@ -102,19 +107,24 @@ def main() -> int:
         runs = results.get((kind, nproc))
         return statistics.median(r[key] for r in runs) if runs else None
 
-    print(f"\ncnn workload, {args.steps} steps, batch 64 per rank, {args.threads} thread(s) per rank, "
-          f"{args.device}, median of {args.repeats}\n")
-    print(f"{'':28}{'textbook':>12}{'ddpkit':>12}{'ratio':>10}")
-    for nproc in (1, 2):
+    print(f"\n{args.model} workload, {args.steps} steps, batch 64 per rank, {args.threads} thread(s) "
+          f"per rank, {args.device}, median of {args.repeats}\n")
+
+    def cell(v: float | None, fmt: str) -> str:
+        return format(v, fmt) if v is not None else "-"
+
+    print(f"{'':30}{'textbook':>10}{'ddpkit':>10}{'ratio':>8}")
+    for nproc in args.nproc:
         t, o = med("textbook", nproc, "samples_per_s"), med("ddpkit", nproc, "samples_per_s")
-        ratio = f"{o / t:.3f}" if t else "-"
-        print(f"{f'samples/s, {nproc} rank(s)':28}{t or 0:>12.0f}{o:>12.0f}{ratio:>10}")
-    eff = {k: (med(k, 2, "samples_per_s") / (2 * med(k, 1, "samples_per_s"))) if med(k, 1, "samples_per_s") else None
-           for k in ("textbook", "ddpkit")}
-    print(f"{'2-rank scaling efficiency':28}{eff['textbook'] or 0:>12.3f}{eff['ddpkit']:>12.3f}")
-    for nproc in (1, 2):
+        print(f"{f'samples/s, {nproc} rank(s)':30}{cell(t, '.0f'):>10}{cell(o, '.0f'):>10}"
+              f"{cell(o / t if t and o else None, '.3f'):>8}")
+    if 1 in args.nproc and 2 in args.nproc:
+        eff = {k: med(k, 2, "samples_per_s") / (2 * med(k, 1, "samples_per_s"))
+               if med(k, 1, "samples_per_s") else None for k in ("textbook", "ddpkit")}
+        print(f"{'2-rank scaling efficiency':30}{cell(eff['textbook'], '.3f'):>10}{cell(eff['ddpkit'], '.3f'):>10}")
+    for nproc in args.nproc:
         t, o = med("textbook", nproc, "first_step_s"), med("ddpkit", nproc, "first_step_s")
-        print(f"{f'launch to first step, {nproc}r (s)':28}{t or 0:>12.2f}{o:>12.2f}")
+        print(f"{f'launch to first step, {nproc}r (s)':30}{cell(t, '.2f'):>10}{cell(o, '.2f'):>10}")
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -10,7 +11,16 @@ import time
 import pytest
 
 from tests.conftest import ddpkit
-from tests.trainer_util import REPO, free_port, launch_env, start, summary, write_job
+from tests.trainer_util import (
+    REPO,
+    free_port,
+    launch_env,
+    start,
+    step_losses,
+    summary,
+    wait_for,
+    write_job,
+)
 from trainer.launch import LaunchError, plan_launch, wait_for_master
 
 PY = "/py"
@@ -190,16 +200,35 @@ def test_under_a_users_torchrun_the_launcher_is_the_worker(tmp_path):
 
 
 @pytest.mark.slow
-def test_ddpkit_run_local_trains_and_prints_the_summary(tmp_path):
-    result = ddpkit("run", str(REPO / "examples" / "quickstart.yaml"), "--local",
-                    "--set", "train.max_steps=4", "--set", "train.data_samples=1024",
-                    "--set", "train.plot=false", cwd=tmp_path, timeout=240)
+def test_ddpkit_run_local_ctrl_c_checkpoints_and_the_rerun_finishes(tmp_path):
+    """`ddpkit run --local`: Ctrl-C reaches every rank through the launcher and torchrun, the
+    run checkpoints and exits 143; the same command again resumes and prints the summary."""
+    args = [sys.executable, "-m", "deploy", "run", str(REPO / "examples" / "quickstart.yaml"), "--local",
+            "--set", "train.max_steps=40", "--set", "train.data_samples=1024", "--set", "train.epochs=20",
+            "--set", "train.plot=false", "--set", "train.log_every_steps=1"]
+    env = {**launch_env(tmp_path / "unused.yaml"), "PYTHONPATH": str(REPO)}
+    run_dir = tmp_path / "runs" / "quickstart"
+    cli = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(step_losses(run_dir)) >= 2, 180,
+                 "two training steps")
+        cli.send_signal(signal.SIGINT)
+        out, _ = cli.communicate(timeout=120)
+    finally:
+        cli.kill()
+    assert cli.returncode == 143, out[-3000:]
+    assert "quickstart: stopped" in out and "run the same command again to resume" in out
+    stopped_at = summary(run_dir)["steps"]
+    assert 2 <= stopped_at < 40
+
+    result = ddpkit(*args[3:], cwd=tmp_path, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "quickstart: completed" in result.stdout
     assert "parameters  identical on every rank" in result.stdout
-    run_dir = tmp_path / "runs" / "quickstart"
-    assert summary(run_dir)["steps"] == 4 and summary(run_dir)["world_size"] == 2
+    s = summary(run_dir)
+    assert s["steps"] == 40 and s["world_size"] == 2 and s["resumed_from_step"] == stopped_at
     # The trainer read the overridden job the CLI wrote, not the original file.
-    assert "max_steps: 4" in (run_dir / "job.yaml").read_text()
+    assert "max_steps: 40" in (run_dir / "job.yaml").read_text()
     plot = ddpkit("plot", str(run_dir), cwd=tmp_path)
     assert plot.returncode == 0 and (run_dir / "metrics.png").stat().st_size > 1000
