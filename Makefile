@@ -35,6 +35,7 @@ image: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/render_speed.py
+	$(PY) bench/trainer_vs_textbook.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache
