@@ -125,6 +125,16 @@ def metric_steps(workdir: Path) -> list[int]:
     return steps
 
 
+def wait_for_step(cluster, handle: str, workdir: Path, step: int) -> None:
+    """Until the trainer logged `step` (so the job is mid-training)."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not metric_steps(workdir) or max(metric_steps(workdir)) < step:
+        assert time.monotonic() < deadline, job_log(cluster, handle)
+        state = submit_slurm.status(handle, runner=runner_for(cluster))
+        assert state in ("PENDING", "RUNNING"), job_log(cluster, handle)
+        time.sleep(0.2)
+
+
 def assert_trained_on_two_nodes(summary: dict) -> None:
     assert summary["status"] == "completed", summary
     assert summary["world_size"] == 4
@@ -151,12 +161,7 @@ def test_preempted_job_checkpoints_requeues_resumes_and_never_reruns(cluster, jo
     handle = submit(cluster, jobs, tmp_path, "--set", "train.max_steps=120",
                     "--set", "train.epochs=100", "--set", "train.plot=false")
     jobid = submit_slurm.job_id(handle)
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    while not metric_steps(tmp_path) or max(metric_steps(tmp_path)) < 30:
-        assert time.monotonic() < deadline, job_log(cluster, handle)
-        state = submit_slurm.status(handle, runner=runner_for(cluster))
-        assert state in ("PENDING", "RUNNING"), job_log(cluster, handle)
-        time.sleep(0.2)
+    wait_for_step(cluster, handle, tmp_path, 30)
     # what `#SBATCH --signal=B:USR2@...` does before the time limit: USR2 to the batch shell only
     subprocess.run(["scancel", "--batch", "--signal=USR2", jobid], env=cluster, check=True)
     wait_for(cluster, handle, {"SUCCEEDED"})
@@ -216,8 +221,15 @@ def leftover_processes(node: str) -> list[str]:
     return out
 
 
-def test_submitit_runs_the_same_job(cluster, jobs, tmp_path):
-    handle = submit(cluster, jobs, tmp_path, "--via", "submitit", "--set", "train.plot=false")
+def test_submitit_runs_the_same_job_and_requeues_it(cluster, jobs, tmp_path):
+    handle = submit(cluster, jobs, tmp_path, "--via", "submitit", "--set", "train.plot=false",
+                    "--set", "train.max_steps=80", "--set", "train.epochs=100")
+    wait_for_step(cluster, handle, tmp_path, 20)
+    # what submitit's `--signal=USR2@...` does before the time limit: USR2 to the job's tasks
+    subprocess.run(["scancel", "--signal=USR2", submit_slurm.job_id(handle)], env=cluster, check=True)
     wait_for(cluster, handle, {"SUCCEEDED"})
-    [summary] = summaries(job_log(cluster, handle))
-    assert_trained_on_two_nodes(summary)
+    assert job_field(cluster, handle, "Restarts") == "1"
+    stopped, final = summaries(job_log(cluster, handle))
+    assert stopped["status"] == "stopped" and final["resumed_from_step"] == stopped["steps"]
+    assert final["steps"] == 80
+    assert_trained_on_two_nodes(final)

@@ -121,7 +121,9 @@ def _submit_submitit(job, *, cwd) -> str:
     s = job.slurm
     workdir = Path(cwd or os.getcwd())
     folder = workdir / s.log_dir / "submitit"
-    executor = submitit.SlurmExecutor(folder=folder, python=sys.executable)
+    # submitit requeues a checkpointable function on timeout at most max_num_timeout times
+    executor = submitit.SlurmExecutor(folder=folder, python=sys.executable,
+                                      max_num_timeout=job.restarts)
     params: dict = {
         "job_name": job.name,
         "nodes": job.nodes.min,
@@ -150,7 +152,8 @@ def _submit_submitit(job, *, cwd) -> str:
     executor.update_parameters(**params)
     try:
         submitted = executor.submit(SlurmLaunch(job.to_yaml(), job.name, s.log_dir, job.nproc_per_node,
-                                                job.restarts, s.launcher, job.command))
+                                                job.restarts, s.launcher, job.command,
+                                                requeue=s.requeue))
     except Exception as exc:  # submitit wraps sbatch's refusal in its own exception types
         raise RuntimeFailure(f"submitit could not submit the job: {_last_line(str(exc))}") from None
     return f"slurm://{submitted.job_id}"
@@ -174,13 +177,26 @@ class SlurmLaunch:
     Mirrors the sbatch script: master = first node, port from the job id, the job YAML written
     next to the logs. Runs the entry point as a child process (deploy never imports torch) and
     forwards SIGUSR2/SIGTERM to it; a non-zero exit raises, so submitit reports a failure.
+
+    Preemption: submitit asks Slurm for SIGUSR2 before the time limit. It is forwarded to the
+    trainer, which checkpoints and stops; then, with `slurm.requeue`, submitit's own handler
+    runs: on rank 0 it calls `checkpoint()` (this object again: the trainer resumes from its
+    checkpoint) and requeues the job with `scontrol requeue`.
     """
 
     def __init__(self, job_yaml: str, name: str, log_dir: str, nproc_per_node: int, restarts: int,
-                 launcher: str, command: list[str] | None):
+                 launcher: str, command: list[str] | None, *, requeue: bool = False):
         self.job_yaml, self.name, self.log_dir = job_yaml, name, log_dir
         self.nproc_per_node, self.restarts = nproc_per_node, restarts
-        self.launcher, self.command = launcher, command
+        self.launcher, self.command, self.requeue = launcher, command, requeue
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's hook on preemption: run this same launch again (None: do not requeue)."""
+        if not self.requeue:
+            return None
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)
 
     def environment(self, env: dict[str, str]) -> dict[str, str]:
         """The DDPKIT_* variables for a task whose Slurm environment is `env`."""
@@ -208,10 +224,21 @@ class SlurmLaunch:
         tmp.write_text(self.job_yaml, encoding="utf-8")
         os.replace(tmp, job_file)  # every task writes the same text; replace is atomic
         argv = self.command or [sys.executable, "-m", "trainer.launch"]
+        submitit_handler = signal.getsignal(signal.SIGUSR2)
         child = subprocess.Popen(argv, env={**os.environ, **extra})
+        stopped: list[int] = []
+
+        def forward(signum, _frame):
+            stopped.append(signum)
+            child.send_signal(signum)
+
         for sig in (signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+            signal.signal(sig, forward)
         rc = child.wait()
+        if rc != 0 and signal.SIGUSR2 in stopped and self.requeue and callable(submitit_handler):
+            # checkpointed and stopped: submitit requeues (rank 0) and exits this process
+            submitit_handler(signal.SIGUSR2, None)
+            return rc
         if rc != 0:
             raise RuntimeError(f"{' '.join(argv)} exited with code {rc}")
         return rc
