@@ -62,14 +62,22 @@ def leftovers(name: str) -> tuple[str, str]:
     return containers.strip(), networks.strip()
 
 
+# Pods start together, so the master's name may not exist yet: retry, as trainer.launch does.
 PROBE = """
-import os, socket
+import os, socket, time
 rank = os.environ.get("PET_NODE_RANK") or os.environ["JOB_COMPLETION_INDEX"]
 master = os.environ.get("PET_MASTER_ADDR") or os.environ["DDPKIT_MASTER_ADDR"]
 me = socket.gethostname()
+for _ in range(120):
+    try:
+        address = socket.gethostbyname(master)
+        break
+    except OSError:
+        time.sleep(0.25)
 shm = os.statvfs("/dev/shm")
-print("probe", rank, me, socket.gethostbyname(me), master, socket.gethostbyname(master),
-      shm.f_blocks * shm.f_frsize, flush=True)
+print("probe", rank, me, socket.gethostbyname(me), master, address, shm.f_blocks * shm.f_frsize,
+      flush=True)
+time.sleep(5)  # stay up until the peer has looked us up
 """
 
 
