@@ -224,3 +224,23 @@ def test_unsupported_volume_type_is_one_clear_error(tmp_path):
     job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"].append({"name": "x", "mountPath": "/x"})
     with pytest.raises(UserError, match=r"volume 'x' of type \['csi'\] is not supported"):
         plan(objects, tmp_path)
+
+
+@pytest.mark.parametrize("flavor, scope, limit", [
+    ("pytorchjob", "pod", 1),   # restartPolicy OnFailure, runPolicy.backoffLimit = restarts
+    ("job", "pod", 2),          # backoffLimit = restarts x nodes
+    ("jobset", "gang", 1),      # failurePolicy.maxRestarts = restarts: every pod again
+    ("trainjob", "gang", 0),    # the torch-distributed runtime has no failurePolicy
+])
+def test_restart_policy_follows_the_controller(flavor, scope, limit):
+    policy = dk.restart_policy(objects_for(flavor=flavor))
+    assert (policy.scope, policy.limit) == (scope, limit)
+    assert policy.allows(1, 0) == (limit > 0) and not policy.allows(1, limit)
+
+
+def test_exit_code_policy_retries_only_128_to_255():
+    objects = objects_for(flavor="pytorchjob")
+    for rspec in next(o for o in objects if o["kind"] == "PyTorchJob")["spec"]["pytorchReplicaSpecs"].values():
+        rspec["restartPolicy"] = "ExitCode"
+    policy = dk.restart_policy(objects)
+    assert policy.allows(143, 0) and not policy.allows(1, 0)

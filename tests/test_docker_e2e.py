@@ -158,3 +158,25 @@ def test_ctrl_c_stops_and_removes_every_container_and_the_network(image, tmp_pat
             proc.kill()
     assert proc.returncode == 130, out
     assert leftovers(name) == ("", "")
+
+
+@pytest.mark.parametrize("flavor, message", [("pytorchjob", "restarting it (1/1"),
+                                             ("jobset", "restarting every pod (1/1")])
+def test_a_failed_pod_is_restarted_as_its_controller_would(image, tmp_path, flavor, message):
+    name = f"e2e-restart-{flavor}"
+    script = ("import os, sys, time\n"
+              "node = os.environ.get('PET_NODE_RANK') or os.environ['JOB_COMPLETION_INDEX']\n"
+              "print('started', node, flush=True)\n"
+              "marker = '/workspace/runs/failed-once'\n"
+              "if node == '1' and not os.path.exists(marker):\n"
+              "    open(marker, 'w').close(); sys.exit(3)\n"
+              "time.sleep(3)\n")
+    path = job_file(tmp_path, name, f"command: [python, -c, {json.dumps(script)}]\n"
+                    "volumes: [{name: runs, claim: runs, mount: /workspace/runs}]\n")
+    result = ddpkit("run", str(path), "--docker", "--flavor", flavor, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert message in result.stdout
+    starts = [line.split(" started ")[1] for line in result.stdout.splitlines() if " started " in line]
+    # the pod restarts alone (PyTorchJob) or with every other pod (JobSet)
+    assert sorted(starts) == (["0", "1", "1"] if flavor == "pytorchjob" else ["0", "0", "1", "1"])
+    assert leftovers(name) == ("", "")

@@ -17,10 +17,12 @@ controllers add to a pod is emulated from the manifest itself (the table of sour
 - resources: CPU and memory limits become `--cpus` / `--memory`;
 - the image is never pulled: it must be on the daemon (`ddpkit image build`).
 
-Output is streamed with a `[node N]` prefix; the exit code is the job's: 0 when every pod
-succeeded, else the first failing pod's code (the others are stopped). Containers and the network
-are removed afterwards, also on Ctrl-C or SIGTERM (pods get SIGTERM and their grace period).
-Restarts (backoffLimit, failurePolicy) are not emulated: the first pod failure ends the run.
+Output is streamed with a `[node N]` prefix. A failed pod is restarted as the workload's
+controller would (`restart_policy`: the pod alone for PyTorchJob and Job, every pod for JobSet,
+within backoffLimit / maxRestarts). The exit code is the job's: 0 when every pod succeeded, else
+the code of the pod that failed the job (the others are then stopped). Containers and the
+network are removed afterwards, also on Ctrl-C or SIGTERM (pods get SIGTERM and their grace
+period).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import queue
 import re
 import secrets
 import shutil
@@ -675,21 +678,72 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
 # Running
 
 
+@dataclass
+class Restarts:
+    """What the workload's controller does after a pod fails: restart that pod (`pod`), every
+    pod (`gang`) or nothing, at most `limit` times in all."""
+
+    scope: str = "none"
+    limit: int = 0
+    retryable: tuple[int, int] = (1, 255)  # exit codes that may be retried
+    source: str = "no restarts"
+
+    def allows(self, rc: int, used: int) -> bool:
+        return (self.scope != "none" and used < self.limit
+                and self.retryable[0] <= rc <= self.retryable[1])
+
+
+def restart_policy(objects: list[dict]) -> Restarts:
+    """From the workload object (unset limits take the upstream defaults):
+
+    - PyTorchJob: the replicas' restartPolicy (operator default OnFailure) restarts the failed
+      pod; `ExitCode` only for codes 128-255 (training-operator docs, "ExitCode policy");
+      runPolicy.backoffLimit caps the restarts of all pods together;
+    - Job: a failed pod is replaced (restartPolicy Never) or restarted (OnFailure), at most
+      spec.backoffLimit times (default 6);
+    - JobSet (and the TrainJob's runtime JobSet): failurePolicy.maxRestarts recreates every
+      pod (default 0).
+    """
+    for obj in objects:
+        kind, spec = obj.get("kind"), obj.get("spec") or {}
+        if kind == "PyTorchJob":
+            policies = {r.get("restartPolicy", "OnFailure") for r in spec["pytorchReplicaSpecs"].values()}
+            limit = (spec.get("runPolicy") or {}).get("backoffLimit")
+            limit = 6 if limit is None else int(limit)
+            source = f"runPolicy.backoffLimit {limit}"
+            if policies & {"OnFailure", "Always"}:
+                return Restarts("pod", limit, (1, 255), source)
+            if "ExitCode" in policies:
+                return Restarts("pod", limit, (128, 255), source + ", ExitCode policy")
+            return Restarts(source="restartPolicy Never")
+        if kind == "Job":
+            limit = spec.get("backoffLimit")
+            limit = 6 if limit is None else int(limit)
+            return Restarts("pod", limit, (1, 255), f"backoffLimit {limit}")
+        if kind == "JobSet" or kind == "TrainJob":
+            if kind == "TrainJob":
+                spec = _find_runtime(spec.get("runtimeRef") or {}, objects)["spec"]["template"]["spec"]
+            limit = int((spec.get("failurePolicy") or {}).get("maxRestarts", 0))
+            return Restarts("gang", limit, (1, 255), f"failurePolicy.maxRestarts {limit}")
+    return Restarts()
+
+
 class _Stop(Exception):
     """SIGTERM to ddpkit: stop the pods like Ctrl-C."""
 
 
 class DockerRun:
-    """Containers of one run: create, start, stream, wait, and always clean up."""
+    """Containers of one run: create, start, stream, restart per the workload's policy, and
+    always clean up."""
 
-    def __init__(self, plans: list[ContainerPlan], network: str, run_id: str, out=None):
+    def __init__(self, plans: list[ContainerPlan], network: str, run_id: str,
+                 restarts: Restarts | None = None, out=None):
         self.plans, self.network, self.run_id = plans, network, run_id
+        self.restarts = restarts or Restarts()
         self.out = out or sys.stdout
         self.lock = threading.Lock()
-        self.results: dict[str, int] = {}
+        self.ended: queue.Queue[tuple[ContainerPlan, int]] = queue.Queue()
         self.summary: dict | None = None
-        self.done = threading.Event()
-        self.failed: ContainerPlan | None = None
 
     def _print(self, line: str) -> None:
         with self.lock:
@@ -698,7 +752,7 @@ class DockerRun:
 
     def _attach(self, plan: ContainerPlan) -> None:
         """`docker start --attach`: stream the output with the node prefix; its exit code is the
-        container's."""
+        container's. Reports (plan, exit code) when the container ends."""
         prefix = f"[node {plan.pod.index}] "
         proc = subprocess.Popen([docker_binary(), "start", "--attach", plan.container_name],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -712,33 +766,17 @@ class DockerRun:
                 except json.JSONDecodeError:
                     pass
             self._print(prefix + line if line.endswith("\n") else prefix + line + "\n")
-        rc = proc.wait()
-        with self.lock:
-            self.results[plan.container_name] = rc
-            if rc != 0 and self.failed is None:
-                self.failed = plan
-            if rc != 0 or len(self.results) == len(self.plans):
-                self.done.set()
+        self.ended.put((plan, proc.wait()))
+
+    def _start(self, plan: ContainerPlan) -> None:
+        threading.Thread(target=self._attach, args=(plan,), daemon=True).start()
 
     def run(self) -> int:
         docker("network", "create", "--label", f"{RUN_LABEL}={self.run_id}", self.network)
         try:
             for plan in self.plans:
                 docker("create", *plan.create_args, plan.image, *plan.argv)
-            threads = [threading.Thread(target=self._attach, args=(p,), daemon=True)
-                       for p in self.plans]
-            for t in threads:
-                t.start()
-            self.done.wait()
-            if self.failed is not None:
-                self._print(f"ddpkit: pod {self.failed.pod.name} failed with exit code "
-                            f"{self.results[self.failed.container_name]}; stopping the others\n")
-                self._stop()
-            for t in threads:
-                t.join(timeout=60)
-            if self.failed is not None:
-                return self.results[self.failed.container_name]
-            return 0
+            return self._supervise()
         finally:
             # a second Ctrl-C must not leave containers behind: finish the clean-up first
             previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -748,6 +786,40 @@ class DockerRun:
             finally:
                 for s, handler in previous.items():
                     signal.signal(s, handler)
+
+    def _supervise(self) -> int:
+        """Wait for every pod; restart failed ones as the workload's controller would; return 0
+        when all succeeded, else the exit code of the pod that failed the job."""
+        policy, used = self.restarts, 0
+        running = {p.container_name for p in self.plans}
+        for plan in self.plans:
+            self._start(plan)
+        while running:
+            plan, rc = self.ended.get()
+            running.discard(plan.container_name)
+            if rc == 0:
+                continue
+            if policy.allows(rc, used):
+                used += 1
+                what = "restarting it" if policy.scope == "pod" else "restarting every pod"
+                self._print(f"ddpkit: pod {plan.pod.name} exited with {rc}; {what} "
+                            f"({used}/{policy.limit}, {policy.source})\n")
+                if policy.scope == "gang":
+                    self._stop()
+                    for _ in range(len(running)):
+                        self.ended.get()
+                    running = {p.container_name for p in self.plans}
+                    for p in self.plans:
+                        self._start(p)
+                else:
+                    running.add(plan.container_name)
+                    self._start(plan)
+                continue
+            left = f" after {used} restart(s)" if used else ""
+            self._print(f"ddpkit: pod {plan.pod.name} failed with exit code {rc}{left}; "
+                        "the job failed; stopping the others\n")
+            return rc
+        return 0
 
     def _stop(self) -> None:
         """SIGTERM, then SIGKILL after each pod's grace period (`docker stop`), all at once."""
@@ -791,7 +863,7 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
                             f"build it with `ddpkit image build --tag {image}`")
     print(f"ddpkit: running {job.name} ({source}) as {len(plans)} {flavor} pod(s) in Docker "
           f"(network {network}; volumes in {run_dir})", file=sys.stderr, flush=True)
-    runner = DockerRun(plans, network, run_id)
+    runner = DockerRun(plans, network, run_id, restart_policy(objects))
 
     def on_term(signum, frame):
         raise _Stop()
