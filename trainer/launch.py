@@ -409,6 +409,10 @@ def main() -> int:
         return EXIT_BAD_CONFIG
     for note in plan.notes:
         log(note)
+    # Until torchrun or the trainer owns the signals: a stop while waiting is a clean, retryable
+    # exit (and a Python PID 1 would otherwise ignore SIGTERM).
+    for name in ("SIGTERM", "SIGUSR2"):
+        signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(EXIT_STOPPED))
     log(f"context {plan.context}, node rank {plan.node_rank}, mode {plan.mode}: {' '.join(plan.argv[1:])}")
     if plan.wait_for:
         try:
