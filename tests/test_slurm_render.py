@@ -312,3 +312,13 @@ def test_a_signal_during_setup_is_not_lost(tmp_path):
     assert "not starting it" in out and not (tmp_path / "srun.args").exists()
     assert (tmp_path / "scontrol.calls").read_text() == "requeue 4242\n", out
     assert rc != 0 and "requeueing (restart 1 of 1)" in out
+
+
+def test_settings_without_meaning_on_slurm_are_named_in_the_header():
+    job = job_from(BASE + "volumes: [{name: data, claim: imagenet, mount: /data}]\n",
+                   "slurm.container=pyxis", "slurm.venv=/opt/venv")
+    header = [line for line in render_slurm(job).splitlines() if line.startswith("# Not used")]
+    assert header == [
+        "# Not used on Slurm: volume data (claim): mount it on the cluster's shared filesystem at /data",
+        "# Not used on Slurm: slurm.venv /opt/venv (the container's environment is used)",
+    ]

@@ -184,6 +184,8 @@ def _ignored(job: JobSpec) -> list[str]:
                        f"mounted at {volume.mount}")
     if job.slurm.container == "none":
         out.append(f"image {job.image} (slurm.container is none)")
+    elif job.slurm.venv:
+        out.append(f"slurm.venv {job.slurm.venv} (the container's environment is used)")
     return out
 
 
