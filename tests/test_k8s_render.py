@@ -362,9 +362,9 @@ def test_every_pod_of_every_flavor_gets_a_consistent_launch_plan(flavor):
         assert plan.wait_for == (None if plan.node_rank == 0 else (host, port))
 
 
-@pytest.mark.xfail(strict=True, reason="trainer.launch has no context for an elastic PyTorchJob "
-                   "(the v1 operator sets only PET_RDZV_ENDPOINT/PET_NNODES=min:max there, no rank "
-                   "or master); remove this mark when it does")
 def test_elastic_pytorchjob_pods_get_a_launch_plan():
     plans = launch_plans(objects(job(nodes="2:3", procs_per_node=2), "pytorchjob"))
     assert len(plans) == 3
+    for plan in plans:
+        assert plan.context == "kubeflow-elastic"
+        assert plan.argv[plan.argv.index("--nnodes") + 1] == "2:3"

@@ -28,9 +28,10 @@ WORKER = [PY, "-m", "trainer.train"]
 
 
 def torchrun(nnodes, nproc, endpoint, run_id, is_host, restarts="0"):
+    conf = "join_timeout=600" if is_host is None else f"is_host={is_host},join_timeout=600"
     return [PY, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", nproc,
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
-            "--rdzv-conf", f"is_host={is_host},join_timeout=600", "--max-restarts", restarts,
+            "--rdzv-conf", conf, "--max-restarts", restarts,
             "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", *WORKER[1:]]
 
 
@@ -53,6 +54,18 @@ CASES = [
       "PET_MASTER_PORT": "23456", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "job-master-0",
       "MASTER_PORT": "23456", "DDPKIT_RUN_ID": "job"},
      torchrun("2", "1", "job-master-0:23456", "job", "true"), {}, ["RANK"], None),
+    ("kubeflow-elastic",  # v1 with elasticPolicy: no rank, no master; the endpoint's pod hosts
+     {"PET_RDZV_ENDPOINT": "ej-worker-0:23456", "PET_RDZV_BACKEND": "c10d", "PET_NNODES": "2:3",
+      "PET_NPROC_PER_NODE": "2", "PET_MAX_RESTARTS": "3", "HOSTNAME": "ej-worker-0"},
+     torchrun("2:3", "2", "ej-worker-0:23456", "fallback-name", "true", "3"), {}, ["PET_RDZV_ENDPOINT"], None),
+    ("kubeflow-elastic",  # ... and every other pod waits for it
+     {"PET_RDZV_ENDPOINT": "ej-worker-0:23456", "PET_NNODES": "2:3", "PET_NPROC_PER_NODE": "2",
+      "HOSTNAME": "ej-worker-2", "DDPKIT_RUN_ID": "ej"},
+     torchrun("2:3", "2", "ej-worker-0:23456", "ej", "false"), {}, [], ("ej-worker-0", 23456)),
+    ("kubeflow-elastic",  # no HOSTNAME: torch's own hostname match decides who hosts
+     {"PET_RDZV_ENDPOINT": "ej-worker-0:23456", "PET_NNODES": "2:3", "PET_NPROC_PER_NODE": "2",
+      "DDPKIT_RUN_ID": "ej"},
+     torchrun("2:3", "2", "ej-worker-0:23456", "ej", None), {}, [], None),
     ("kubeflow-trainjob",  # v2: PET_* only (and the JobSet index, which must not win)
      {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "4", "PET_NODE_RANK": "1", "JOB_COMPLETION_INDEX": "0",
       "PET_MASTER_ADDR": "tj-node-0-0.tj", "PET_MASTER_PORT": "29500", "DDPKIT_RUN_ID": "tj"},

@@ -81,6 +81,28 @@ def slurm_tasks_per_node(env: Env) -> str | None:
     return tpn.split("(")[0].split(",")[0] if tpn else None
 
 
+def rdzv_endpoint(part: int) -> Callable[[Env], str | None]:
+    """Host (0) or port (1) of `PET_RDZV_ENDPOINT` ("host:port")."""
+
+    def get(env: Env) -> str | None:
+        host, sep, port = (env.get("PET_RDZV_ENDPOINT") or "").rpartition(":")
+        return (host.strip("[]"), port)[part] if sep and host and port else None
+
+    return get
+
+
+def hosts_endpoint(env: Env) -> str | None:
+    """Node rank for contexts that give none: "0" when `HOSTNAME` is the endpoint's host.
+
+    Kubernetes sets HOSTNAME to the pod's hostname, so the pod the endpoint names hosts the
+    store. Any other pod gets no rank (c10d assigns ranks; it only has to join).
+    """
+    host, me = rdzv_endpoint(0)(env), env.get("HOSTNAME")
+    if not host or not me:
+        return None
+    return "0" if host == me or host.split(".")[0] == me else "-1"
+
+
 def skypilot_first_ip(env: Env) -> str | None:
     ips = (env.get("SKYPILOT_NODE_IPS") or "").split()
     return ips[0] if ips else None
@@ -138,6 +160,18 @@ CONTEXTS: tuple[Context, ...] = (
         nproc=(*NPROC, "PET_NPROC_PER_NODE"),
         master_addr=("PET_MASTER_ADDR", "MASTER_ADDR"),
         master_port=("PET_MASTER_PORT", "MASTER_PORT"),
+    ),
+    # Kubeflow v1 PyTorchJob with an elasticPolicy: only PET_RDZV_ENDPOINT (`<job>-worker-0`),
+    # PET_NNODES=min:max and PET_NPROC_PER_NODE; no rank, no master. The pod the endpoint names
+    # hosts the store; the others wait for it.
+    Context(
+        "kubeflow-elastic",
+        lambda e: bool(e.get("PET_RDZV_ENDPOINT")) and not e.get("PET_NODE_RANK") and not e.get("RANK"),
+        node_rank=(hosts_endpoint,),
+        nnodes=("DDPKIT_NNODES", "PET_NNODES"),
+        nproc=(*NPROC, "PET_NPROC_PER_NODE"),
+        master_addr=(rdzv_endpoint(0),),
+        master_port=(rdzv_endpoint(1),),
     ),
     # Kubeflow Trainer v2 TrainJob: PET_* only (torchrun is mandatory there).
     Context(
@@ -199,7 +233,7 @@ class NodePlan:
     mode: str
     argv: list[str]
     env: dict[str, str]
-    node_rank: int = 0
+    node_rank: int | None = 0  # None: not known on this node (elastic: c10d assigns ranks)
     wait_for: tuple[str, int] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -266,7 +300,11 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
     port = _int(_need(_resolve(env, ctx.master_port, "master port", notes), "master port", ctx, ctx.master_port), "master port")
     if not 0 < port < 65536:
         raise LaunchError(f"master port {port} is not in 1..65535")
-    node_rank = _int(_need(_resolve(env, ctx.node_rank, "node rank", notes), "node rank", ctx, ctx.node_rank), "node rank")
+    rank_text = _resolve(env, ctx.node_rank, "node rank", notes)
+    if ctx.name == "kubeflow-elastic":
+        node_rank = None if rank_text in (None, "-1") else 0
+    else:
+        node_rank = _int(_need(rank_text, "node rank", ctx, ctx.node_rank), "node rank")
 
     if ctx.mode == "srun":
         sources = {
@@ -294,9 +332,22 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
             "uses one process on some images); set DDPKIT_NPROC_PER_NODE"
         )
     max_nodes = int(nnodes.split(":")[-1])
-    if not 0 <= node_rank < max_nodes:
+    if node_rank is not None and not 0 <= node_rank < max_nodes:
         raise LaunchError(f"{ctx.name}: node rank {node_rank} is not below nnodes {nnodes}")
-    restarts = _int(env.get("DDPKIT_MAX_RESTARTS") or "0", "DDPKIT_MAX_RESTARTS")
+    restarts = _int(
+        _resolve(env, ("DDPKIT_MAX_RESTARTS", "PET_MAX_RESTARTS", const("0")), "max restarts", notes) or "0",
+        "max restarts",
+    )
+    # Node 0 hosts the store whatever its hostname resolves to (no guessing by name); where
+    # the rank is unknown and HOSTNAME too, torch's own hostname match decides.
+    is_host = None
+    if node_rank is not None:
+        is_host = node_rank == 0
+    elif ctx.name == "kubeflow-elastic" and env.get("HOSTNAME"):
+        is_host = False
+    conf = f"join_timeout={timeout_s}"
+    if is_host is not None:
+        conf = f"is_host={'true' if is_host else 'false'},{conf}"
     argv = [
         python, "-m", "torch.distributed.run",
         "--nnodes", nnodes,
@@ -304,15 +355,14 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", _endpoint(addr, port),
         "--rdzv-id", run_id,
-        # Node 0 hosts the store whatever its hostname resolves to (no guessing by name).
-        "--rdzv-conf", f"is_host={'true' if node_rank == 0 else 'false'},join_timeout={timeout_s}",
+        "--rdzv-conf", conf,
         "--max-restarts", str(restarts),
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
         *TRAINER,
     ]  # fmt: skip
     return NodePlan(
         ctx.name, "torchrun", argv, out, node_rank=node_rank,
-        wait_for=(addr, port) if node_rank != 0 else None, notes=notes,
+        wait_for=(addr, port) if is_host is False else None, notes=notes,
     )
 
 
