@@ -34,7 +34,9 @@ def envs(objects, host_env=None):
 
 def plan(objects, tmp_path: Path, host_env=None):
     pods = dk.controller_pods(objects)
-    return dk.plan_containers(pods, objects, tmp_path, "t0", "net0", host_env or {}, {})
+    plans = dk.plan_containers(pods, objects, tmp_path, "t0", "net0", host_env or {}, {})
+    dk.prepare_mounts(plans)
+    return plans
 
 
 def opt(args: list[str], flag: str) -> list[str]:
@@ -163,6 +165,15 @@ def test_missing_configmap_fails_like_a_pod_stuck_in_container_creating(tmp_path
     objects = [o for o in objects_for(flavor="job") if o["kind"] != "ConfigMap"]
     with pytest.raises(UserError, match="ConfigMap 'quickstart-2node-job' is not in the manifest"):
         plan(objects, tmp_path)
+
+
+def test_planning_writes_nothing_before_every_check_passed(tmp_path):
+    objects = objects_for(flavor="job")
+    pods = dk.controller_pods(objects)
+    plans = dk.plan_containers(pods, objects, tmp_path / "run", "t0", "net0", {}, {})
+    assert not (tmp_path / "run").exists()
+    dk.prepare_mounts(plans)
+    assert (tmp_path / "run" / "configmaps" / "quickstart-2node-job" / "job.yaml").is_file()
 
 
 def test_claims_are_shared_and_empty_dirs_are_per_pod(tmp_path):

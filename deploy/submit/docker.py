@@ -490,6 +490,7 @@ class Mount:
     target: str
     read_only: bool = False
     size: int | None = None  # tmpfs bytes
+    files: dict[str, tuple[str, int]] | None = None  # ConfigMap: relative path -> (text, mode)
 
 
 def _safe_name(text: str) -> str:
@@ -524,8 +525,10 @@ def pod_mounts(pod: Pod, container: dict, objects: list[dict], run_dir: Path) ->
                 continue
             source = run_dir / "pods" / pod.name / _safe_name(vm["name"])
         elif "configMap" in vol:
-            source = _configmap_dir(vol["configMap"], pod, objects, run_dir)
-            read_only = True  # ConfigMap volumes are always read-only
+            files = _configmap_files(vol["configMap"], pod, objects)
+            source = run_dir / "configmaps" / _safe_name(vol["configMap"]["name"])
+            mounts.append(Mount(source, target, True, files=files))  # always read-only
+            continue
         elif "persistentVolumeClaim" in vol:
             claim = vol["persistentVolumeClaim"]
             source = run_dir / "volumes" / f"claim-{_safe_name(claim['claimName'])}"
@@ -543,36 +546,42 @@ def pod_mounts(pod: Pod, container: dict, objects: list[dict], run_dir: Path) ->
                             "hostPath and nfs are)")
         if vm.get("subPath"):
             source = source / vm["subPath"]
-        _make_writable_dir(source)
         mounts.append(Mount(source, target, read_only))
     return mounts, shm_size
 
 
-def _make_writable_dir(path: Path) -> None:
-    """A directory every container user can write (the image runs as uid 1000, not root)."""
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o777)
-
-
-def _configmap_dir(ref: dict, pod: Pod, objects: list[dict], run_dir: Path) -> Path:
+def _configmap_files(ref: dict, pod: Pod, objects: list[dict]) -> dict[str, tuple[str, int]]:
     data = _configmap_data(objects, ref["name"], pod.namespace)
     if data is None:
         raise UserError(f"pod {pod.name}: ConfigMap {ref['name']!r} is not in the manifest; the "
                         "pod would stay in ContainerCreating on a cluster")
-    target = run_dir / "configmaps" / _safe_name(ref["name"])
-    if target.exists():
-        shutil.rmtree(target)
-    target.mkdir(parents=True)
-    items = ref.get("items") or [{"key": k, "path": k} for k in data]
-    for item in items:
+    files = {}
+    for item in ref.get("items") or [{"key": k, "path": k} for k in data]:
         if item["key"] not in data:
             raise UserError(f"pod {pod.name}: ConfigMap {ref['name']!r} has no key {item['key']!r}")
-        path = target / item["path"]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(data[item["key"]], encoding="utf-8")
-        path.chmod(item.get("mode", ref.get("defaultMode", 0o644)))
-    target.chmod(0o755)
-    return target
+        files[item["path"]] = (data[item["key"]], item.get("mode", ref.get("defaultMode", 0o644)))
+    return files
+
+
+def prepare_mounts(plans: list[ContainerPlan]) -> None:
+    """Create the local side of every mount, once all checks passed: ConfigMap files (written
+    anew), and directories every container user can write (the image runs as uid 1000)."""
+    for plan in plans:
+        for m in plan.mounts:
+            if m.source is None:
+                continue
+            if m.files is not None:
+                if m.source.exists():
+                    shutil.rmtree(m.source)
+                for rel, (text, mode) in m.files.items():
+                    path = m.source / rel
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text, encoding="utf-8")
+                    path.chmod(mode)
+                m.source.chmod(0o755)
+            else:
+                m.source.mkdir(parents=True, exist_ok=True)
+                m.source.chmod(0o777)
 
 
 def unserved_names(pods: list[Pod]) -> dict[str, str]:
@@ -611,13 +620,15 @@ class ContainerPlan:
     pod: Pod
     container_name: str      # docker's name
     image: str
-    create_args: list[str]   # `docker create` arguments after the image-independent ones
+    create_args: list[str]   # `docker create` arguments (before the image)
     argv: list[str]          # entrypoint override + args (k8s command/args)
+    mounts: list[Mount] = field(default_factory=list)
 
 
 def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id: str,
                     network: str, host_env: dict[str, str], extra_env: dict[str, str]) -> list[ContainerPlan]:
-    """`docker create` arguments for each pod's (single) container."""
+    """`docker create` arguments for each pod's (single) container. Checks everything and
+    writes nothing (`prepare_mounts` does, once the run is sure to start)."""
     plans, envs, argvs = [], {}, {}
     for pod in pods:
         containers = pod.spec.get("containers") or []
@@ -668,8 +679,8 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
             create += ["--workdir", container["workingDir"]]
         if command:
             create += ["--entrypoint", command[0]]
-        plans.append(ContainerPlan(pod, cname, container["image"], create,
-                                   command[1:] + args if command else args))
+        argv = command[1:] + args if command else args
+        plans.append(ContainerPlan(pod, cname, container["image"], create, argv, mounts))
     check_names(pods, envs, argvs)
     return plans
 
@@ -848,9 +859,6 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
     pods = controller_pods(objects)
     require_daemon()
     run_dir = Path(run_dir or default_run_dir(job, flavor))
-    if (run_dir / "pods").exists():
-        shutil.rmtree(run_dir / "pods")  # emptyDirs live as long as their pod
-    run_dir.mkdir(parents=True, exist_ok=True)
     run_id = secrets.token_hex(3)
     network = f"ddpkit-{job.name}-{run_id}"
     t0 = time.time()
@@ -861,6 +869,9 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
         if not image_exists(image):
             raise UserError(f"image {image}: not on this Docker daemon and --docker never pulls; "
                             f"build it with `ddpkit image build --tag {image}`")
+    if (run_dir / "pods").exists():
+        shutil.rmtree(run_dir / "pods")  # emptyDirs live as long as their pod
+    prepare_mounts(plans)
     print(f"ddpkit: running {job.name} ({source}) as {len(plans)} {flavor} pod(s) in Docker "
           f"(network {network}; volumes in {run_dir})", file=sys.stderr, flush=True)
     runner = DockerRun(plans, network, run_id, restart_policy(objects))
