@@ -87,3 +87,18 @@ def test_missing_docker_is_one_clear_line(tmp_path):
         assert result.stderr.strip().splitlines() == [
             f"error: docker client {str(tmp_path / 'no-docker')!r} not found"]
         assert "Traceback" not in result.stderr
+
+
+def test_testbed_down_never_kills_a_stale_pid(tmp_path, monkeypatch):
+    from deploy.testbed import docker as testbed
+
+    monkeypatch.setenv("DDPKIT_DOCKER_TESTBED_DIR", str(tmp_path))
+    bystander = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "dockerd.pid").write_text(f"{bystander.pid}\n")
+        testbed.down()
+        assert bystander.poll() is None  # not a dockerd: left alone
+        assert not (tmp_path / "dockerd.pid").exists()
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -117,6 +117,9 @@ def down() -> None:
     except (OSError, ValueError):
         print("testbed: no dockerd started by `testbed docker up`; nothing to stop", file=sys.stderr)
         return
+    if not _is_dockerd(pid):  # a stale file from an earlier boot: the PID may be anyone's now
+        _pid_file().unlink(missing_ok=True)
+        return
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -127,6 +130,14 @@ def down() -> None:
     if _alive(pid):
         os.kill(pid, signal.SIGKILL)
     _pid_file().unlink(missing_ok=True)
+
+
+def _is_dockerd(pid: int) -> bool:
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return False
+    return Path(argv0.decode(errors="replace")).name == "dockerd"
 
 
 def _alive(pid: int) -> bool:
