@@ -368,6 +368,8 @@ def core_validate(obj: dict, k8s_version: str | None = None) -> list[tuple[str, 
             "checking core kinds needs kubernetes-validate: pip install 'ddpkit[k8s]'"
         ) from None
     version = k8s_version or kv_utils.latest_version()
+    if not re.fullmatch(r"v?\d+\.\d+(\.\d+)?", version):
+        raise LintInputError(f"--k8s-version {version}: expected a version such as 1.30")
     try:
         kubernetes_validate.validate(obj, version, strict=True)
     except kubernetes_validate.ValidationError as exc:
@@ -378,6 +380,8 @@ def core_validate(obj: dict, k8s_version: str | None = None) -> list[tuple[str, 
     except kubernetes_validate.SchemaNotFoundError:
         return [("", f"no schema for {obj.get('kind')} {obj.get('apiVersion')} in "
                      f"kubernetes-validate (Kubernetes {version})")]
+    except (kv_utils.InvalidSchemaError, *_MALFORMED) as exc:  # kubernetes-validate on odd input
+        return [("", f"could not be checked against the core schema: {exc}")]
     except kv_utils.VersionNotSupportedError:
         raise LintInputError(
             f"--k8s-version {version}: not supported by the installed kubernetes-validate "
@@ -712,12 +716,12 @@ _OBJECT_META_FIELDS = {
 def lint_object(obj: Any, crds: CRDIndex | None, *, source: str = "-", index: int = 0,
                 k8s_version: str | None = None) -> list[Problem]:
     """Every problem with one object: schema (CRD or core), pod templates, ddpkit rules."""
-    if not isinstance(obj, dict) or "kind" not in obj or "apiVersion" not in obj:
+    if (not isinstance(obj, dict) or not isinstance(obj.get("kind"), str)
+            or not isinstance(obj.get("apiVersion"), str)):
         return [Problem(source, f"document {index + 1}", "", "not a Kubernetes object "
-                        "(needs apiVersion and kind)")]
-    kind, api_version = str(obj["kind"]), str(obj["apiVersion"])
-    name = (obj.get("metadata") or {}).get("name", "?") if isinstance(obj.get("metadata"), dict) else "?"
-    label = f"{kind}/{name}"
+                        "(needs apiVersion and kind, both strings)")]
+    kind, api_version = obj["kind"], obj["apiVersion"]
+    label = _object_label(obj)
     problems: list[Problem] = []
 
     def add(found: Iterable[tuple[str, str]], prefix: str = "", rule: str = "schema") -> None:
@@ -742,9 +746,24 @@ def lint_object(obj: Any, crds: CRDIndex | None, *, source: str = "-", index: in
                 found = core_validate(as_pod_template(template), k8s_version)
                 add((_join(path, p.removeprefix("template.")) if p != "template" else path,
                      f"{m} (as a PodTemplate)") for p, m in found)
-    for rule, path, message in check_rules(obj):
+    try:
+        found_rules = check_rules(obj)
+    except _MALFORMED:
+        # The rules read a structure the schema layer already rejected: its problems say why.
+        found_rules = [] if problems else [("schema", "", "malformed object (a field has the "
+                                                         "wrong type); check it against its schema")]
+    for rule, path, message in found_rules:
         problems.append(Problem(source, label, path, message, rule))
     return problems
+
+
+def _object_label(obj: dict) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name", "?") if isinstance(meta, dict) else "?"
+    return f"{obj.get('kind')}/{name}"
+
+
+_MALFORMED = (AttributeError, TypeError, KeyError, ValueError, IndexError)
 
 
 def lint_text(text: str, crds: CRDIndex | None, *, source: str = "-",
@@ -753,9 +772,12 @@ def lint_text(text: str, crds: CRDIndex | None, *, source: str = "-",
     docs = _load_documents(Path(source), text)
     for i, doc in enumerate(docs):
         problems += lint_object(doc, crds, source=source, index=i, k8s_version=k8s_version)
-    for i, rule, path, message in check_file_rules(docs):
-        name = (docs[i].get("metadata") or {}).get("name", "?")
-        problems.append(Problem(source, f"{docs[i]['kind']}/{name}", path, message, rule))
+    try:
+        across = check_file_rules(docs)
+    except _MALFORMED:
+        across = []  # a malformed object: lint_object reported it
+    for i, rule, path, message in across:
+        problems.append(Problem(source, _object_label(docs[i]), path, message, rule))
     return problems
 
 

@@ -305,3 +305,35 @@ def test_cli_lint_checks_core_kinds_against_a_chosen_kubernetes_version(tmp_path
     assert run_lint(str(cm), "--k8s-version", "1.30").returncode == 0
     bad = run_lint(str(cm), "--k8s-version", "9.99")
     assert bad.returncode == 2 and "--k8s-version 9.99: not supported" in bad.stderr
+
+
+def test_lint_never_crashes_on_malformed_objects(crds):
+    """Replace random subtrees of rendered objects with values of the wrong type: lint reports
+    problems, one line each, and never raises (a traceback would be a bug of ours)."""
+    import random
+
+    from deploy.render import k8s
+    from deploy.spec import parse_job
+
+    spec = parse_job({"name": "d", "image": "i:1", "nodes": 2, "gpus_per_node": 2})
+    base = [o for flavor in k8s.FLAVORS for o in k8s.render_objects(spec, flavor=flavor)]
+
+    def paths(value, prefix=()):
+        yield prefix
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in items:
+            yield from paths(child, (*prefix, key))
+
+    rnd = random.Random(1234)
+    reported = 0
+    for _ in range(120):
+        obj = copy.deepcopy(rnd.choice(base))
+        path = rnd.choice([p for p in paths(obj) if p])
+        node = obj
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = rnd.choice([None, 7, "x", [], {}, [1], {"a": 1}, True, 1.5])
+        found = lint.lint_text(yaml.safe_dump(obj), crds, source="m.yaml")
+        assert all(isinstance(p, lint.Problem) and "\n" not in str(p) for p in found)
+        reported += bool(found)
+    assert reported > 80, reported  # most wrong-type values are caught
