@@ -33,9 +33,16 @@ class FakeCluster:
         key = (kind, meta["namespace"], meta["name"])
         if key in self.objects:
             raise sub.ApiError(409, "AlreadyExists", f"{kind} {meta['name']} already exists")
+        answer = {**obj, "metadata": {**meta, "uid": f"uid-{kind}-{meta['name']}"}}
         if not dry_run:
-            self.objects[key] = obj
-        return obj
+            self.objects[key] = answer
+        return answer
+
+    def patch(self, kind, namespace, name, body):
+        self.calls.append(("patch", kind, name, body))
+        self._maybe_fail("patch", kind)
+        obj = self.objects[(kind, namespace, name)]
+        obj["metadata"].update(body["metadata"])
 
     def get(self, kind, namespace, name):
         self.calls.append(("get", kind, name))
@@ -69,8 +76,8 @@ def test_submit_creates_every_object_in_order_and_prints_the_handle():
     cluster = FakeCluster()
     handle = sub.submit(job(), flavor="job", cluster=cluster)
     assert handle == "k8s://ml/job/demo"
-    assert [c[1:3] for c in cluster.calls] == [("ConfigMap", "demo-job"), ("Service", "demo"),
-                                               ("Job", "demo")]
+    assert [c[1:3] for c in cluster.calls if c[0] == "create"] == [
+        ("ConfigMap", "demo-job"), ("Service", "demo"), ("Job", "demo")]
     assert set(cluster.objects) == {("ConfigMap", "ml", "demo-job"), ("Service", "ml", "demo"),
                                     ("Job", "ml", "demo")}
 
@@ -288,6 +295,7 @@ class _ApiStandIn:
                 path, query, body = self._record()
                 if "/apis/kubeflow.org/" in path:
                     return self._reply(404, "404 page not found", "text/plain")
+                body["metadata"]["uid"] = f"uid-{body['metadata']['name']}"
                 if query.get("dryRun") != "All":
                     stand_in.store[f"{path}/{body['metadata']['name']}"] = body
                 self._reply(201, body)
@@ -306,6 +314,11 @@ class _ApiStandIn:
                     return self._reply(200, obj)
                 self._reply(404, {"kind": "Status", "status": "Failure", "reason": "NotFound",
                                   "message": "not found", "code": 404})
+
+            def do_PATCH(self):
+                path, _, body = self._record()
+                stand_in.store[path].setdefault("metadata", {}).update(body["metadata"])
+                self._reply(200, stand_in.store[path])
 
             def do_DELETE(self):
                 path, _, _ = self._record()
@@ -374,3 +387,34 @@ def test_cli_without_credentials_is_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr == ("error: no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
                              "or run inside a cluster\n")
+
+
+def test_submit_makes_the_workload_own_its_configmap_and_service():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="job", cluster=cluster)
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "demo", "uid": "uid-Job-demo"}
+    for kind, name in (("ConfigMap", "demo-job"), ("Service", "demo")):
+        assert cluster.objects[(kind, "ml", name)]["metadata"]["ownerReferences"] == [owner]
+
+
+def test_dry_run_patches_nothing():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="jobset", dry_run=True, cluster=cluster)
+    assert [c[0] for c in cluster.calls] == ["create", "create"]
+
+
+def test_cancel_after_the_workload_is_gone_still_removes_its_configmap():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    del cluster.objects[("PyTorchJob", "ml", "demo")]  # ttlSecondsAfterFinished, say
+    sub.cancel("k8s://ml/pytorchjob/demo", cluster=cluster)
+    assert cluster.objects == {}
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)  # the name is free again
+
+
+def test_real_client_patches_owner_references(api):
+    sub.submit(job(), flavor="job", cluster=sub.KubeCluster())
+    patches = [(p, b) for m, p, _, b in api.requests if m == "PATCH"]
+    assert [p for p, _ in patches] == ["/api/v1/namespaces/ml/configmaps/demo-job",
+                                       "/api/v1/namespaces/ml/services/demo"]
+    assert patches[0][1]["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"

@@ -87,6 +87,7 @@ class Cluster(Protocol):
     def create(self, obj: dict, *, dry_run: bool) -> dict: ...
     def get(self, kind: str, namespace: str, name: str) -> dict: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
+    def patch(self, kind: str, namespace: str, name: str, body: dict) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]: ...
 
@@ -170,6 +171,12 @@ class KubeCluster:
             self._call(self.custom.delete_namespaced_custom_object, group, version, namespace,
                        plural, name, **policy)
 
+    def patch(self, kind: str, namespace: str, name: str, body: dict) -> None:
+        """A strategic-merge patch of a ConfigMap or Service (what submit needs)."""
+        fn = {"ConfigMap": self.core.patch_namespaced_config_map,
+              "Service": self.core.patch_namespaced_service}[kind]
+        self._call(fn, name, namespace, body, _preload_content=False)
+
     def pods(self, namespace: str, selector: str) -> list[dict]:
         found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return self._dict(found).get("items", [])
@@ -243,25 +250,42 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
     """Create every rendered object (server-side dry run when asked); return the handle.
 
     Objects are created in render order (ConfigMap, Service, workload). If one fails, the ones
-    created by this call are deleted again: nothing half-submitted stays behind.
+    created by this call are deleted again: nothing half-submitted stays behind. Then the
+    ConfigMap and Service get the workload as their owner, so Kubernetes deletes them with it
+    (on cancel, or after ttlSecondsAfterFinished) and the same job can be submitted again.
     """
     from deploy.render.k8s import parse_objects, render_k8s
 
     flavor = flavor or job.k8s.flavor
     objects = parse_objects(render_k8s(job, flavor=flavor, source=source))
     cluster = _cluster(cluster)
-    created: list[dict] = []
+    created: list[tuple[dict, dict]] = []
     for obj in objects:
         meta = obj["metadata"]
         try:
-            cluster.create(obj, dry_run=dry_run)
+            answer = cluster.create(obj, dry_run=dry_run)
         except ApiError as err:
-            _roll_back(cluster, created)
+            _roll_back(cluster, [o for o, _ in created])
             raise RuntimeFailure(explain(err, obj["kind"], meta["namespace"], meta["name"], "create")) from None
         if not dry_run:
-            created.append(obj)
+            created.append((obj, answer))
     handle = Handle(job.k8s.namespace, flavor, job.name)
-    return f"{handle} (dry run: the server accepted every object)" if dry_run else str(handle)
+    if dry_run:
+        return f"{handle} (dry run: the server accepted every object)"
+    workload, answer = created[-1]
+    uid = (answer.get("metadata") or {}).get("uid")
+    if uid:
+        # no blockOwnerDeletion: setting it needs rights on the owner's finalizers, which
+        # many users lack; garbage collection deletes the dependents either way
+        owner = {"apiVersion": workload["apiVersion"], "kind": workload["kind"],
+                 "name": workload["metadata"]["name"], "uid": uid}
+        for obj, _ in created[:-1]:
+            try:
+                cluster.patch(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"],
+                              {"metadata": {"ownerReferences": [owner]}})
+            except ApiError:
+                pass  # the job runs either way; `ddpkit cancel` deletes it explicitly
+    return str(handle)
 
 
 def _roll_back(cluster: Cluster, created: list[dict]) -> None:
@@ -331,20 +355,27 @@ def status_from(kind: str, obj: dict) -> str:
 
 
 def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
-    """Delete the workload (foreground: its pods go first), then its ConfigMap and Service."""
+    """Delete the workload (foreground: its pods go first), then its ConfigMap and Service.
+
+    A workload already gone (cancelled, or removed after ttlSecondsAfterFinished) is not an
+    error while its ConfigMap or Service was still there to delete.
+    """
     h = parse_handle(handle)
     cluster = _cluster(cluster)
-    try:
-        cluster.delete(h.kind, h.namespace, h.name)
-    except ApiError as err:
-        raise RuntimeFailure(explain(err, h.kind, h.namespace, h.name, "delete")) from None
     extras = [("ConfigMap", f"{h.name}-job")] + ([("Service", h.name)] if h.flavor == "job" else [])
-    for kind, name in extras:
+    missing: ApiError | None = None
+    deleted = 0
+    for kind, name in [(h.kind, h.name), *extras]:
         try:
             cluster.delete(kind, h.namespace, name)
+            deleted += 1
         except ApiError as err:
             if err.status != 404:
                 raise RuntimeFailure(explain(err, kind, h.namespace, name, "delete")) from None
+            if kind == h.kind:
+                missing = err
+    if missing is not None and not deleted:
+        raise RuntimeFailure(explain(missing, h.kind, h.namespace, h.name, "delete"))
 
 
 # --------------------------------------------------------------------------------------------
