@@ -42,7 +42,7 @@ def make_cnn() -> nn.Module:
 
 
 def cnn_workload(cfg: TrainConfig) -> Workload:
-    train, held_out = synthetic_images(cfg.data_samples)
+    train, held_out = synthetic_images(cfg.data_samples, held_out=cfg.eval_every_epochs > 0)
     torch.manual_seed(0)
     return Workload(make_cnn(), train, held_out)
 
