@@ -346,6 +346,11 @@ class Trainer:
                 "checkpoint was written by %d ranks, now %d: data order and RNG streams differ "
                 "from an uninterrupted run", state["world_size"], self.world,
             )
+        changed = [k for k in ("model", "model_args", "data", "data_samples", "batch_size", "grad_accum", "seed")
+                   if state.get("train", {}).get(k) != getattr(self.cfg, k)]
+        if changed and self.is_main:
+            log.warning("train.%s changed since the checkpoint was written: the resumed run is "
+                        "not the one that was interrupted", ", train.".join(changed))
         self.resumed_from = self.step
         self.last_saved = self.step
         if self.is_main:
