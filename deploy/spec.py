@@ -29,7 +29,7 @@ from pydantic import (
 
 from deploy import units
 from deploy.errors import UserError
-from deploy.yamlfile import load_yaml, read_text
+from deploy.yamlfile import load_scalar, load_yaml, read_text
 from trainer.config import CheckpointConfig, TrainConfig
 
 # --------------------------------------------------------------------------------------------
@@ -613,7 +613,7 @@ def apply_override(data: dict, assignment: str) -> None:
     if not sep or not key.strip():
         raise UserError(f"--set {assignment}: expected KEY=VALUE, e.g. --set nodes=4")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_scalar(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     parts = key.strip().split(".")

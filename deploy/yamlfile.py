@@ -7,6 +7,7 @@ of nodes). Every failure is a `UserError` with one line that says what to fix.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -17,6 +18,24 @@ MAX_FILE_BYTES = 1 << 20  # a job file is a page of YAML; 1 MiB is generous
 MAX_EXPANDED_NODES = 100_000
 
 Path_ = tuple  # a key path such as ("slurm", "partition") or ("volumes", 0, "mount")
+
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present
+_SEXAGESIMAL = re.compile(r"^[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?$")
+
+
+class JobLoader(_BASE_LOADER):  # type: ignore[misc, valid-type]
+    """Safe loading without YAML 1.1's base-60 numbers: `nodes: 2:4` is the string "2:4"
+    (an elastic range), not the integer 124."""
+
+    yaml_implicit_resolvers = {
+        first: ([("tag:yaml.org,2002:str", _SEXAGESIMAL)] if first in "-+0123456789" else []) + list(rules)
+        for first, rules in _BASE_LOADER.yaml_implicit_resolvers.items()
+    }
+
+
+def load_scalar(text: str) -> object:
+    """One `--set` value, typed as in a job file."""
+    return yaml.load(text, Loader=JobLoader)
 
 
 def read_text(path: str | Path) -> str:
@@ -81,7 +100,7 @@ def _index_lines(node: yaml.Node, path: Path_, lines: dict, dups: list[str]) -> 
 
 def load_yaml(text: str, source: str) -> tuple[object, dict]:
     """Parse one YAML document; return (data, {key path: line})."""
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)(text)  # libyaml when present
+    loader = JobLoader(text)
     try:
         try:
             node = loader.get_single_node()

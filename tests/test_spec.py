@@ -176,3 +176,12 @@ def test_quantities(text, expected):
 def test_slurm_time_rounds_up_to_minutes():
     assert units.slurm_time(90) == "0-00:02:00"
     assert units.slurm_time(86400 + 3600) == "1-01:00:00"
+
+
+def test_unquoted_elastic_range_is_not_a_base_60_number(tmp_path):
+    # YAML 1.1 reads 2:4 as 2*60+4 = 124; a job file means an elastic range
+    path = tmp_path / "job.yaml"
+    path.write_text("name: demo\nimage: ddpkit:0.1\nnodes: 2:4\n")
+    assert (load_job(str(path)).nodes.min, load_job(str(path)).nodes.max) == (2, 4)
+    job = ok({}, ["nodes=2:4"])
+    assert (job.nodes.min, job.nodes.max) == (2, 4)
