@@ -60,13 +60,13 @@ def main() -> int:
         objects = k8s.render_objects(job, flavor=flavor)
         obj = next(o for o in objects if o["kind"] != "ConfigMap" and o["kind"] != "Service")
         schema = crds.lookup(obj["apiVersion"], obj["kind"])
-        t_schema = median_ms(lambda: lint.validate_schema(obj, schema), args.repeats) if schema else 0.0
+        t_schema = median_ms(lambda o=obj, s=schema: lint.validate_schema(o, s), args.repeats) if schema else 0.0
         templates = [t for _, t in lint.pod_templates_in(obj)]
         if obj["kind"] == "Job":  # a core kind: kubernetes-validate checks the whole object
-            t_core = median_ms(lambda: lint.core_validate(obj), args.repeats)
+            t_core = median_ms(lambda o=obj: lint.core_validate(o), args.repeats)
         else:
-            t_core = median_ms(lambda: [lint.core_validate(lint.as_pod_template(t)) for t in templates], args.repeats)
-        t_rules = median_ms(lambda: lint.check_rules(obj), args.repeats)
+            t_core = median_ms(lambda ts=templates: [lint.core_validate(lint.as_pod_template(t)) for t in ts], args.repeats)
+        t_rules = median_ms(lambda o=obj: lint.check_rules(o), args.repeats)
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
             fh.write(k8s.render_k8s(job, flavor=flavor))
         start = time.perf_counter()
