@@ -838,10 +838,26 @@ class DockerRun:
         grace = max(int(p.pod.spec.get("terminationGracePeriodSeconds", 30)) for p in self.plans)
         docker("stop", "--time", str(grace), *names, check=False, timeout=grace + 60)
 
-    def cleanup(self) -> None:
-        names = [p.container_name for p in self.plans]
-        docker("rm", "--force", *names, check=False, timeout=120)
-        docker("network", "rm", self.network, check=False, timeout=60)
+    def cleanup(self, attempts: int = 10) -> None:
+        """Remove this run's containers and network, retrying: a busy daemon sometimes refuses
+        a removal (a container still being torn down); say so if anything is left."""
+        label = f"label={RUN_LABEL}={self.run_id}"
+        error = ""
+        for attempt in range(attempts):
+            left = docker("ps", "--all", "--quiet", "--filter", label, check=False,
+                          timeout=60).stdout.split()
+            if left:
+                error = docker("rm", "--force", *left, check=False, timeout=120).stderr.strip()
+            networks = docker("network", "ls", "--quiet", "--filter", label, check=False,
+                              timeout=60).stdout.split()
+            if networks:
+                error = docker("network", "rm", *networks, check=False, timeout=60).stderr.strip() or error
+            if not left and not networks:
+                return
+            time.sleep(min(0.5 * (attempt + 1), 3))
+        self._print(f"ddpkit: could not remove every container of this run ({error}); remove them "
+                    f"with: docker rm -f $(docker ps -aq --filter {label}) && docker network rm "
+                    f"{self.network}\n")
 
 
 def default_run_dir(job, flavor: str) -> Path:
