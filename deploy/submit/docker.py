@@ -228,8 +228,7 @@ def _indexed_pods(job_name: str, namespace: str, job_spec: dict, *, first_index:
     return pods
 
 
-def _jobset_pods(obj: dict, *, extra_env: list[dict] | None = None,
-                 override=None) -> list[Pod]:
+def _jobset_pods(obj: dict, *, override=None) -> list[Pod]:
     """JobSet (kubernetes-sigs/jobset pkg/controllers/jobset_controller.go): replicated job `r`
     copy `j` is an Indexed Job `<jobset>-<r>-<j>`; with network.enableDNSHostnames (default
     true) every pod's subdomain is network.subdomain or the JobSet name, served by a headless
@@ -252,7 +251,7 @@ def _jobset_pods(obj: dict, *, extra_env: list[dict] | None = None,
                       "jobset.sigs.k8s.io/job-index": str(j),
                       "jobset.sigs.k8s.io/job-global-index": str(global_index)}
             found = _indexed_pods(job_name, namespace, job_spec, first_index=len(pods),
-                                  extra_env=extra_env or [], extra_labels=labels,
+                                  extra_env=[], extra_labels=labels,
                                   subdomain=subdomain)
             if subdomain:
                 for pod in found:
