@@ -22,6 +22,7 @@ from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists
+from deploy.testbed import apt_install
 
 BASE_IMAGE = "ddpkit-base:bookworm"
 SUITE = "bookworm"
@@ -44,21 +45,11 @@ def daemon_up() -> bool:
         return False
 
 
-def _apt_install() -> None:
+def _ensure_packages() -> None:
     missing = [p for p, cmd in (("docker.io", "/usr/bin/docker"), ("debootstrap", "debootstrap"))
                if shutil.which(cmd) is None]
-    if not missing:
-        return
-    if shutil.which("apt-get") is None:
-        raise UserError(f"missing {' '.join(missing)} and no apt-get: install them with your "
-                        "package manager")
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    print(f"testbed: apt-get install {' '.join(missing)}", file=sys.stderr)
-    if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
-        if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
-            raise RuntimeFailure(f"apt-get install {' '.join(missing)} failed (see above)")
+    if missing:
+        apt_install(missing)
 
 
 def start_daemon(timeout: float = 60) -> None:
@@ -102,7 +93,7 @@ def make_base_image(name: str = BASE_IMAGE) -> None:
 def up() -> None:
     if os.geteuid() != 0:
         raise UserError("ddpkit testbed docker needs root (dockerd, debootstrap): use sudo")
-    _apt_install()
+    _ensure_packages()
     if not daemon_up():
         start_daemon()
     if not image_exists(BASE_IMAGE):

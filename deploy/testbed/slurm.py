@@ -11,10 +11,10 @@ import os
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.testbed import apt_install
 
 SCRIPT = Path(__file__).with_name("slurm-testbed.sh")
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
@@ -53,19 +53,7 @@ def ensure_packages() -> None:
     """Install Debian's Slurm and munge packages with apt-get when a command is missing."""
     if not missing_commands():
         return
-    if shutil.which("apt-get") is None:
-        raise UserError(
-            f"missing {', '.join(missing_commands())} and no apt-get: install "
-            f"{' '.join(PACKAGES)} with your package manager"
-        )
-    print(f"testbed: installing {' '.join(PACKAGES)} with apt-get", file=sys.stderr)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
-        # a fresh machine often has no package lists yet
-        subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
-        if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
-            raise RuntimeFailure(f"apt-get install {' '.join(PACKAGES)} failed (see above)")
+    apt_install(PACKAGES)
     if missing_commands():
         raise RuntimeFailure(f"still missing after apt-get: {', '.join(missing_commands())}")
 
