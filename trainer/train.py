@@ -518,10 +518,16 @@ class Trainer:
         sha = params_sha256(self.model)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / f"params-rank{self.rank}.sha256").write_text(sha + "\n")
-        ranks = self.all_gather({"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha})
-        final_loss = None
-        if losses:
-            final_loss = losses[-1]
+        # first/final loss: mean over the first/last k steps of this session on every rank
+        # (k = steps/5, 1..10), so "the loss went down" is not decided by one noisy batch.
+        k = max(1, min(10, len(losses) // 5))
+        ends = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else None
+        gathered = self.all_gather(
+            {"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha, "ends": ends})
+        all_ends = [r.pop("ends") for r in gathered if r.get("ends")]
+        ranks = gathered
+        first_loss = sum(e[0] for e in all_ends) / len(all_ends) if all_ends else None
+        final_loss = sum(e[1] for e in all_ends) / len(all_ends) if all_ends else None
         window = window_steps if window_t0 is not None else 0
         elapsed = (t_end - window_t0 - paused) if window_t0 is not None else 0.0
         summary = {
@@ -534,8 +540,9 @@ class Trainer:
             "world_size": self.world,
             "global_batch": global_batch,
             "samples_per_s": (window * global_batch / elapsed) if window and elapsed > 0 else None,
-            "first_loss": losses[0] if losses else None,
+            "first_loss": first_loss,
             "final_loss": final_loss,
+            "loss_window_steps": k if losses else None,
             **(last_eval or {}),
             "wall_s": time.time() - self.t0,
             "first_step_s": first_step_s,
