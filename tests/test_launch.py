@@ -139,6 +139,23 @@ def test_elastic_node_counts_pass_through():
     assert plan.argv[plan.argv.index("--nnodes") + 1] == "2:4"
 
 
+@pytest.mark.parametrize("content, message", [
+    (None, "No such file or directory"),
+    ("name: x\ntrain: {lr: -1}\n", "train.lr: Input should be greater than 0"),
+    ("name: x\ncheckpoint: {keep: 0, every: 5}\n", "checkpoint.keep: Input should be greater than or equal to 1 (and 1 more)"),
+])
+def test_a_bad_job_file_stops_the_launcher_with_one_line(tmp_path, content, message):
+    job = tmp_path / "job.yaml"
+    if content is not None:
+        job.write_text(content)
+    result = subprocess.run([sys.executable, "-m", "trainer.launch"], capture_output=True, text=True,
+                            timeout=60, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                                             "DDPKIT_JOB_FILE": str(job)})
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"ddpkit launch: bad job file {job}: ") and message in line
+
+
 # -- waiting for the master: a real TCP connect --------------------------------------------
 
 

@@ -139,8 +139,20 @@ def load_job_sections(path: str | None = None) -> JobSections:
         doc = yaml.safe_load(f) or {}
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a job file is a mapping")
-    return JobSections(
-        name=str(doc.get("name") or "ddpkit"),
-        train=TrainConfig(**(doc.get("train") or {})),
-        checkpoint=CheckpointConfig(**(doc.get("checkpoint") or {})),
-    )
+    return JobSections.model_validate({
+        "name": str(doc.get("name") or "ddpkit"),
+        "train": doc.get("train") or {},
+        "checkpoint": doc.get("checkpoint") or {},
+    })
+
+
+def error_line(exc: Exception) -> str:
+    """One line for a bad job file: `train.lr: Input should be greater than 0` (first problem)."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        return f"{where}: {first['msg']}{more}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__

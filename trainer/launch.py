@@ -444,12 +444,12 @@ def main() -> int:
     if env.get("DDPKIT_JOB_FILE"):
         from pydantic import ValidationError
 
-        from trainer.config import load_job_sections
+        from trainer.config import error_line, load_job_sections
 
         try:
             sections = load_job_sections(env["DDPKIT_JOB_FILE"])
         except (OSError, ValueError, ValidationError) as e:
-            log(f"bad job file {env['DDPKIT_JOB_FILE']}: {str(e).splitlines()[0]}")
+            log(f"bad job file {env['DDPKIT_JOB_FILE']}: {error_line(e)}")
             return EXIT_BAD_CONFIG
         run_id, timeout_s = sections.name, sections.train.timeout_s
     try:

@@ -621,7 +621,7 @@ def main() -> int:
     t0 = float(os.environ.get("DDPKIT_LAUNCH_T0") or time.time())
     from pydantic import ValidationError
 
-    from trainer.config import load_job_sections
+    from trainer.config import error_line, load_job_sections
     from trainer.dist import DistEnvError, read_dist_env
 
     rank = os.environ.get("RANK", "0")
@@ -633,9 +633,7 @@ def main() -> int:
         job = load_job_sections()
         denv = read_dist_env()
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        print(f"ddpkit: bad job file: {where}: {first['msg']}", file=sys.stderr)
+        print(f"ddpkit: bad job file: {error_line(e)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     except (OSError, ValueError, DistEnvError) as e:
         print(f"ddpkit: {e}", file=sys.stderr)
