@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -179,4 +180,15 @@ def test_a_failed_pod_is_restarted_as_its_controller_would(image, tmp_path, flav
     starts = [line.split(" started ")[1] for line in result.stdout.splitlines() if " started " in line]
     # the pod restarts alone (PyTorchJob) or with every other pod (JobSet)
     assert sorted(starts) == (["0", "1", "1"] if flavor == "pytorchjob" else ["0", "0", "1", "1"])
+    assert leftovers(name) == ("", "")
+
+
+def test_a_pod_that_cannot_start_fails_at_once_without_restarts(image, tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has GPUs: a GPU request would start")
+    name = "e2e-nogpu"
+    path = job_file(tmp_path, name, "gpus_per_node: 2\n")
+    result = ddpkit("run", str(path), "--docker", "--flavor", "job", cwd=tmp_path, timeout=120)
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "could not start" in result.stdout and "restarting" not in result.stdout
     assert leftovers(name) == ("", "")

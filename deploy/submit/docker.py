@@ -752,7 +752,7 @@ class DockerRun:
         self.restarts = restarts or Restarts()
         self.out = out or sys.stdout
         self.lock = threading.Lock()
-        self.ended: queue.Queue[tuple[ContainerPlan, int]] = queue.Queue()
+        self.ended: queue.Queue[tuple[ContainerPlan, int, str]] = queue.Queue()
         self.summary: dict | None = None
 
     def _print(self, line: str) -> None:
@@ -776,7 +776,12 @@ class DockerRun:
                 except json.JSONDecodeError:
                     pass
             self._print(prefix + line if line.endswith("\n") else prefix + line + "\n")
-        self.ended.put((plan, proc.wait()))
+        rc = proc.wait()
+        error = ""
+        if rc != 0:  # did the container run at all? (a GPU request on a host without GPUs...)
+            error = docker("inspect", "--format", "{{.State.Error}}", plan.container_name,
+                           check=False, timeout=60).stdout.strip()
+        self.ended.put((plan, rc, error))
 
     def _start(self, plan: ContainerPlan) -> None:
         threading.Thread(target=self._attach, args=(plan,), daemon=True).start()
@@ -805,10 +810,14 @@ class DockerRun:
         for plan in self.plans:
             self._start(plan)
         while running:
-            plan, rc = self.ended.get()
+            plan, rc, error = self.ended.get()
             running.discard(plan.container_name)
             if rc == 0:
                 continue
+            if error:  # on a cluster the pod would never start either: no restart helps
+                self._print(f"ddpkit: pod {plan.pod.name} could not start: {error}; stopping "
+                            "the others\n")
+                return 1
             if policy.allows(rc, used):
                 used += 1
                 what = "restarting it" if policy.scope == "pod" else "restarting every pod"
