@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 ## demo: train examples/quickstart.yaml as local processes (gloo on CPU) and print the summary
 demo: $(STAMP)
 	$(VENV)/bin/ddpkit validate examples/quickstart.yaml
+	rm -rf runs/quickstart  # a fresh run each time (a finished job would otherwise not train again)
 	$(VENV)/bin/ddpkit run examples/quickstart.yaml --local
 
 ## test: the whole test suite (end-to-end tests skip off-CI when root/Slurm/Docker are missing)
