@@ -56,6 +56,14 @@ def start_daemon(timeout: float = 60) -> None:
     """Start dockerd in the background (the Debian package cannot start it without an init
     system) and wait until it answers."""
     testbed_dir().mkdir(parents=True, exist_ok=True)
+    # dockerd refuses to start while its pid file names a live process, even an unrelated one
+    # that reused the PID of a daemon killed without clean-up
+    stale = Path("/var/run/docker.pid")
+    try:
+        if not _is_dockerd(int(stale.read_text())):
+            stale.unlink()
+    except (OSError, ValueError):
+        pass
     log = open(testbed_dir() / "dockerd.log", "ab")
     proc = subprocess.Popen(["dockerd", "--storage-driver=overlay2"], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
