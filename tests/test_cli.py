@@ -93,7 +93,7 @@ def test_validate_and_render_import_no_heavy_library(argv):
         "print(rc, heavy)\n"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
-    assert result.stdout.split()[1:] == ["[]"], result.stdout + result.stderr
+    assert result.stdout.split() == ["0", "[]"], result.stdout + result.stderr
 
 
 def test_readme_reference_matches_the_model():
