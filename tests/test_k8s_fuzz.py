@@ -17,6 +17,7 @@ from deploy import lint
 from deploy.errors import UserError
 from deploy.render import k8s
 from deploy.spec import parse_job, reserved_env_reason
+from deploy.submit.docker import controller_pods
 from tests.crds import crd_dir
 
 NAME = st.from_regex(r"\A[a-z]([a-z0-9-]{0,16}[a-z0-9])?\Z")
@@ -115,7 +116,8 @@ def test_any_valid_job_renders_to_objects_that_pass_lint(spec, crds):
         assert lint.lint_text(text, crds, source=flavor) == []
         objects = k8s.parse_objects(text)
         assert yaml.safe_load(objects[0]["data"]["job.yaml"]) == spec.model_dump(mode="json")
-        for _, _, template in k8s.pod_templates(objects):
+        for pod in controller_pods(objects):
+            template = pod.template
             env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
             assert all(env[k] == v for k, v in spec.env.items())
             assert all(template["metadata"]["annotations"][k] == v for k, v in spec.k8s.annotations.items())

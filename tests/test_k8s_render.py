@@ -9,6 +9,7 @@ from deploy import lint
 from deploy.errors import UserError
 from deploy.render import k8s
 from deploy.spec import load_job, parse_job
+from deploy.submit.docker import controller_pods, resolve_env
 from tests.conftest import EXAMPLES, ddpkit
 from tests.crds import crd_dir
 
@@ -47,7 +48,7 @@ def workload(objs):
 
 
 def pods(objs):
-    return [t for _, _, t in k8s.pod_templates(objs)]
+    return [pod.template for pod in controller_pods(objs)]
 
 
 def container(template):
@@ -269,7 +270,8 @@ def test_jobset_has_dns_hostnames_failure_policy_and_pod_zero_as_master():
     assert rjob["template"]["spec"]["parallelism"] == rjob["template"]["spec"]["completions"] == 3
     env = env_of(pods(objs)[0])
     assert env["DDPKIT_MASTER_ADDR"]["value"] == "demo-node-0-0.demo"
-    assert env["DDPKIT_MASTER_ADDR"]["value"] == ".".join(k8s.pod_hostname(objs, "node", 0))
+    first = controller_pods(objs)[0]
+    assert env["DDPKIT_MASTER_ADDR"]["value"] == f"{first.hostname}.{first.subdomain}"
 
 
 def test_job_is_indexed_with_a_headless_service_as_its_subdomain():
@@ -315,21 +317,27 @@ def test_user_strings_cannot_break_the_yaml():
         assert tpl["metadata"]["annotations"]["note"] == "x\ny: z"
 
 
-def test_pod_templates_and_injected_env_for_running_pods_elsewhere():
+def controller_env(objs, pod):
+    """The env a pod's container starts with: what its controller injects, then the manifest's."""
+    return resolve_env(pod, container(pod.template), objs, host_env={})
+
+
+def test_controller_pods_and_env_for_a_pytorchjob_and_a_trainjob():
     objs = objects(job(nodes=3, procs_per_node=2), "pytorchjob")
-    assert [(r, n) for r, n, _ in k8s.pod_templates(objs)] == [("master", 1), ("worker", 2)]
-    env = k8s.injected_env(objs, "worker", 1)
+    pods_ = controller_pods(objs)
+    assert [p.name for p in pods_] == ["demo-master-0", "demo-worker-0", "demo-worker-1"]
+    env = controller_env(objs, pods_[2])
     assert env["PET_NODE_RANK"] == "2" and env["WORLD_SIZE"] == "6"
     assert env["PET_MASTER_ADDR"] == "demo-master-0" and env["PET_MASTER_PORT"] == "23456"
     tj = objects(job(nodes=2), "trainjob")
-    [(role, count, pod)] = k8s.pod_templates(tj)
-    assert (role, count) == ("node", 2) and container(pod)["image"] == "img:1"
-    assert k8s.injected_env(tj, "node", 0)["PET_MASTER_ADDR"] == "demo-node-0-0.demo"
+    tj_pods = controller_pods(tj)
+    assert len(tj_pods) == 2 and container(tj_pods[0].template)["image"] == "img:1"
+    assert controller_env(tj, tj_pods[0])["PET_MASTER_ADDR"] == "demo-node-0-0.demo"
 
 
-def test_injected_env_of_an_elastic_pytorchjob_is_rendezvous_only():
+def test_env_of_an_elastic_pytorchjob_is_rendezvous_only():
     objs = objects(job(nodes="2:4", procs_per_node=2, restarts=3), "pytorchjob")
-    env = k8s.injected_env(objs, "worker", 1)
+    env = controller_env(objs, controller_pods(objs)[1])
     assert env["PET_RDZV_ENDPOINT"] == "demo-worker-0:23456" and env["PET_NNODES"] == "2:4"
     assert env["PET_MAX_RESTARTS"] == "3"
     assert "PET_NODE_RANK" not in env and "MASTER_ADDR" not in env
@@ -339,13 +347,7 @@ def launch_plans(objs):
     """trainer.launch's plan for every pod: rendered env plus what the controller injects."""
     from trainer.launch import plan_launch
 
-    plans = []
-    for role, replicas, tpl in k8s.pod_templates(objs):
-        for index in range(replicas):
-            env = {e["name"]: e["value"] for e in container(tpl)["env"] if "value" in e}
-            env.update(k8s.injected_env(objs, role, index))
-            plans.append(plan_launch(env))
-    return plans
+    return [plan_launch(controller_env(objs, pod)) for pod in controller_pods(objs)]
 
 
 @pytest.mark.parametrize("flavor", k8s.FLAVORS)

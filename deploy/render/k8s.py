@@ -22,7 +22,6 @@ Choices, each the same on every flavor unless said otherwise:
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -348,97 +347,3 @@ def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
 def parse_objects(text: str) -> list[dict]:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
-
-
-def pod_templates(objects: list[dict]) -> list[tuple[str, int, dict]]:
-    """(role, replicas, pod template) for each kind of pod the objects would create.
-
-    Roles: PyTorchJob `master`/`worker`, JobSet and Job `node`. A TrainJob's pod lives in its
-    ClusterTrainingRuntime; it is rebuilt here from `spec.trainer` and our runtime patch the
-    way the `torch-distributed` runtime does (one container named `node`). Pod templates are
-    copies: change them freely. Used by `ddpkit run --docker` to run the pods as containers.
-    """
-    found: list[tuple[str, int, dict]] = []
-    for obj in objects:
-        kind, spec = obj.get("kind"), obj.get("spec") or {}
-        if kind == "PyTorchJob":
-            for role, rspec in spec["pytorchReplicaSpecs"].items():
-                found.append((role.lower(), rspec.get("replicas", 1), copy.deepcopy(rspec["template"])))
-        elif kind == "JobSet":
-            for rjob in spec["replicatedJobs"]:
-                jspec = rjob["template"]["spec"]
-                count = rjob.get("replicas", 1) * jspec.get("parallelism", 1)
-                found.append((rjob["name"], count, copy.deepcopy(jspec["template"])))
-        elif kind == "Job":
-            found.append(("node", spec.get("parallelism", 1), copy.deepcopy(spec["template"])))
-        elif kind == "TrainJob":
-            found.append((TRAINJOB_NODE, spec["trainer"]["numNodes"], _trainjob_pod(spec)))
-    return found
-
-
-def _trainjob_pod(spec: dict) -> dict:
-    trainer = spec["trainer"]
-    patch = spec["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
-    pod = copy.deepcopy(patch["replicatedJobs"][0]["template"]["spec"]["template"])
-    container = pod["spec"]["containers"][0]
-    container.update({"image": trainer["image"], "command": list(trainer["command"]),
-                      "env": copy.deepcopy(trainer.get("env", [])),
-                      "resources": copy.deepcopy(trainer.get("resourcesPerNode", {}))})
-    pod["spec"]["restartPolicy"] = "Never"
-    return pod
-
-
-def injected_env(objects: list[dict], role: str, index: int) -> dict[str, str]:
-    """Variables the controller would add to pod `index` of `role` (for running pods elsewhere).
-
-    PyTorchJob (v1 operator, pkg/controller.v1/pytorch): MASTER_ADDR/PORT, RANK (the pod
-    index), WORLD_SIZE and PET_*; elastic jobs get only PET_RDZV_* (endpoint `<name>-worker-0`),
-    PET_NNODES `min:max` and PET_MAX_RESTARTS. TrainJob: PET_* (torch plugin, master
-    `<name>-node-0-0.<name>:29500`). JobSet and Job: JOB_COMPLETION_INDEX (torchrun's other
-    settings come from the rendered DDPKIT_* variables).
-    """
-    for obj in objects:
-        kind, name, spec = obj.get("kind"), obj["metadata"]["name"], obj.get("spec") or {}
-        if kind == "PyTorchJob":
-            replicas = spec["pytorchReplicaSpecs"]
-            nproc = str(spec.get("nprocPerNode", "auto"))
-            if "elasticPolicy" in spec:
-                # v1 operator, elastic: rendezvous variables only (no rank, no master)
-                ep = spec["elasticPolicy"]
-                return {"PYTHONUNBUFFERED": "0", "PET_NPROC_PER_NODE": nproc,
-                        "PET_RDZV_ENDPOINT": f"{name}-worker-0:{PYTORCHJOB_PORT}",
-                        "PET_RDZV_BACKEND": ep.get("rdzvBackend", "c10d"),
-                        "PET_NNODES": f"{ep['minReplicas']}:{ep['maxReplicas']}",
-                        "PET_MAX_RESTARTS": str(ep.get("maxRestarts", 0))}
-            pods = sum(r.get("replicas", 1) for r in replicas.values())
-            rank = index + (1 if role == "worker" else 0)
-            master = f"{name}-master-0"
-            world = pods * int(nproc) if nproc.isdigit() else pods
-            return {"PYTHONUNBUFFERED": "0", "MASTER_ADDR": master,
-                    "MASTER_PORT": str(PYTORCHJOB_PORT), "RANK": str(rank),
-                    "WORLD_SIZE": str(world), "PET_MASTER_ADDR": master,
-                    "PET_MASTER_PORT": str(PYTORCHJOB_PORT), "PET_NNODES": str(pods),
-                    "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": nproc}
-        if kind == "TrainJob":
-            trainer = spec["trainer"]
-            return {"PET_NNODES": str(trainer["numNodes"]),
-                    "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
-                    "PET_NODE_RANK": str(index), "JOB_COMPLETION_INDEX": str(index),
-                    "PET_MASTER_ADDR": f"{name}-{TRAINJOB_NODE}-0-0.{name}",
-                    "PET_MASTER_PORT": str(RDZV_PORT)}
-        if kind in ("JobSet", "Job"):
-            return {"JOB_COMPLETION_INDEX": str(index)}
-    raise ValueError("no workload object among the rendered objects")
-
-
-def pod_hostname(objects: list[dict], role: str, index: int) -> tuple[str, str | None]:
-    """(hostname, subdomain) pod `index` of `role` gets, so peers can resolve its DNS name."""
-    for obj in objects:
-        kind, name = obj.get("kind"), obj["metadata"]["name"]
-        if kind == "PyTorchJob":
-            return f"{name}-{role}-{index}", None
-        if kind in ("TrainJob", "JobSet"):
-            return f"{name}-{role}-0-{index}", name
-        if kind == "Job":
-            return f"{name}-{index}", name
-    raise ValueError("no workload object among the rendered objects")
