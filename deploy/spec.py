@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -110,6 +111,39 @@ Seconds = Annotated[int, BeforeValidator(_duration)]
 EnvValue = Annotated[str, BeforeValidator(_scalar_str)]
 
 
+def matching(pattern: re.Pattern | str, max_len: int, what: str) -> AfterValidator:
+    """A string check: `pattern` must match the whole value, within `max_len` characters;
+    else the user reads "'<value>' is not <what>"."""
+    regex = re.compile(pattern)
+
+    def check(value: str) -> str:
+        if not regex.fullmatch(value) or len(value) > max_len:
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
+K8sName = Annotated[str, matching(
+    DNS1123_SUBDOMAIN, 253, "a valid Kubernetes name (lowercase letters, digits, '-', '.')")]
+Namespace = Annotated[str, matching(
+    DNS1123_LABEL, 63, "a valid namespace (lowercase letters, digits, '-')")]
+SecretName = Annotated[str, matching(
+    DNS1123_SUBDOMAIN, 253, "a valid Secret name (lowercase letters, digits, '-', '.')")]
+SecretKey = Annotated[str, matching(
+    r"[-._a-zA-Z0-9]+", 253, "a valid Secret key (letters, digits, '-', '_', '.')")]
+VolumeName = Annotated[str, matching(
+    DNS1123_LABEL, 63, "a valid volume name: lowercase letters, digits and '-', at most 63 characters")]
+ImageRef = Annotated[str, matching(
+    r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", 512, "an image reference (e.g. ghcr.io/org/trainer:1.0)")]
+ResourceName = Annotated[str, matching(
+    r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", 253,
+    "an extended resource name such as nvidia.com/gpu")]
+SlurmWord = Annotated[str, matching(
+    SLURM_WORD, 256, "a Slurm name: letters, digits and _.,:@%+=/|&- only (no spaces)")]
+ModuleName = Annotated[str, matching(r"[A-Za-z0-9_.+/-]+", 256, "a module name (e.g. cuda/12.4)")]
+
+
 class Strict(BaseModel):
     """Base: unknown keys are errors; assignments re-validate."""
 
@@ -198,28 +232,17 @@ class SecretEnv(Strict):
     """An environment variable whose value comes from a secret, never written into a file."""
 
     name: str = Field(description="Variable name inside the container.")
-    secret: str = Field(description="Kubernetes Secret name (on Slurm: the variable must "
-                        "already be set in the submitting environment).")
-    key: str = Field(description="Key inside the Secret.")
+    secret: SecretName = Field(
+        description="Kubernetes Secret name (on Slurm: the variable must already be set in the "
+        "submitting environment).")
+    key: SecretKey = Field(
+        description="Key inside the Secret.")
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return _check_env_name(v)
 
-    @field_validator("secret")
-    @classmethod
-    def _secret(cls, v: str) -> str:
-        if not DNS1123_SUBDOMAIN.match(v) or len(v) > 253:
-            raise ValueError(f"{v!r} is not a valid Secret name (lowercase letters, digits, '-', '.')")
-        return v
-
-    @field_validator("key")
-    @classmethod
-    def _key(cls, v: str) -> str:
-        if not re.fullmatch(r"[-._a-zA-Z0-9]+", v) or len(v) > 253:
-            raise ValueError(f"{v!r} is not a valid Secret key (letters, digits, '-', '_', '.')")
-        return v
 
 
 class NFS(Strict):
@@ -235,7 +258,8 @@ class EmptyDir(Strict):
 class Volume(Strict):
     """A volume mounted into every node: exactly one of claim, host_path, nfs, empty_dir."""
 
-    name: str = Field(description="Volume name (DNS-1123 label).")
+    name: VolumeName = Field(
+        description="Volume name (DNS-1123 label).")
     mount: str = Field(description="Absolute mount path inside the container.")
     read_only: bool = Field(False, description="Mount read-only.")
     claim: str | None = Field(None, description="PersistentVolumeClaim name.")
@@ -243,14 +267,6 @@ class Volume(Strict):
                                   "Slurm/Docker source directory).")
     nfs: NFS | None = Field(None, description="NFS export: `{server, path}`.")
     empty_dir: EmptyDir | None = Field(None, description="Scratch space: `{medium, size_limit}`.")
-
-    @field_validator("name")
-    @classmethod
-    def _name(cls, v: str) -> str:
-        if not DNS1123_LABEL.match(v) or len(v) > 63:
-            raise ValueError(f"{v!r} is not a valid volume name: lowercase letters, digits and "
-                             "'-', at most 63 characters")
-        return v
 
     @field_validator("mount", "host_path")
     @classmethod
@@ -297,44 +313,24 @@ class K8sSection(Strict):
         "pytorchjob", description="What to render: Kubeflow `pytorchjob` (v1), Trainer v2 "
         "`trainjob`, `jobset`, or `job` (Indexed Job + headless Service, no operator needed)."
     )
-    namespace: str = Field("default", description="Namespace of every object.")
+    namespace: Namespace = Field(
+        "default", description="Namespace of every object.")
     labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on every object and pod.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on every pod.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
-    priority_class: str | None = Field(None, description="Pod priorityClassName.")
-    service_account: str | None = Field(None, description="Pod serviceAccountName.")
-    image_pull_secrets: list[str] = Field(default_factory=list, description="Secret names for pulling the image.")
-    queue: str | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label).")
-    scheduler_name: str | None = Field(None, description="Pod schedulerName (e.g. `volcano`).")
+    priority_class: K8sName | None = Field(None, description="Pod priorityClassName.")
+    service_account: K8sName | None = Field(None, description="Pod serviceAccountName.")
+    image_pull_secrets: list[K8sName] = Field(default_factory=list, description="Secret names for pulling the image.")
+    queue: K8sName | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label).")
+    scheduler_name: K8sName | None = Field(None, description="Pod schedulerName (e.g. `volcano`).")
     gang: bool = Field(False, description="Gang-schedule all nodes (PyTorchJob schedulingPolicy.minAvailable).")
     ttl_after_finished: Seconds | None = Field(None, description="Delete the finished job after this duration (`1h`).")
     clean_pod_policy: Literal["None", "Running", "All"] = Field(
         "None", description="PyTorchJob runPolicy.cleanPodPolicy.")
-    runtime: str = Field("torch-distributed", description="TrainJob ClusterTrainingRuntime name.")
+    runtime: K8sName = Field("torch-distributed", description="TrainJob ClusterTrainingRuntime name.")
     termination_grace: Seconds = Field(
         120, description="Pod terminationGracePeriodSeconds: time for the SIGTERM checkpoint.")
-
-    @field_validator("namespace")
-    @classmethod
-    def _namespace(cls, v: str) -> str:
-        if not DNS1123_LABEL.match(v) or len(v) > 63:
-            raise ValueError(f"{v!r} is not a valid namespace (lowercase letters, digits, '-')")
-        return v
-
-    @field_validator("priority_class", "service_account", "queue", "scheduler_name", "runtime")
-    @classmethod
-    def _object_name(cls, v: str | None) -> str | None:
-        if v is not None and (not DNS1123_SUBDOMAIN.match(v) or len(v) > 253):
-            raise ValueError(f"{v!r} is not a valid Kubernetes name (lowercase letters, digits, '-', '.')")
-        return v
-
-    @field_validator("image_pull_secrets")
-    @classmethod
-    def _secret_names(cls, v: list[str]) -> list[str]:
-        for name in v:
-            cls._object_name(name)
-        return v
 
     @field_validator("labels", "node_selector")
     @classmethod
@@ -371,10 +367,10 @@ _DERIVED_DIRECTIVES = {
 class SlurmSection(Strict):
     """Slurm-only settings."""
 
-    partition: str | None = Field(None, description="`--partition`.")
-    account: str | None = Field(None, description="`--account`.")
-    qos: str | None = Field(None, description="`--qos`.")
-    constraint: str | None = Field(None, description="`--constraint` (node features).")
+    partition: SlurmWord | None = Field(None, description="`--partition`.")
+    account: SlurmWord | None = Field(None, description="`--account`.")
+    qos: SlurmWord | None = Field(None, description="`--qos`.")
+    constraint: SlurmWord | None = Field(None, description="`--constraint` (node features).")
     exclusive: bool = Field(False, description="`--exclusive`: whole nodes.")
     launcher: Literal["torchrun", "srun"] = Field(
         "torchrun", description="`torchrun`: one task per node running torchrun; `srun`: one "
@@ -387,7 +383,7 @@ class SlurmSection(Strict):
         "(volumes with host_path are added automatically).")
     venv: str | None = Field(None, description="With container none: a virtualenv or conda "
                              "prefix to activate before launching.")
-    modules: list[str] = Field(default_factory=list, description="`module load` these first.")
+    modules: list[ModuleName] = Field(default_factory=list, description="`module load` these first.")
     setup: list[str] = Field(default_factory=list, description="Shell lines run before the "
                              "launch, as written (this is the one place for raw shell).")
     requeue: bool = Field(False, description="On the signal before the time limit, checkpoint "
@@ -412,13 +408,6 @@ class SlurmSection(Strict):
             raise ValueError("NCCL uses SIGUSR1 itself; use USR2 (the default) or TERM")
         return name
 
-    @field_validator("partition", "account", "qos", "constraint")
-    @classmethod
-    def _word(cls, v: str | None) -> str | None:
-        if v is not None and not SLURM_WORD.match(v):
-            raise ValueError(f"{v!r}: letters, digits and _.,:@%+=/|&- only (no spaces)")
-        return v
-
     @field_validator("container_mounts")
     @classmethod
     def _mounts(cls, v: list[str]) -> list[str]:
@@ -429,20 +418,12 @@ class SlurmSection(Strict):
                 raise ValueError(f"{m!r} is not SRC:DST[:ro|rw] with absolute paths")
         return v
 
-    @field_validator("modules", "setup")
+    @field_validator("setup")
     @classmethod
     def _one_line(cls, v: list[str]) -> list[str]:
         for line in v:
             if "\n" in line or not line.strip():
                 raise ValueError(f"{line!r}: one non-empty line per entry")
-        return v
-
-    @field_validator("modules")
-    @classmethod
-    def _module_names(cls, v: list[str]) -> list[str]:
-        for m in v:
-            if not re.fullmatch(r"[A-Za-z0-9_.+/-]+", m):
-                raise ValueError(f"{m!r} is not a module name (e.g. cuda/12.4)")
         return v
 
     @field_validator("log_dir", "venv")
@@ -484,14 +465,16 @@ class JobSpec(Strict):
 
     name: str = Field(description=f"Job name: DNS-1035 label of at most {MAX_NAME_LEN} "
                       "characters (lowercase letters, digits, '-'), unique per namespace.")
-    image: str = Field(description="Container image of the trainer (every target but bare Slurm).")
+    image: ImageRef = Field(
+        description="Container image of the trainer (every target but bare Slurm).")
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
         "IfNotPresent", description="Kubernetes imagePullPolicy.")
     nodes: Nodes = Field(Nodes(min=1, max=1), description="Node count `N`, or `MIN:MAX` for "
                          "elastic training (PyTorchJob only).")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU with the "
                                "gloo backend. One process per GPU.")
-    gpu_resource: str = Field("nvidia.com/gpu", description="Kubernetes extended resource name "
+    gpu_resource: ResourceName = Field(
+        "nvidia.com/gpu", description="Kubernetes extended resource name "
                               "of a GPU (e.g. `amd.com/gpu`).")
     procs_per_node: int | None = Field(None, ge=1, le=256, description="Processes per node on "
                                        "CPU jobs (default 1). With GPUs it is gpus_per_node.")
@@ -523,20 +506,6 @@ class JobSpec(Strict):
         if not DNS1035.match(v):
             raise ValueError(f"{v!r} is not a DNS-1035 label: start with a letter, then "
                              "lowercase letters, digits and '-', end with a letter or digit")
-        return v
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", v) or len(v) > 512:
-            raise ValueError(f"{v!r} is not an image reference (e.g. ghcr.io/org/trainer:1.0)")
-        return v
-
-    @field_validator("gpu_resource")
-    @classmethod
-    def _gpu_resource(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", v):
-            raise ValueError(f"{v!r} is not an extended resource name such as nvidia.com/gpu")
         return v
 
     @field_validator("env", mode="before")
