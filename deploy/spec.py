@@ -613,17 +613,18 @@ def _model_at(loc: tuple) -> type[BaseModel] | None:
         field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
         if field is None:
             return None
-        model = _unwrap_model(field.annotation)
+        model = unwrap_model(field.annotation)
         if model is None:
             return None
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _unwrap_model(annotation: Any) -> type[BaseModel] | None:
+def unwrap_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class inside an annotation such as `Volume`, `list[Volume]` or `NFS | None`."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()) or ():
-        found = _unwrap_model(arg)
+        found = unwrap_model(arg)
         if found:
             return found
     return None
