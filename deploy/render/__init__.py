@@ -38,11 +38,24 @@ def yaml_scalar(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """Safe YAML (libyaml when present); multi-line strings as literal blocks (`|`), so a job
+    file carried in a ConfigMap stays readable."""
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str_presenter)
+
+
 def to_yaml(value: object, indent: int = 0) -> str:
     """A block of YAML from data, indented by `indent` spaces after the first line."""
-    text = yaml.safe_dump(value, sort_keys=False, default_flow_style=False, width=1000).rstrip("\n")
-    pad = "\n" + " " * indent
-    return text.replace("\n", pad)
+    text = yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+                     width=1000).rstrip("\n")
+    return text.replace("\n", "\n" + " " * indent)
 
 
 def _bytecode_cache() -> jinja2.BytecodeCache | None:

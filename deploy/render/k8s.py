@@ -50,23 +50,6 @@ CONTAINER_NAME = {"pytorchjob": "pytorch", "trainjob": TRAINJOB_NODE, "jobset": 
 SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
 
 
-def _block_yaml(value: Any, indent: int = 0) -> str:
-    """Like `to_yaml`, but multi-line strings as literal blocks (`|`), readable in a ConfigMap."""
-
-    class Dumper(yaml.SafeDumper):
-        pass
-
-    def str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-        style = "|" if "\n" in data else None
-        return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-    Dumper.add_representer(str, str_presenter)
-    text = yaml.dump(value, Dumper=Dumper, sort_keys=False, default_flow_style=False,
-                     width=1000).rstrip("\n")
-    return text.replace("\n", "\n" + " " * indent)
-
-
-environment("k8s").filters["to_block_yaml"] = _block_yaml
 
 
 # --------------------------------------------------------------------------------------------
