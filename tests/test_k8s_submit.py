@@ -8,6 +8,7 @@ import json
 import pytest
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.k8s_names import COMPLETION_INDEX_KEY, PYTORCHJOB_REPLICA_INDEX, PYTORCHJOB_REPLICA_TYPE
 from deploy.spec import parse_job
 from deploy.submit import k8s as sub
 
@@ -212,8 +213,8 @@ def pod(name, stamp="2026-01-01T00:00:00Z", **labels):
 
 def test_logs_pick_the_newest_pod_of_the_rank_and_the_training_container():
     pods = [
-        pod("demo-master-0", **{sub._PJ_TYPE: "master", sub._PJ_INDEX: "0"}),
-        pod("demo-worker-0", **{sub._PJ_TYPE: "worker", sub._PJ_INDEX: "0"}),
+        pod("demo-master-0", **{PYTORCHJOB_REPLICA_TYPE: "master", PYTORCHJOB_REPLICA_INDEX: "0"}),
+        pod("demo-worker-0", **{PYTORCHJOB_REPLICA_TYPE: "worker", PYTORCHJOB_REPLICA_INDEX: "0"}),
     ]
     cluster = FakeCluster(pods=pods, logs={"demo-worker-0": ["step 1\n", "step 2\n"]})
     out = io.StringIO()
@@ -224,7 +225,7 @@ def test_logs_pick_the_newest_pod_of_the_rank_and_the_training_container():
 
 
 def test_logs_for_indexed_pods_use_the_completion_index_and_follow():
-    idx = sub._COMPLETION_INDEX
+    idx = COMPLETION_INDEX_KEY
     pods = [pod("demo-1-old", "2026-01-01T00:00:00Z", **{idx: "1"}),
             pod("demo-1-new", "2026-01-01T00:05:00Z", **{idx: "1"}),
             pod("demo-0", **{idx: "0"})]
@@ -235,14 +236,14 @@ def test_logs_for_indexed_pods_use_the_completion_index_and_follow():
 
 
 def test_logs_for_a_rank_without_a_pod_says_which_ranks_exist():
-    cluster = FakeCluster(pods=[pod("demo-0", **{sub._COMPLETION_INDEX: "0"})])
+    cluster = FakeCluster(pods=[pod("demo-0", **{COMPLETION_INDEX_KEY: "0"})])
     with pytest.raises(RuntimeFailure, match=r"no pod for node rank 3 \(ranks with pods: 0\)"):
         sub.logs("k8s://ml/jobset/demo", rank=3, cluster=cluster)
 
 
 def test_elastic_pytorchjob_worker_index_is_the_rank():
-    pods = [pod("demo-worker-0", **{sub._PJ_TYPE: "worker", sub._PJ_INDEX: "0"}),
-            pod("demo-worker-1", **{sub._PJ_TYPE: "worker", sub._PJ_INDEX: "1"})]
+    pods = [pod("demo-worker-0", **{PYTORCHJOB_REPLICA_TYPE: "worker", PYTORCHJOB_REPLICA_INDEX: "0"}),
+            pod("demo-worker-1", **{PYTORCHJOB_REPLICA_TYPE: "worker", PYTORCHJOB_REPLICA_INDEX: "1"})]
     assert sorted(sub.pods_by_rank("pytorchjob", pods)) == [0, 1]
 
 

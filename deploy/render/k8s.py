@@ -28,25 +28,27 @@ from typing import Any
 import yaml
 
 from deploy.errors import UserError
+from deploy.k8s_names import (
+    CONTAINER_NAME,
+    PYTORCHJOB_PORT,
+    PYTORCHJOB_PORT_NAME,
+    TRAINJOB_NODE,
+    TRAINJOB_PORT,
+    configmap_name,
+    pod_selector,
+)
 from deploy.render import environment
 from deploy.spec import JOB_FILE_DIR, JobSpec
 
 FLAVORS = ("pytorchjob", "trainjob", "jobset", "job")
 JOB_FILE_NAME = "job.yaml"
 JOB_FILE_PATH = f"{JOB_FILE_DIR}/{JOB_FILE_NAME}"
-#: The port the v1 training operator gives the Master (PET_MASTER_PORT) and names.
-PYTORCHJOB_PORT = 23456
-PYTORCHJOB_PORT_NAME = "pytorchjob-port"
 #: Rendezvous port on JobSet and Job, where ddpkit names the master itself (torchrun default).
 RDZV_PORT = 29500
-#: ClusterTrainingRuntime `torch-distributed` (Trainer v2.3): replicated job and container name.
-TRAINJOB_NODE = "node"
 #: Our entry in TrainJob.spec.runtimePatches (list-map keyed by manager).
 PATCH_MANAGER = "ddpkit"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
-CONTAINER_NAME = {"pytorchjob": "pytorch", "trainjob": TRAINJOB_NODE, "jobset": "trainer",
-                  "job": "trainer"}
 SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
 
 
@@ -113,7 +115,9 @@ def master_endpoint(job: JobSpec, flavor: str) -> tuple[str, int]:
     if flavor == "pytorchjob":
         role = "worker" if job.nodes.elastic else "master"
         return f"{job.name}-{role}-0", PYTORCHJOB_PORT
-    if flavor in ("trainjob", "jobset"):
+    if flavor == "trainjob":
+        return f"{job.name}-{TRAINJOB_NODE}-0-0.{job.name}", TRAINJOB_PORT
+    if flavor == "jobset":
         return f"{job.name}-{TRAINJOB_NODE}-0-0.{job.name}", RDZV_PORT
     return f"{job.name}-0.{job.name}", RDZV_PORT
 
@@ -166,7 +170,7 @@ def container_resources(job: JobSpec) -> dict:
 def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
     """The job file, /dev/shm, then the user's volumes in order."""
     volumes: list[dict] = [
-        {"name": "ddpkit-job", "configMap": {"name": configmap_name(job)}},
+        {"name": "ddpkit-job", "configMap": {"name": configmap_name(job.name)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.resources.shm}},
     ]
     mounts: list[dict] = [
@@ -198,10 +202,6 @@ def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
     return volumes, mounts
 
 
-def configmap_name(job: JobSpec) -> str:
-    return f"{job.name}-job"
-
-
 def _tolerations(job: JobSpec) -> list[dict]:
     out = []
     for tol in job.k8s.tolerations:
@@ -230,7 +230,7 @@ def context(job: JobSpec, flavor: str) -> dict[str, Any]:
         "workload_labels": workload,
         "pod_labels": common,
         "pod_annotations": {**SIDECARS_OFF, **k8s.annotations},
-        "configmap_name": configmap_name(job),
+        "configmap_name": configmap_name(job.name),
         "job_file_data": {JOB_FILE_NAME: job.to_yaml()},
         "image": job.image,
         "image_pull_policy": job.image_pull_policy,
@@ -284,8 +284,7 @@ def context(job: JobSpec, flavor: str) -> dict[str, Any]:
     if flavor == "job":
         ctx["subdomain"] = job.name
         ctx["service_name"] = job.name
-        ctx["selector"] = {"app.kubernetes.io/instance": job.name,
-                           "app.kubernetes.io/managed-by": "ddpkit"}
+        ctx["selector"] = pod_selector(job.name)
         ctx["backoff_limit"] = job.restarts * job.nodes.max
     return ctx
 

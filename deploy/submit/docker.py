@@ -47,20 +47,21 @@ import yaml
 from deploy import units
 from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
+from deploy.k8s_names import (
+    COMPLETION_INDEX_KEY,
+    PYTORCHJOB_CONTAINER,
+    PYTORCHJOB_PORT,
+    PYTORCHJOB_PORT_NAME,
+    PYTORCHJOB_REPLICA_INDEX,
+    PYTORCHJOB_REPLICA_TYPE,
+    TRAINJOB_NODE,
+    TRAINJOB_PORT,
+)
 
 #: Label on every container and network this module creates (for manual clean-up:
 #: `docker rm -f $(docker ps -aq --filter label=ddpkit.run)`).
 RUN_LABEL = "ddpkit.run"
 CLUSTER_DOMAIN = "cluster.local"
-#: Kubernetes' annotation (and, since 1.28, label) with an Indexed Job pod's index.
-COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-#: Kubeflow training-operator defaults (pkg/apis/kubeflow.org/v1/pytorch_types.go).
-PYTORCHJOB_PORT_NAME = "pytorchjob-port"
-PYTORCHJOB_DEFAULT_PORT = 23456
-#: Kubeflow Trainer v2 constants (pkg/constants/constants.go): the `node` replicated job and
-#: container of the torch runtimes, and ContainerTrainerPort.
-TRAINJOB_NODE = "node"
-TRAINJOB_PORT = 29500
 
 
 @dataclass
@@ -142,21 +143,21 @@ def _pytorchjob_pods(obj: dict) -> list[Pod]:
 
     def port_of(rtype: str) -> int:
         for c in replicas[rtype]["template"]["spec"].get("containers", []):
-            if c.get("name") == "pytorch":
+            if c.get("name") == PYTORCHJOB_CONTAINER:
                 for p in c.get("ports") or []:
                     if p.get("name") == PYTORCHJOB_PORT_NAME:
                         return int(p["containerPort"])
         # the operator's defaulter adds this port when the container declares none
-        return PYTORCHJOB_DEFAULT_PORT
+        return PYTORCHJOB_PORT
 
     pods = []
     for rtype in ("Master", "Worker"):
         if rtype not in replicas:
             continue
         template = replicas[rtype]["template"]
-        if not any(c.get("name") == "pytorch" for c in template["spec"].get("containers", [])):
-            raise UserError(f"PyTorchJob {name}: {rtype} has no container named 'pytorch'; the "
-                            "operator only configures that one")
+        if not any(c.get("name") == PYTORCHJOB_CONTAINER for c in template["spec"].get("containers", [])):
+            raise UserError(f"PyTorchJob {name}: {rtype} has no container named "
+                            f"{PYTORCHJOB_CONTAINER!r}; the operator only configures that one")
         for i in range(counts[rtype]):
             rank = i + 1 if rtype == "Worker" and "Master" in replicas else i
             pod_name = f"{name}-{rtype.lower()}-{i}"
@@ -185,8 +186,8 @@ def _pytorchjob_pods(obj: dict) -> list[Pod]:
                 env.append(_env("PET_NNODES", total))
             labels = {**_template_labels(template),
                       "training.kubeflow.org/job-name": name,
-                      "training.kubeflow.org/replica-type": rtype.lower(),
-                      "training.kubeflow.org/replica-index": str(i)}
+                      PYTORCHJOB_REPLICA_TYPE: rtype.lower(),
+                      PYTORCHJOB_REPLICA_INDEX: str(i)}
             if rtype == "Master":
                 labels["training.kubeflow.org/job-role"] = "master"
             pod = Pod(name=pod_name, index=rank, namespace=namespace,

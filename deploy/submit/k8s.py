@@ -21,6 +21,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.k8s_names import (
+    COMPLETION_INDEX_KEY,
+    CONTAINER_NAME,
+    PYTORCHJOB_REPLICA_INDEX,
+    PYTORCHJOB_REPLICA_TYPE,
+    configmap_name,
+    pod_selector,
+)
 
 STATES = ("PENDING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
 
@@ -362,7 +370,7 @@ def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
     """
     h = parse_handle(handle)
     cluster = _cluster(cluster)
-    extras = [("ConfigMap", f"{h.name}-job")] + ([("Service", h.name)] if h.flavor == "job" else [])
+    extras = [("ConfigMap", configmap_name(h.name))] + ([("Service", h.name)] if h.flavor == "job" else [])
     missing: ApiError | None = None
     deleted = 0
     for kind, name in [(h.kind, h.name), *extras]:
@@ -381,10 +389,6 @@ def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
 # --------------------------------------------------------------------------------------------
 # Logs
 
-CONTAINER = {"pytorchjob": "pytorch", "trainjob": "node", "jobset": "trainer", "job": "trainer"}
-_PJ_TYPE, _PJ_INDEX = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
-_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-
 
 def _pod_keys(pod: dict) -> dict[str, str]:
     meta = pod.get("metadata") or {}
@@ -396,18 +400,18 @@ def node_rank(flavor: str, pod: dict, *, has_master: bool = True) -> int | None:
     have no Master: worker i is i); JobSet, TrainJob and Job: the completion index."""
     keys = _pod_keys(pod)
     if flavor == "pytorchjob":
-        index = str(keys.get(_PJ_INDEX, ""))
+        index = str(keys.get(PYTORCHJOB_REPLICA_INDEX, ""))
         if not index.isdigit():
             return None
-        is_worker = str(keys.get(_PJ_TYPE, "")).lower() == "worker"
+        is_worker = str(keys.get(PYTORCHJOB_REPLICA_TYPE, "")).lower() == "worker"
         return int(index) + (1 if is_worker and has_master else 0)
-    index = str(keys.get(_COMPLETION_INDEX, ""))
+    index = str(keys.get(COMPLETION_INDEX_KEY, ""))
     return int(index) if index.isdigit() else None
 
 
 def pods_by_rank(flavor: str, pods: list[dict]) -> dict[int, dict]:
     """The newest pod of each node rank (a restarted node leaves older pods behind)."""
-    has_master = any(str(_pod_keys(p).get(_PJ_TYPE, "")).lower() == "master" for p in pods)
+    has_master = any(str(_pod_keys(p).get(PYTORCHJOB_REPLICA_TYPE, "")).lower() == "master" for p in pods)
     ranks: dict[int, dict] = {}
     for pod in pods:
         rank = node_rank(flavor, pod, has_master=has_master)
@@ -426,7 +430,7 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
     cluster = _cluster(cluster)
     out = out or sys.stdout
     rank = 0 if rank is None else rank
-    selector = f"app.kubernetes.io/instance={h.name},app.kubernetes.io/managed-by=ddpkit"
+    selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
     try:
         pods = cluster.pods(h.namespace, selector)
     except ApiError as err:
@@ -438,7 +442,7 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
                              f"see `ddpkit status {h}`")
     pod = ranks[rank]["metadata"]["name"]
     try:
-        for chunk in cluster.log(h.namespace, pod, CONTAINER[h.flavor], follow):
+        for chunk in cluster.log(h.namespace, pod, CONTAINER_NAME[h.flavor], follow):
             out.write(chunk)
             out.flush()
     except ApiError as err:
