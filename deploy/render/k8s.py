@@ -222,7 +222,6 @@ def context(job: JobSpec, flavor: str) -> dict[str, Any]:
     restart_policy = "Never"
     if flavor == "pytorchjob" and job.restarts:
         restart_policy = "OnFailure"
-    host, port = master_endpoint(job, flavor)
     ctx: dict[str, Any] = {
         "name": job.name,
         "namespace": k8s.namespace,
@@ -262,8 +261,7 @@ def context(job: JobSpec, flavor: str) -> dict[str, Any]:
         "runtime": k8s.runtime,
         "replicated_job": TRAINJOB_NODE,
         "patch_manager": PATCH_MANAGER,
-        "master_port": port,
-        "master_host": host,
+        "master_port": master_endpoint(job, flavor)[1],
     }
     if flavor == "pytorchjob":
         ctx["ports"] = [{"name": PYTORCHJOB_PORT_NAME, "containerPort": PYTORCHJOB_PORT}]
