@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from deploy.k8s_names import PYTORCHJOB_CONTAINER, TRAINJOB_NODE
+
 # --------------------------------------------------------------------------------------------
 # Problems
 
@@ -490,7 +492,7 @@ def _nproc(obj: dict, pod: dict) -> int | None:
 def _training_container(kind: str, pod: dict) -> dict | None:
     containers = pod.get("containers") or []
     if kind == "PyTorchJob":
-        return next((c for c in containers if c.get("name") == "pytorch"), None)
+        return next((c for c in containers if c.get("name") == PYTORCHJOB_CONTAINER), None)
     return containers[0] if containers else None
 
 
@@ -515,10 +517,10 @@ def _check_pytorchjob(spec: dict) -> list[tuple[str, str, str]]:
                           "runPolicy.backoffLimit (kubeflow/trainer#2045): a failing job loops "
                           "forever; use OnFailure"))
         containers = (((rspec or {}).get("template") or {}).get("spec") or {}).get("containers") or []
-        if not any(c.get("name") == "pytorch" for c in containers):
+        if not any(c.get("name") == PYTORCHJOB_CONTAINER for c in containers):
             names = ", ".join(repr(c.get("name")) for c in containers) or "none"
             found.append(("pytorch-container", f"spec.pytorchReplicaSpecs.{role}.template.spec.containers",
-                          f"no container named 'pytorch' (found {names}); the operator only "
+                          f"no container named {PYTORCHJOB_CONTAINER!r} (found {names}); the operator only "
                           "configures a container with that name"))
     return found
 
@@ -647,7 +649,7 @@ def _longest_hostname(obj: dict) -> str | None:
         if obj["kind"] == "Job" and spec.get("completionMode") == "Indexed":
             return f"{name}-{max(int(spec.get('completions', 1)) - 1, 0)}"
         if obj["kind"] == "TrainJob":
-            return f"{name}-node-0-{max(int((spec.get('trainer') or {}).get('numNodes', 1)) - 1, 0)}"
+            return f"{name}-{TRAINJOB_NODE}-0-{max(int((spec.get('trainer') or {}).get('numNodes', 1)) - 1, 0)}"
     except (KeyError, TypeError, ValueError, AttributeError):
         return None  # malformed: the schema layer reports it
     return None
