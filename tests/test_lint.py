@@ -256,6 +256,23 @@ def test_rule_names_pod_hostnames_fit_in_63_characters(crds):
     assert len(found) == 1 and f"pod hostname '{'a' * 55}-worker-11' is 65 characters" in found[0].message
 
 
+@pytest.mark.parametrize(("flavor", "nodes"), [
+    *((f, n) for f in ("pytorchjob", "trainjob", "jobset", "job") for n in (1, 3)),
+    ("pytorchjob", "2:4"),  # elastic: workers only
+])
+def test_longest_hostname_is_the_longest_the_controllers_give(flavor, nodes):
+    """lint's per-kind pod naming agrees with the controller emulation `--docker` runs."""
+    from deploy.render.k8s import render_objects
+    from deploy.spec import parse_job
+    from deploy.submit.docker import controller_pods
+
+    objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": nodes}),
+                          flavor=flavor)
+    workload = next(o for o in objs if o["kind"] in lint.TRAINING_KINDS)
+    hostnames = [p.hostname for p in controller_pods(objs)]
+    found = lint._longest_hostname(workload)
+    assert found in hostnames and len(found) == max(len(h) for h in hostnames), (found, hostnames)
+
 def indexed_job_file(**service_spec):
     from deploy.render.k8s import render_objects
     from deploy.spec import parse_job
