@@ -92,11 +92,9 @@ def _env(name: str, value: object) -> dict:
     return {"name": name, "value": str(value)}
 
 
-def _completion_index_env() -> dict:
-    # kubernetes pkg/controller/job/indexed_job_utils.go, addCompletionIndexEnvVariable: the
-    # Job controller adds JOB_COMPLETION_INDEX to every container of an Indexed Job's pods, as a
-    # fieldRef to the completion-index annotation it sets on the pod.
-    return {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+def _completion_index_env(name: str) -> dict:
+    """`name` as a fieldRef to the completion-index annotation of an Indexed Job's pod."""
+    return {"name": name, "valueFrom": {"fieldRef": {
         "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}}
 
 
@@ -201,8 +199,7 @@ def _pytorchjob_pods(obj: dict) -> list[Pod]:
 
 
 def _indexed_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
-                  extra_env: list[dict], extra_labels: dict[str, str],
-                  subdomain: str | None) -> list[Pod]:
+                  extra_labels: dict[str, str], subdomain: str | None) -> list[Pod]:
     """An Indexed Job's pods (kubernetes pkg/controller/job/job_controller.go and
     indexed_job_utils.go): pod `i` gets hostname `<job>-<i>` (set for Indexed Jobs), the
     completion-index annotation and label, and JOB_COMPLETION_INDEX."""
@@ -221,7 +218,9 @@ def _indexed_pods(job_name: str, namespace: str, job_spec: dict, *, first_index:
         pod = Pod(name=hostname, index=first_index + i, namespace=namespace, hostname=hostname,
                   subdomain=subdomain or template["spec"].get("subdomain"),
                   template=copy.deepcopy(template),
-                  injected_env=[_completion_index_env(), *extra_env],
+                  # kubernetes pkg/controller/job/indexed_job_utils.go,
+                  # addCompletionIndexEnvVariable
+                  injected_env=[_completion_index_env("JOB_COMPLETION_INDEX")],
                   labels={**_template_labels(template), **extra_labels,
                           COMPLETION_INDEX_KEY: str(i)},
                   annotations={**_template_annotations(template), COMPLETION_INDEX_KEY: str(i)})
@@ -252,8 +251,7 @@ def _jobset_pods(obj: dict, *, override=None) -> list[Pod]:
                       "jobset.sigs.k8s.io/job-index": str(j),
                       "jobset.sigs.k8s.io/job-global-index": str(global_index)}
             found = _indexed_pods(job_name, namespace, job_spec, first_index=len(pods),
-                                  extra_env=[], extra_labels=labels,
-                                  subdomain=subdomain)
+                                  extra_labels=labels, subdomain=subdomain)
             if subdomain:
                 for pod in found:
                     pod.dns_names = _service_names(f"{pod.hostname}.{subdomain}", namespace)
@@ -277,8 +275,7 @@ def _trainjob_pods(obj: dict, objects: list[dict]) -> list[Pod]:
     nodes = int(trainer.get("numNodes", 1))
     nproc = trainer.get("numProcPerNode", "auto")
     env = [_env("PET_NNODES", nodes), _env("PET_NPROC_PER_NODE", nproc),
-           {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-               "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}},
+           _completion_index_env("PET_NODE_RANK"),
            _env("PET_MASTER_ADDR", f"{name}-{TRAINJOB_NODE}-0-0.{name}"),
            _env("PET_MASTER_PORT", TRAINJOB_PORT)]
     patches = [p.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
@@ -366,7 +363,7 @@ def _job_pods(obj: dict, objects: list[dict]) -> list[Pod]:
     meta = obj["metadata"]
     namespace = meta.get("namespace", "default")
     pods = _indexed_pods(meta["name"], namespace, obj.get("spec") or {}, first_index=0,
-                         extra_env=[], extra_labels={}, subdomain=None)
+                         extra_labels={}, subdomain=None)
     for pod in pods:
         if pod.subdomain and _headless_service(objects, pod.subdomain, namespace, pod.labels):
             pod.dns_names = _service_names(f"{pod.hostname}.{pod.subdomain}", namespace)
