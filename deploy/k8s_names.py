@@ -26,6 +26,8 @@ COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
 # ddpkit's own names in what it renders
 
+#: Each flavor (`k8s.flavor`, `--flavor`) and the kind of its workload object.
+FLAVOR_KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob", "jobset": "JobSet", "job": "Job"}
 #: The training container of each flavor (the operators' names where they impose one).
 CONTAINER_NAME = {"pytorchjob": PYTORCHJOB_CONTAINER, "trainjob": TRAINJOB_NODE,
                   "jobset": "trainer", "job": "trainer"}

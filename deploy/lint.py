@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from deploy.k8s_names import PYTORCHJOB_CONTAINER, TRAINJOB_NODE
+from deploy.k8s_names import FLAVOR_KIND, PYTORCHJOB_CONTAINER, TRAINJOB_NODE
 
 # --------------------------------------------------------------------------------------------
 # Problems
@@ -431,7 +431,7 @@ LAUNCHER_OWNED_ENV = frozenset({
 })
 #: The kit's own variables (docs/CONTRACT.md); each must appear at most once.
 KIT_ENV_PREFIX = "DDPKIT_"
-TRAINING_KINDS = {"PyTorchJob", "TrainJob", "JobSet", "Job"}
+TRAINING_KINDS = frozenset(FLAVOR_KIND.values())
 
 RULES = {
     "pytorch-container": "every PyTorchJob replica has a container named `pytorch`",

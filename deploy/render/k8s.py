@@ -30,6 +30,7 @@ import yaml
 from deploy.errors import UserError
 from deploy.k8s_names import (
     CONTAINER_NAME,
+    FLAVOR_KIND,
     PYTORCHJOB_PORT,
     PYTORCHJOB_PORT_NAME,
     TRAINJOB_NODE,
@@ -40,7 +41,7 @@ from deploy.k8s_names import (
 from deploy.render import environment
 from deploy.spec import JOB_FILE_DIR, JobSpec
 
-FLAVORS = ("pytorchjob", "trainjob", "jobset", "job")
+FLAVORS = tuple(FLAVOR_KIND)
 JOB_FILE_NAME = "job.yaml"
 JOB_FILE_PATH = f"{JOB_FILE_DIR}/{JOB_FILE_NAME}"
 #: Rendezvous port on JobSet and Job, where ddpkit names the master itself (torchrun default).

@@ -49,6 +49,7 @@ from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
 from deploy.k8s_names import (
     COMPLETION_INDEX_KEY,
+    FLAVOR_KIND,
     PYTORCHJOB_CONTAINER,
     PYTORCHJOB_PORT,
     PYTORCHJOB_PORT_NAME,
@@ -386,7 +387,7 @@ def _headless_service(objects: list[dict], name: str, namespace: str, labels: di
 
 def controller_pods(objects: list[dict]) -> list[Pod]:
     """Every pod the workload object among `objects` would get, in node-rank order."""
-    workloads = [o for o in objects if o.get("kind") in ("PyTorchJob", "TrainJob", "JobSet", "Job")]
+    workloads = [o for o in objects if o.get("kind") in FLAVOR_KIND.values()]
     if len(workloads) != 1:
         raise UserError(f"the rendered manifest has {len(workloads)} workload objects; "
                         "--docker runs exactly one (PyTorchJob, TrainJob, JobSet or Job)")

@@ -24,6 +24,7 @@ from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s_names import (
     COMPLETION_INDEX_KEY,
     CONTAINER_NAME,
+    FLAVOR_KIND,
     PYTORCHJOB_REPLICA_INDEX,
     PYTORCHJOB_REPLICA_TYPE,
     configmap_name,
@@ -41,7 +42,6 @@ KINDS = {
     "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
     "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
 }
-FLAVOR_KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob", "jobset": "JobSet", "job": "Job"}
 #: What installs each custom kind (for the missing-CRD message).
 INSTALLS = {
     "PyTorchJob": "the Kubeflow training operator (v1)",
