@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy.errors import UserError
-from deploy.render.k8s import render_k8s
+from deploy.render.k8s import render_objects
 from deploy.spec import load_job
 from deploy.submit import docker as dk
 from tests.conftest import REPO
@@ -24,7 +24,7 @@ QUICK = str(REPO / "examples" / "quickstart-2node.yaml")
 
 def objects_for(path: str = QUICK, flavor: str = "pytorchjob", overrides=()) -> list[dict]:
     job = load_job(path, list(overrides))
-    return [o for o in yaml.safe_load_all(render_k8s(job, flavor=flavor)) if o]
+    return render_objects(job, flavor=flavor)
 
 
 def envs(objects, host_env=None):

@@ -42,8 +42,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from deploy import units
 from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
@@ -874,11 +872,10 @@ def default_run_dir(job, flavor: str) -> Path:
 def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | None = None,
                host_env: dict[str, str] | None = None) -> int:
     """Render `job` for Kubernetes and run its pods as containers; return the job's exit code."""
-    from deploy.render.k8s import render_k8s
+    from deploy.render.k8s import parse_objects, render_k8s
 
     flavor = flavor or job.k8s.flavor
-    text = render_k8s(job, flavor=flavor, source=source)
-    objects = [o for o in yaml.safe_load_all(text) if o]
+    objects = parse_objects(render_k8s(job, flavor=flavor, source=source))
     pods = controller_pods(objects)
     require_daemon()
     run_dir = Path(run_dir or default_run_dir(job, flavor))
