@@ -300,6 +300,27 @@ def test_elastic_nodes_on_a_fixed_size_flavor_is_an_exit_2_error(flavor, tmp_pat
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(("flavor", "kind"), [("trainjob", "TrainJob"), ("jobset", "JobSet"),
+                                              ("job", "Job")])
+def test_clean_pod_policy_is_pytorchjob_only(flavor, kind):
+    spec = job(k8s={"clean_pod_policy": "All"})
+    assert workload(objects(spec, "pytorchjob"))["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
+    with pytest.raises(UserError) as err:
+        k8s.render_k8s(spec, flavor=flavor)
+    assert err.value.problems == [f"k8s.clean_pod_policy: PyTorchJob only; remove it for a {kind}"]
+
+
+def test_what_a_trainjob_cannot_say_is_an_error_each():
+    spec = job(image_pull_policy="Always", k8s={"priority_class": "high", "scheduler_name": "volcano",
+                                                 "ttl_after_finished": "1h", "gang": True})
+    with pytest.raises(UserError) as err:
+        k8s.render_k8s(spec, flavor="trainjob")
+    assert [p.split(":")[0] for p in err.value.problems] == [
+        "k8s.gang", "k8s.priority_class", "k8s.scheduler_name", "k8s.ttl_after_finished",
+        "image_pull_policy"]
+    assert "set k8s.queue" in err.value.problems[0]
+    k8s.render_k8s(spec, flavor="pytorchjob")  # every one of them is PyTorchJob-expressible
+
 def test_cli_render_writes_the_file_and_lint_accepts_it(tmp_path):
     out = tmp_path / "out.yaml"
     example = next(p for p in EXAMPLES if p.stem == "multinode-gpu")

@@ -88,10 +88,8 @@ def check_flavor(job: JobSpec, flavor: str) -> None:
         if job.image_pull_policy != "IfNotPresent":
             problems.append("image_pull_policy: a TrainJob cannot set imagePullPolicy; leave it "
                             "IfNotPresent (set it in the runtime) or use another flavor")
-        if k8s.clean_pod_policy != "None":
-            problems.append("k8s.clean_pod_policy: PyTorchJob only; remove it for a TrainJob")
-    if flavor in ("jobset", "job") and k8s.clean_pod_policy != "None":
-        problems.append(f"k8s.clean_pod_policy: PyTorchJob only; remove it for a {flavor}")
+    if flavor != "pytorchjob" and k8s.clean_pod_policy != "None":
+        problems.append(f"k8s.clean_pod_policy: PyTorchJob only; remove it for a {FLAVOR_KIND[flavor]}")
     if problems:
         raise UserError(*problems)
 
