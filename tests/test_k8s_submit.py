@@ -207,6 +207,19 @@ def test_cancel_deletes_the_workload_then_its_configmap_and_service():
         sub.cancel("k8s://ml/job/demo", cluster=cluster)
 
 
+@pytest.mark.parametrize("flavor", list(sub.FLAVOR_KIND))
+def test_every_flavor_submits_through_known_kinds_and_cancel_removes_all_of_it(flavor):
+    """KINDS (the API paths status/cancel use) and cancel's list of objects match what the
+    renderer makes, for every flavor."""
+    cluster = FakeCluster()
+    sub.submit(job(), flavor=flavor, cluster=cluster)
+    for (kind, _, _), obj in cluster.objects.items():
+        group, version, _ = sub.KINDS[kind]
+        assert obj["apiVersion"] == (f"{group}/{version}" if group else version)
+    assert sub.status(f"k8s://ml/{flavor}/demo", cluster=cluster) == "PENDING"
+    sub.cancel(f"k8s://ml/{flavor}/demo", cluster=cluster)
+    assert cluster.objects == {}
+
 def pod(name, stamp="2026-01-01T00:00:00Z", **labels):
     return {"metadata": {"name": name, "creationTimestamp": stamp, "labels": labels}}
 
