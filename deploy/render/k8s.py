@@ -53,8 +53,6 @@ DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
 SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
 
 
-
-
 # --------------------------------------------------------------------------------------------
 # What each flavor can express
 
