@@ -220,6 +220,20 @@ def test_every_flavor_submits_through_known_kinds_and_cancel_removes_all_of_it(f
     sub.cancel(f"k8s://ml/{flavor}/demo", cluster=cluster)
     assert cluster.objects == {}
 
+@pytest.mark.parametrize(("flavor", "nodes"), [(f, 3) for f in sub.FLAVOR_KIND] + [("pytorchjob", "2:3")])
+def test_node_rank_of_every_pod_the_controllers_make_is_its_rank(flavor, nodes):
+    """`ddpkit logs --rank` reads ranks from pod labels and annotations as the controllers set
+    them (the emulation `--docker` runs) and finds each node's pod."""
+    from deploy.render.k8s import render_objects
+    from deploy.submit.docker import controller_pods
+
+    made = controller_pods(render_objects(job(nodes=nodes), flavor=flavor))
+    listed = [{"metadata": {"name": p.name, "labels": p.labels, "annotations": p.annotations}}
+              for p in made]
+    ranks = sub.pods_by_rank(flavor, listed)
+    assert {r: p["metadata"]["name"] for r, p in ranks.items()} == {p.index: p.name for p in made}
+    assert sorted(ranks) == list(range(len(made)))
+
 def pod(name, stamp="2026-01-01T00:00:00Z", **labels):
     return {"metadata": {"name": name, "creationTimestamp": stamp, "labels": labels}}
 
