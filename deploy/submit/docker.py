@@ -303,11 +303,11 @@ def _trainjob_pods(obj: dict, objects: list[dict]) -> list[Pod]:
 
     jobset = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
               "spec": copy.deepcopy(runtime["spec"]["template"]["spec"])}
-    pods = _jobset_pods(jobset, override=override)
+    pods = [p for p in _jobset_pods(jobset, override=override)
+            if p.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == TRAINJOB_NODE]
     for pod in pods:
-        if pod.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == TRAINJOB_NODE:
-            pod.injected_env = [*pod.injected_env, *env]
-    return [p for p in pods if p.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == TRAINJOB_NODE]
+        pod.injected_env = [*pod.injected_env, *env]
+    return pods
 
 
 #: The upstream `torch-distributed` ClusterTrainingRuntime (kubeflow/trainer v2.3.0,
