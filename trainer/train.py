@@ -262,6 +262,7 @@ class Trainer:
 
         self.step, self.epoch, self.micro = 0, 0, 0
         self.resumed_from: int | None = None
+        self.last_saved = -1  # the step of the newest checkpoint (resume sets it too)
         self.marks["optimizer+loader"] = time.time()
         self.resume()  # before DDP: every rank holds the same restored weights anyway
 
@@ -404,7 +405,6 @@ class Trainer:
         stopped = False
         t_prev = time.perf_counter()
         step_loss = None
-        self.last_saved = getattr(self, "last_saved", -1)
 
         def flush() -> None:
             if not pending:
@@ -461,9 +461,8 @@ class Trainer:
                     self.sync()
                     first_step_s = time.time() - self.t0
                     if self.is_main:
-                        marks = getattr(self, "marks", {})
                         log.info("first step %.2fs after launch (%s)", first_step_s, ", ".join(
-                            f"{k} {v - self.t0:.2f}s" for k, v in marks.items()))
+                            f"{k} {v - self.t0:.2f}s" for k, v in self.marks.items()))
                 if session_steps == STEADY_AFTER_STEPS or (window_t0 is None and session_steps == 1):
                     self.sync()
                     window_t0, window_steps, self.paused = time.perf_counter(), 0, 0.0
@@ -522,12 +521,12 @@ class Trainer:
         # (k = steps/5, 1..10), so "the loss went down" is not decided by one noisy batch.
         k = max(1, min(10, len(losses) // 5))
         ends = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else None
-        gathered = self.all_gather(
+        ranks = self.all_gather(
             {"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha, "ends": ends})
-        all_ends = [r.pop("ends") for r in gathered if r.get("ends")]
-        ranks = gathered
+        all_ends = [e for e in (r.pop("ends") for r in ranks) if e]  # no rank record keeps "ends"
         first_loss = sum(e[0] for e in all_ends) / len(all_ends) if all_ends else None
         final_loss = sum(e[1] for e in all_ends) / len(all_ends) if all_ends else None
+        identical = all(r["params_sha256"] == sha for r in ranks)
         window = window_steps if window_t0 is not None else 0
         elapsed = (t_end - window_t0 - paused) if window_t0 is not None else 0.0
         summary = {
@@ -549,8 +548,8 @@ class Trainer:
             "device": str(self.device),
             "hostnames": sorted({r["hostname"] for r in ranks}),
             "ranks": ranks,
-            "final_params_sha256": sha if all(r["params_sha256"] == sha for r in ranks) else None,
-            "params_identical": all(r["params_sha256"] == sha for r in ranks),
+            "final_params_sha256": sha if identical else None,
+            "params_identical": identical,
             "run_dir": str(self.run_dir),
             "checkpoint_dir": str(self.ckpt_dir),
         }
@@ -613,7 +612,6 @@ def run(job: Any, denv: Any, t0: float) -> int:
         if trainer.already_finished():
             return EXIT_OK
         trainer.setup()
-        marks["setup done"] = time.time()
         return trainer.train()
 
 
