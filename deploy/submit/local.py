@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from deploy.errors import UserError
+from trainer.launch import WORKER_VARS
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
@@ -49,8 +50,7 @@ def write_effective_job(job, run_dir: Path) -> Path:
 def launch_env(job, job_file: Path, nproc: int, port: int) -> dict[str, str]:
     env = {**os.environ, **{k: str(v) for k, v in job.env.items()}}
     for k in [k for k in env if k.startswith(("PET_", "SLURM_", "TORCHELASTIC_"))] + [
-        "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-        "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
+        *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
     ]:
         env.pop(k, None)  # a shell inside a cluster job must not make this look like one
     env.update({
