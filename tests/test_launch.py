@@ -16,9 +16,8 @@ from tests.trainer_util import (
     free_port,
     launch_env,
     start,
-    step_losses,
+    stop_after_steps,
     summary,
-    wait_for,
     write_job,
 )
 from trainer.launch import LaunchError, plan_launch, wait_for_master
@@ -240,13 +239,7 @@ def test_ddpkit_run_local_ctrl_c_checkpoints_and_the_rerun_finishes(tmp_path):
     run_dir = tmp_path / "runs" / "quickstart"
     cli = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True)
-    try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(step_losses(run_dir)) >= 2, 180,
-                 "two training steps")
-        cli.send_signal(signal.SIGINT)
-        out, _ = cli.communicate(timeout=120)
-    finally:
-        cli.kill()
+    out = stop_after_steps(cli, run_dir, 2, signal.SIGINT)
     assert cli.returncode == 143, out[-3000:]
     assert "quickstart: stopped" in out and "run the same command again to resume" in out
     stopped_at = summary(run_dir)["steps"]

@@ -18,8 +18,8 @@ from tests.trainer_util import (
     run,
     start,
     step_losses,
+    stop_after_steps,
     summary,
-    wait_for,
     write_job,
 )
 from trainer import checkpoint
@@ -194,13 +194,7 @@ def test_sigterm_checkpoints_exits_143_and_the_rerun_resumes(tmp_path):
                     {"every_steps": 1000})
     run_dir = tmp_path / "runs" / "term"
     proc = start(job, tmp_path)
-    try:
-        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(step_losses(run_dir)) >= 3, 180,
-                 "three training steps")
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    out = stop_after_steps(proc, run_dir, 3, signal.SIGTERM)
     assert proc.returncode == 143, out[-3000:]
     s = summary(run_dir)
     assert s["status"] == "stopped" and 3 <= s["steps"] < 100

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,11 @@ from pathlib import Path
 
 import yaml
 
+from deploy.submit.local import free_port  # noqa: F401  (re-exported for the tests)
+
 REPO = Path(__file__).resolve().parent.parent
 # Small and quiet by default: 1 thread per rank, no eval, no plot.
 FAST = {"threads": 1, "eval_every_epochs": 0, "plot": False, "log_every_steps": 1}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_job(tmp: Path, name: str = "t", train: dict | None = None, checkpoint: dict | None = None) -> Path:
@@ -70,6 +65,18 @@ def summary(run_dir: Path) -> dict:
     last = records(run_dir)[-1]
     assert last.get("summary"), f"last record of {run_dir}/metrics.jsonl is not a summary: {last}"
     return last
+
+
+def stop_after_steps(proc: subprocess.Popen, run_dir: Path, steps: int, signum: int) -> str:
+    """Wait until `run_dir` logged `steps` training steps, send `signum`, return the output."""
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and len(step_losses(run_dir)) >= steps, 180,
+                 f"{steps} training steps")
+        proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return out
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
