@@ -122,7 +122,7 @@ class Trainer:
 
         self.job, self.cfg, self.denv, self.device, self.stop, self.t0 = job, job.train, denv, device, stop, t0
         self.rank, self.world = denv.rank, denv.world_size
-        self.is_main = denv.rank == 0
+        self.is_main = denv.is_main
         self.run_dir = run_directory(self.cfg, job.name)
         ckpt = Path(job.checkpoint.dir)
         self.ckpt_dir = ckpt if ckpt.is_absolute() else self.run_dir / ckpt
