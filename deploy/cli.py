@@ -17,6 +17,7 @@ from pathlib import Path
 
 from deploy import __version__
 from deploy.errors import RuntimeFailure, UserError
+from deploy.k8s_names import FLAVOR_KIND
 
 STARTER = Path(__file__).with_name("starter.yaml")
 
@@ -212,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "  ddpkit render slurm examples/multinode-gpu.yaml -o job.sbatch && sbatch job.sbatch")
     p.add_argument("target", choices=["k8s", "slurm"], metavar="TARGET", help="k8s or slurm")
     _with_job(p)
-    p.add_argument("--flavor", choices=["pytorchjob", "trainjob", "jobset", "job"],
+    p.add_argument("--flavor", choices=list(FLAVOR_KIND),
                    help="k8s: override k8s.flavor")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically)")
 
@@ -224,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--docker", action="store_true",
                        help="each rendered Kubernetes pod as a Docker container")
     p.add_argument("--nproc", type=int, metavar="N", help="--local: processes (default: the job's)")
-    p.add_argument("--flavor", choices=["pytorchjob", "trainjob", "jobset", "job"],
+    p.add_argument("--flavor", choices=list(FLAVOR_KIND),
                    help="--docker: which Kubernetes flavor's pods to run")
 
     p = _command(sub, "submit", cmd_submit, "submit to a cluster; print a job handle",
@@ -233,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     _with_job(p)
     p.add_argument("--dry-run", action="store_true",
                    help="k8s: server-side dry run; slurm: sbatch --test-only")
-    p.add_argument("--flavor", choices=["pytorchjob", "trainjob", "jobset", "job"],
+    p.add_argument("--flavor", choices=list(FLAVOR_KIND),
                    help="k8s: override k8s.flavor")
     p.add_argument("--via", choices=["sbatch", "submitit"], help="slurm: how to submit")
 

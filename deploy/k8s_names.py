@@ -1,11 +1,21 @@
 """Names and numbers of Kubernetes objects that more than one module needs.
 
-Read by the renderer (`deploy.render.k8s`), its Docker emulation (`deploy.submit.docker`),
-`ddpkit lint` and the submit verbs (`deploy.submit.k8s`). It imports nothing, so `lint`,
-`cancel` and `logs` use it without loading the renderer (pydantic, jinja2).
+Read by the job model (`deploy.spec`), the renderer (`deploy.render.k8s`), its Docker
+emulation (`deploy.submit.docker`), `ddpkit lint` and the submit verbs (`deploy.submit.k8s`).
+It imports only the standard library, so `lint`, `cancel` and `logs` use it without loading the
+renderer (pydantic, jinja2).
 """
 
 from __future__ import annotations
+
+import re
+
+# Kubernetes' name rules (apimachinery pkg/util/validation)
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 # Upstream controllers' facts
 

@@ -27,7 +27,16 @@ from typing import Any
 
 import yaml
 
-from deploy.k8s_names import FLAVOR_KIND, PYTORCHJOB_CONTAINER, TRAINJOB_NODE
+from deploy.k8s_names import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    FLAVOR_KIND,
+    LABEL_NAME,
+    LABEL_VALUE,
+    PYTORCHJOB_CONTAINER,
+    TRAINJOB_NODE,
+)
 
 # --------------------------------------------------------------------------------------------
 # Problems
@@ -416,11 +425,6 @@ def as_pod_template(template: dict, name: str = "lint") -> dict:
 # --------------------------------------------------------------------------------------------
 # Rules no server checks
 
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 #: Env vars set by the launcher (torchrun), the operators or the Job controller; a container
 #: that sets one by hand fights the launcher (pain point 11).

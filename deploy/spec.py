@@ -30,6 +30,13 @@ from pydantic import (
 
 from deploy import units
 from deploy.errors import UserError
+from deploy.k8s_names import (
+    DNS1035_LABEL,
+    DNS1123_LABEL,
+    DNS1123_SUBDOMAIN,
+    FLAVOR_KIND,
+    LABEL_VALUE,
+)
 from deploy.yamlfile import load_scalar, load_yaml, read_text
 from trainer.config import CheckpointConfig, TrainConfig
 
@@ -41,11 +48,7 @@ from trainer.config import CheckpointConfig, TrainConfig
 #: characters. 40 leaves room for 10,000 nodes and every suffix ddpkit renders.
 MAX_NAME_LEN = 40
 
-DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&-]+$")  # partition, account, qos, constraint
 
@@ -309,7 +312,7 @@ class Toleration(Strict):
 class K8sSection(Strict):
     """Kubernetes-only settings."""
 
-    flavor: Literal["pytorchjob", "trainjob", "jobset", "job"] = Field(
+    flavor: Literal[tuple(FLAVOR_KIND)] = Field(  # type: ignore[valid-type]
         "pytorchjob", description="What to render: Kubeflow `pytorchjob` (v1), Trainer v2 "
         "`trainjob`, `jobset`, or `job` (Indexed Job + headless Service, no operator needed)."
     )
@@ -503,7 +506,7 @@ class JobSpec(Strict):
         if len(v) > MAX_NAME_LEN:
             raise ValueError(f"{len(v)} characters; at most {MAX_NAME_LEN} so every suffix a "
                              "target adds (e.g. -worker-12) stays a valid DNS name")
-        if not DNS1035.match(v):
+        if not DNS1035_LABEL.match(v):
             raise ValueError(f"{v!r} is not a DNS-1035 label: start with a letter, then "
                              "lowercase letters, digits and '-', end with a letter or digit")
         return v
