@@ -199,13 +199,15 @@ class SlurmLaunch:
         return submitit.helpers.DelayedSubmission(self)
 
     def environment(self, env: dict[str, str]) -> dict[str, str]:
-        """The DDPKIT_* variables for a task whose Slurm environment is `env`."""
-        hosts = _expand_hostlist(env["SLURM_JOB_NODELIST"])
+        """The DDPKIT_* variables for a task whose Slurm environment is `env`; the master
+        address and port come from trainer.launch's own Slurm rules (one formula)."""
+        from trainer.launch import slurm_first_host, slurm_port
+
         jobid = env["SLURM_JOB_ID"]
         job_file = Path(self.log_dir).resolve() / f"{self.name}-{jobid}.job.yaml"
         return {
-            "DDPKIT_MASTER_ADDR": hosts[0],
-            "DDPKIT_MASTER_PORT": str(15000 + int(jobid) % 10000),
+            "DDPKIT_MASTER_ADDR": slurm_first_host(env),
+            "DDPKIT_MASTER_PORT": slurm_port(env),
             "DDPKIT_RUN_ID": self.name,
             "DDPKIT_NNODES": env["SLURM_JOB_NUM_NODES"],
             "DDPKIT_NPROC_PER_NODE": str(self.nproc_per_node),
@@ -242,13 +244,6 @@ class SlurmLaunch:
         if rc != 0:
             raise RuntimeError(f"{' '.join(argv)} exited with code {rc}")
         return rc
-
-
-def _expand_hostlist(nodelist: str) -> list[str]:
-    """`node[01-03],gpu7` -> host names, with python-hostlist (the same as scontrol)."""
-    import hostlist
-
-    return hostlist.expand_hostlist(nodelist)
 
 
 # ---------------------------------------------------------------------------------------------
