@@ -49,7 +49,22 @@ def cpus_per_task(job: JobSpec) -> int | None:
     cpus = job.resources.cpus_per_node
     if cpus is None:
         return None
-    return max(1, math.floor(math.ceil(cpus) / tasks_per_node(job)))
+    return max(1, math.ceil(cpus) // tasks_per_node(job))
+
+
+def gpu_request(job: JobSpec) -> tuple[str, object] | None:
+    """The GPU option as (key, value): `gres`/`gpu:N` or `gpus-per-node`/N (slurm.gpu_flag)."""
+    if not job.gpus_per_node:
+        return None
+    if job.slurm.gpu_flag == "gres":
+        return "gres", f"gpu:{job.gpus_per_node}"
+    return "gpus-per-node", job.gpus_per_node
+
+
+def memory_mebibytes(job: JobSpec) -> int | None:
+    """resources.memory in MiB (`--mem`'s unit), rounded up; None leaves Slurm's default."""
+    memory = job.resources.memory_bytes
+    return None if memory is None else -(-memory // 2**20)
 
 
 def finished_marker(job: JobSpec) -> str | None:
@@ -108,13 +123,11 @@ def directives(job: JobSpec) -> list[str]:
     cpus = cpus_per_task(job)
     if cpus is not None:
         out.append(_directive("cpus-per-task", cpus, field="resources.cpus_per_node"))
-    if job.gpus_per_node:
-        if s.gpu_flag == "gres":
-            out.append(_directive("gres", f"gpu:{job.gpus_per_node}", field="gpus_per_node"))
-        else:
-            out.append(_directive("gpus-per-node", job.gpus_per_node, field="gpus_per_node"))
-    if job.resources.memory_bytes is not None:
-        mebibytes = math.ceil(job.resources.memory_bytes / 2**20)
+    gpus = gpu_request(job)
+    if gpus is not None:
+        out.append(_directive(*gpus, field="gpus_per_node"))
+    mebibytes = memory_mebibytes(job)
+    if mebibytes is not None:
         out.append(_directive("mem", f"{mebibytes}M", field="resources.memory"))
     if job.time_limit is not None:
         out.append(_directive("time", slurm_time(job.time_limit), field="time_limit"))

@@ -134,13 +134,12 @@ def _submit_submitit(job, *, cwd) -> str:
     cpus = render.cpus_per_task(job)
     if cpus is not None:
         params["cpus_per_task"] = cpus
-    if job.gpus_per_node:
-        if s.gpu_flag == "gres":
-            params["gres"] = f"gpu:{job.gpus_per_node}"
-        else:
-            params["gpus_per_node"] = job.gpus_per_node
-    if job.resources.memory_bytes is not None:
-        params["mem"] = f"{-(-job.resources.memory_bytes // 2**20)}M"
+    gpus = render.gpu_request(job)
+    if gpus is not None:
+        params[gpus[0].replace("-", "_")] = gpus[1]
+    mebibytes = render.memory_mebibytes(job)
+    if mebibytes is not None:
+        params["mem"] = f"{mebibytes}M"
     if job.time_limit is not None:
         params["time"] = -(-job.time_limit // 60)
     for key in ("partition", "account", "qos", "constraint"):
