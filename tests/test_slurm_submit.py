@@ -149,3 +149,51 @@ def test_submitit_launch_sets_the_same_contract(tmp_path, monkeypatch):
     assert env["DDPKIT_MASTER_ADDR"] == "node07" and env["DDPKIT_MASTER_PORT"] == "19242"
     assert env["DDPKIT_JOB_FILE"] == str(tmp_path / "logs" / "demo-4242.job.yaml")
     assert env["DDPKIT_NPROC_PER_NODE"] == "2" and env["DDPKIT_LAUNCHER"] == "torchrun"
+
+
+def test_submitit_gets_the_sbatch_scripts_resources(tmp_path, monkeypatch):
+    """`--via submitit` asks for what the #SBATCH lines ask for (same helpers, same rounding);
+    submitit itself is a recording stand-in here, the real one runs in the e2e tests."""
+    import sys
+    import types
+
+    recorded: dict = {}
+
+    class Executor:
+        def __init__(self, **kwargs):
+            recorded["executor"] = kwargs
+
+        def update_parameters(self, **params):
+            recorded["params"] = params
+
+        def submit(self, fn):
+            recorded["fn"] = fn
+            return types.SimpleNamespace(job_id="77")
+
+    monkeypatch.setitem(sys.modules, "submitit", types.SimpleNamespace(SlurmExecutor=Executor))
+    monkeypatch.setattr(slurm.shutil, "which", lambda cmd: f"/usr/bin/{cmd}")
+    job = parse_job(yaml.safe_load("""
+name: demo
+image: x:1
+nodes: 2
+gpus_per_node: 4
+resources: {cpus_per_node: 8, memory: 3000000000, shm: 64Mi}
+time_limit: 90s
+"""), overrides=["slurm.launcher=srun", "slurm.gpu_flag=gres", "slurm.partition=gpu"])
+    assert slurm.submit(job, via="submitit", cwd=tmp_path) == "slurm://77"
+    params = recorded["params"]
+    assert params["ntasks_per_node"] == 4 and params["cpus_per_task"] == 2
+    assert params["gres"] == "gpu:4" and "gpus_per_node" not in params
+    assert params["mem"] == "2862M" and params["time"] == 2 and params["partition"] == "gpu"
+    sbatch = directives_of(render_slurm(job))
+    for flag in ("--ntasks-per-node=4", "--cpus-per-task=2", "--gres=gpu:4", "--mem=2862M",
+                 "--time=0-00:02:00"):
+        assert flag in sbatch, flag
+    job = parse_job(yaml.safe_load("{name: demo, image: x:1, gpus_per_node: 2}"))
+    slurm.submit(job, via="submitit", cwd=tmp_path)
+    assert recorded["params"]["gpus_per_node"] == 2 and "gres" not in recorded["params"]
+    assert "mem" not in recorded["params"] and "cpus_per_task" not in recorded["params"]
+
+
+def directives_of(script: str) -> list[str]:
+    return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
