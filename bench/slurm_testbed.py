@@ -49,9 +49,9 @@ def timed(fn) -> float:
 def wait(handle: str, env: dict, want: str, restarts: str | None = None) -> None:
     run = lambda argv, **kw: subprocess.run(argv, env=env, **kw)  # noqa: E731
     while True:
-        info = submit_slurm.show_job(handle, runner=run) or {}
         state = submit_slurm.status(handle, runner=run)
-        if state == want and (restarts is None or info.get("Restarts") == restarts):
+        if state == want and (restarts is None or
+                              (submit_slurm.show_job(handle, runner=run) or {}).get("Restarts") == restarts):
             return
         if state in submit_slurm.TERMINAL and state != want:
             raise SystemExit(f"{handle} ended {state}")
