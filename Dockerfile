@@ -6,10 +6,11 @@
 #           BuildKit bind mount, so nothing is fetched during the build (air-gapped sites, CI).
 #
 # BASE_IMAGE defaults to the official PyTorch runtime image of the pinned torch release (its
-# python already has torch, so pip keeps it). Any Debian/Ubuntu image with python3 (>= 3.10,
-# venv module included) works too, e.g. a bare Debian made with debootstrap: torch then comes
-# from the wheelhouse. No `# syntax=` line on purpose: that would pull a frontend image, which
-# an air-gapped daemon cannot do; the built-in BuildKit frontend supports RUN --mount.
+# python already has torch, so pip keeps it). Any Debian/Ubuntu image with python3 (>= 3.11:
+# the deps stage reads pyproject.toml with tomllib; venv module included) works too, e.g. a
+# bare Debian made with debootstrap: torch then comes from the wheelhouse. No `# syntax=` line
+# on purpose: that would pull a frontend image, which an air-gapped daemon cannot do; the
+# built-in BuildKit frontend supports RUN --mount.
 ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda13.0-cudnn9-runtime
 
 # ---- python: the base plus a python3 that can make virtual environments -------------------
