@@ -37,6 +37,7 @@ from deploy.k8s_names import (
     PYTORCHJOB_CONTAINER,
     TRAINJOB_NODE,
 )
+from deploy.yamlfile import load_documents
 
 # --------------------------------------------------------------------------------------------
 # Problems
@@ -345,8 +346,7 @@ def _load_documents(file: Path, text: str | None = None) -> list[Any]:
         if text is None:
             text = file.read_text()
         # libyaml's loader when present: the upstream CRDs are ~3 MB of YAML (2 s vs 0.3 s).
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-        return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+        return load_documents(text)
     except OSError as exc:
         raise LintInputError(f"{file}: cannot read ({exc.strerror})") from None
     except yaml.YAMLError as exc:

@@ -37,7 +37,7 @@ from deploy.k8s_names import (
     FLAVOR_KIND,
     LABEL_VALUE,
 )
-from deploy.yamlfile import load_scalar, load_yaml, read_text
+from deploy.yamlfile import Dumper, load_scalar, load_yaml, read_text
 from trainer.config import CheckpointConfig, TrainConfig
 
 # --------------------------------------------------------------------------------------------
@@ -571,8 +571,7 @@ class JobSpec(Strict):
 
     def to_yaml(self) -> str:
         """The normalised job (overrides applied, defaults filled): what every node reads."""
-        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-        return yaml.dump(self.model_dump(mode="json"), Dumper=dumper, sort_keys=False, width=100)
+        return yaml.dump(self.model_dump(mode="json"), Dumper=Dumper, sort_keys=False, width=100)
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from pathlib import Path
 import jinja2
 import yaml
 
+from deploy.yamlfile import Dumper
+
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -38,7 +40,7 @@ def yaml_scalar(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+class _Dumper(Dumper):  # type: ignore[misc, valid-type]
     """Safe YAML (libyaml when present); multi-line strings as literal blocks (`|`), so a job
     file carried in a ConfigMap stays readable."""
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
-
 from deploy.errors import UserError
 from deploy.k8s_names import (
     CONTAINER_NAME,
@@ -40,6 +38,7 @@ from deploy.k8s_names import (
 )
 from deploy.render import environment
 from deploy.spec import JOB_FILE_DIR, JobSpec
+from deploy.yamlfile import load_documents
 
 FLAVORS = tuple(FLAVOR_KIND)
 JOB_FILE_NAME = "job.yaml"
@@ -322,5 +321,4 @@ def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
 
 
 def parse_objects(text: str) -> list[dict]:
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+    return load_documents(text)
