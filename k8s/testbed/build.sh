@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Build the Kubernetes testbed's Go binaries from their published Go modules, once per version.
+#
+#   bash k8s/testbed/build.sh            # builds what is missing, prints the cache's bin dir last
+#
+# Everything lands in $DDPKIT_K8S_CACHE/<component>-<version>/ (default /var/cache/ddpkit/k8s),
+# outside the clone, so a later clone (and CI on the same machine) reuses an earlier build.
+# Each component has its own stamp: an interrupted build resumes with the next component.
+set -euo pipefail
+
+KUBERNETES_VERSION=${KUBERNETES_VERSION:-1.34.10}
+ETCD_VERSION=${ETCD_VERSION:-3.6.14}
+CONTAINERD_VERSION=${CONTAINERD_VERSION:-2.1.6}
+COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
+TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION:-1.9.3}
+JOBSET_VERSION=${JOBSET_VERSION:-0.12.0}
+TRAINER_VERSION=${TRAINER_VERSION:-2.3.0}
+
+CACHE=${DDPKIT_K8S_CACHE:-/var/cache/ddpkit/k8s}
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=${CGO_ENABLED:-0}
+# One Go build cache for every component: the k8s libraries they share compile once.
+export GOCACHE=${GOCACHE:-$CACHE/go-build}
+mkdir -p "$CACHE/bin"
+
+log() { printf '[k8s-build %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# build NAME VERSION FUNCTION: run FUNCTION in a scratch module dir unless NAME-VERSION is built.
+build() {
+  local name=$1 version=$2 fn=$3 dir="$CACHE/$1-$2" started=$SECONDS
+  if [[ -f $dir/.done ]]; then log "$name $version: cached"; return; fi
+  rm -rf "$dir"; mkdir -p "$dir/bin" "$dir/src"
+  log "$name $version: building"
+  ( cd "$dir/src" && "$fn" "$version" "$dir/bin" )
+  echo "$((SECONDS - started))" > "$dir/.seconds"
+  touch "$dir/.done"
+  log "$name $version: built in $((SECONDS - started)) s"
+}
+
+# A wrapper module: k8s.io/kubernetes maps its staging modules with local replaces, which
+# `go install pkg@version` refuses, so require it here and point each staging module at its
+# published v0.<minor>.<patch> tag instead.
+kubernetes() {
+  local v=$1 out=$2 mod staging
+  go mod init ddpkit.local/k8s-testbed >/dev/null 2>&1
+  go mod edit -go=1.24.0 -require="k8s.io/kubernetes@v$v"
+  mod=$(go mod download -json "k8s.io/kubernetes@v$v" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+  staging=$(sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/src/.*#\1#p' "$mod")
+  for m in $staging; do go mod edit -replace="$m=$m@v0.${v#1.}"; done
+  printf 'godebug default=go1.24\n' >> go.mod
+  cat > tools.go <<'EOF'
+//go:build tools
+
+package tools
+EOF
+  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$v" "k8s.io/kubernetes/cmd/kubelet@v$v" \
+    "k8s.io/kubernetes/cmd/kube-controller-manager@v$v" "k8s.io/kubernetes/cmd/kube-scheduler@v$v" \
+    "k8s.io/kubernetes/cmd/kubectl@v$v" >/dev/null 2>&1 || true
+  local major=${v%%.*} minor=${v#*.}; minor=${minor%%.*} ld="-s -w"
+  for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    ld+=" -X $p.gitVersion=v$v -X $p.gitMajor=$major -X $p.gitMinor=$minor"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  # one go build for all five: their shared packages compile once
+  go build -trimpath -tags selinux,notest -ldflags "$ld" -o "$out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+  # the sandbox ("pause") image's binary, from the same release's source
+  local src; src=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)
+  gcc -Os -Wall -Werror -static -DVERSION="v$v" -o "$out/pause" "$src/build/pause/linux/pause.c"
+}
+
+etcd() {   # server/v3's go.mod replaces its siblings with ../ paths: wrap it too
+  local v=$1 out=$2
+  go mod init ddpkit.local/etcd >/dev/null 2>&1
+  go mod edit -require="go.etcd.io/etcd/server/v3@v$v"
+  go get "go.etcd.io/etcd/server/v3@v$v" >/dev/null
+  go build -trimpath -ldflags "-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=v$v" \
+    -o "$out/etcd" go.etcd.io/etcd/server/v3
+}
+
+containerd() {
+  local v=$1 out=$2 p=github.com/containerd/containerd/v2
+  GOBIN=$out go install -trimpath -tags no_btrfs,no_devmapper,no_zfs \
+    -ldflags "-s -w -X $p/version.Version=v$v" \
+    "$p/cmd/containerd@v$v" "$p/cmd/containerd-shim-runc-v2@v$v" "$p/cmd/ctr@v$v"
+}
+
+coredns() {
+  GOBIN=$2 go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$1"
+}
+
+training_operator() {
+  GOBIN=$2 go install -trimpath -ldflags "-s -w" \
+    "github.com/kubeflow/training-operator/cmd/training-operator.v1@v$1"
+}
+
+jobset() {
+  GOBIN=$2 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/jobset/cmd/jobset@v$1" 2>/dev/null \
+    || GOBIN=$2 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/jobset@v$1"
+}
+
+trainer() {
+  GOBIN=$2 go install -trimpath -ldflags "-s -w" \
+    "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$1"
+}
+
+start=$SECONDS
+build kubernetes "$KUBERNETES_VERSION" kubernetes
+build etcd "$ETCD_VERSION" etcd
+build containerd "$CONTAINERD_VERSION" containerd
+build coredns "$COREDNS_VERSION" coredns
+build training-operator "$TRAINING_OPERATOR_VERSION" training_operator
+build jobset "$JOBSET_VERSION" jobset
+build trainer "$TRAINER_VERSION" trainer
+for d in kubernetes-$KUBERNETES_VERSION etcd-$ETCD_VERSION containerd-$CONTAINERD_VERSION \
+         coredns-$COREDNS_VERSION training-operator-$TRAINING_OPERATOR_VERSION \
+         jobset-$JOBSET_VERSION trainer-$TRAINER_VERSION; do
+  ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
+done
+log "all built or cached in $((SECONDS - start)) s; $(du -sh "$CACHE" --exclude=go-build | cut -f1) of binaries"
+echo "$CACHE/bin"
