@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# The CPU wheel of torch next to the project (../shared/wheels), when there is one: PyPI's
+# torch==2.13.0 is a multi-GB CUDA build. Without the folder pip resolves torch as usual.
+WHEELS := $(wildcard ../shared/wheels)
+export PIP_FIND_LINKS := $(if $(WHEELS),$(abspath $(WHEELS)),$(PIP_FIND_LINKS))
 
 .PHONY: demo test lint docs bench clean image
 
