@@ -89,11 +89,19 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from deploy.problems import refuse, target_problems, targets_of
+
     job = _load(args)
+    if args.flavor and args.target == "slurm":
+        raise UserError("--flavor applies to --target k8s only")
+    targets = [args.target] if args.target else (["k8s"] if args.flavor else targets_of(job))
+    problems = [p for t in targets for p in target_problems(job, t, flavor=args.flavor)]
+    refuse(job, problems)
+    checked = ", ".join(f"k8s ({args.flavor or job.k8s.flavor})" if t == "k8s" else t for t in targets)
     nodes = f"{job.nodes} nodes" if job.nodes.elastic else f"{job.nodes.min} node(s)"
     device = f"{job.gpus_per_node} GPU(s)" if job.gpus_per_node else "CPU"
     print(f"{args.job}: ok: {job.name}, {nodes} x {job.nproc_per_node} process(es) on {device}, "
-          f"world size {job.world_size}, backend {job.backend}")
+          f"world size {job.world_size}, backend {job.backend}; checked for {checked}")
     return 0
 
 
@@ -207,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "validate", cmd_validate, "check a job file; print every problem at once",
                  "ddpkit validate examples/multinode-gpu.yaml --set nodes=4")
     _with_job(p)
+    p.add_argument("--target", choices=["k8s", "slurm"],
+                   help="check for this target only (default: the targets whose section, k8s: "
+                        "or slurm:, the job writes; every target when it writes neither)")
+    p.add_argument("--flavor", choices=list(FLAVOR_KIND),
+                   help="k8s: check this flavor instead of k8s.flavor (implies --target k8s)")
 
     p = _command(sub, "render", cmd_render, "print Kubernetes manifests or an sbatch script",
                  "ddpkit render k8s examples/multinode-gpu.yaml | kubectl apply -f -\n"

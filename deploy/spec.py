@@ -22,6 +22,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_serializer,
@@ -37,6 +38,7 @@ from deploy.k8s_names import (
     FLAVOR_KIND,
     LABEL_VALUE,
 )
+from deploy.problems import Problem, Problems
 from deploy.yamlfile import Dumper, load_scalar, load_yaml, read_text
 from trainer.config import CheckpointConfig, TrainConfig
 
@@ -226,8 +228,8 @@ class Resources(Strict):
     @model_validator(mode="after")
     def _shm_fits(self) -> Resources:
         if self.memory is not None and self.shm_bytes > units.parse_quantity(self.memory):
-            raise ValueError(f"shm ({self.shm}) exceeds memory ({self.memory}); /dev/shm counts "
-                             "against the memory limit: lower shm or raise memory")
+            raise Problems([Problem("shm", f"{self.shm} exceeds memory ({self.memory}); /dev/shm "
+                                    "counts against the memory limit", "lower shm or raise memory")])
         return self
 
 
@@ -530,28 +532,49 @@ class JobSpec(Strict):
     def _cross_field(self) -> JobSpec:
         problems = []
         if self.gpus_per_node and self.procs_per_node not in (None, self.gpus_per_node):
-            problems.append(f"procs_per_node ({self.procs_per_node}) must equal gpus_per_node "
-                            f"({self.gpus_per_node}): one process per GPU; remove procs_per_node")
-        names = [v.name for v in self.volumes]
-        mounts = [v.mount.rstrip("/") for v in self.volumes]
-        for label, values in (("volume name", names), ("mount path", mounts)):
-            dups = sorted({x for x in values if values.count(x) > 1})
-            if dups:
-                problems.append(f"volumes: {label} {', '.join(dups)} used twice; make them unique")
-        secret_names = [s.name for s in self.secret_env]
-        clash = sorted(set(secret_names) & set(self.env)) + sorted(
-            {x for x in secret_names if secret_names.count(x) > 1})
-        if clash:
-            problems.append(f"secret_env: {', '.join(clash)} set twice (env or secret_env); keep one")
+            problems.append(Problem(
+                "procs_per_node", f"{self.procs_per_node} must equal gpus_per_node "
+                f"({self.gpus_per_node}): one process per GPU", "remove procs_per_node"))
+        for field, key in (("name", lambda v: v.name), ("mount", lambda v: v.mount.rstrip("/"))):
+            values = [key(v) for v in self.volumes]
+            for i, value in enumerate(values):
+                if value in values[:i]:
+                    problems.append(Problem(f"volumes.{i}.{field}", f"{value} is used twice",
+                                            f"give each volume its own {field}"))
+        seen = set(self.env)
+        for i, secret in enumerate(self.secret_env):
+            if secret.name in seen:
+                problems.append(Problem(f"secret_env.{i}.name", f"{secret.name} is set twice "
+                                        "(env or secret_env)", "keep one"))
+            seen.add(secret.name)
         if self.slurm.requeue and self.restarts < 1:
-            problems.append("slurm.requeue needs restarts >= 1 (each requeue is one restart); set restarts")
+            problems.append(Problem("slurm.requeue", "needs restarts >= 1 (each requeue is one "
+                                    "restart)", "set restarts"))
         if (self.slurm.requeue and self.time_limit is not None
                 and self.time_limit <= self.slurm.signal_seconds):
-            problems.append(f"time_limit ({units.format_duration(self.time_limit)}) must exceed "
-                            f"slurm.signal_seconds ({self.slurm.signal_seconds}s)")
+            problems.append(Problem(
+                "time_limit", f"{units.format_duration(self.time_limit)} must exceed "
+                f"slurm.signal_seconds ({self.slurm.signal_seconds}s)",
+                "raise time_limit or lower slurm.signal_seconds"))
         if problems:
-            raise ValueError("; ".join(problems))
+            raise Problems(problems)
         return self
+
+    # ---- where a field was written: the line map of the job file it came from ------------------
+
+    _origin: tuple = PrivateAttr(default=("job.yaml", {}, frozenset()))
+
+    def where(self, path: str | tuple) -> str:
+        """`FILE:LINE` of a dotted field path (its nearest written parent), or `--set KEY`."""
+        loc = tuple(int(p) if isinstance(p, str) and p.isdigit() else p
+                    for p in (path.split(".") if isinstance(path, str) else path))
+        return locate(loc, *self._origin)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal jobs are equal wherever they were read from (the origin is not compared)."""
+        return isinstance(other, JobSpec) and self.__dict__ == other.__dict__
+
+    __hash__ = None  # type: ignore[assignment]
 
     # ---- derived topology: the one source every renderer uses --------------------------------
 
@@ -658,23 +681,33 @@ def _clean_loc(loc: tuple) -> tuple:
     return tuple(p for p in loc if isinstance(p, int) or not re.search(r"[\[\]()]|^function-", str(p)))
 
 
+def locate(loc: tuple, source: str, lines: dict, overridden: set) -> str:
+    """Where the field at `loc` was written: `--set KEY`, `FILE:LINE` of it or its nearest
+    written parent, else just FILE."""
+    for n in range(len(loc), -1, -1):
+        prefix = loc[:n]
+        if prefix in overridden:
+            return f"--set {'.'.join(map(str, prefix))}"
+        if prefix in lines:
+            return f"{source}:{lines[prefix]}"
+    return source
+
+
 def validation_problems(exc: ValidationError, source: str, lines: dict, overridden: set) -> list[str]:
     problems = []
     for err in exc.errors():
         loc = _clean_loc(err["loc"])
-        dotted = ".".join(str(p) for p in loc) or "(top level)"
-        where = source
-        for n in range(len(loc), -1, -1):
-            prefix = loc[:n]
-            if prefix in overridden:
-                where = f"--set {'.'.join(map(str, prefix))}"
-                break
-            if prefix in lines:
-                where = f"{source}:{lines[prefix]}"
-                break
-        line = f"{where}: {dotted}: {_message(err)}"
-        if line not in problems:
-            problems.append(line)
+        error = (err.get("ctx") or {}).get("error")
+        if isinstance(error, Problems):
+            found = [(loc + tuple(int(p) if p.isdigit() else p for p in problem.path.split(".")),
+                      problem.text) for problem in error.problems]
+        else:
+            found = [(loc, _message(err))]
+        for where_loc, message in found:
+            dotted = ".".join(str(p) for p in where_loc) or "(top level)"
+            line = f"{locate(where_loc, source, lines, overridden)}: {dotted}: {message}"
+            if line not in problems:
+                problems.append(line)
     return problems
 
 
@@ -690,9 +723,11 @@ def parse_job(data: Any, *, source: str = "job.yaml", lines: dict | None = None,
         overridden.add(tuple(int(p) if p.isdigit() else p
                              for p in assignment.partition("=")[0].strip().split(".")))
     try:
-        return JobSpec.model_validate(data)
+        job = JobSpec.model_validate(data)
     except ValidationError as exc:
         raise UserError(*validation_problems(exc, source, lines or {}, overridden)) from None
+    job._origin = (source, lines or {}, frozenset(overridden))
+    return job
 
 
 def load_job(path: str, overrides: list[str] = ()) -> JobSpec:

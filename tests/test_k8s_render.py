@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
@@ -67,7 +69,9 @@ def test_golden(case, golden):
     if (path.stem, flavor) in UNRENDERABLE:
         with pytest.raises(UserError) as err:
             render(path, flavor)
-        assert err.value.problems[0].startswith(UNRENDERABLE[(path.stem, flavor)])
+        # located in the job file, like `ddpkit validate` says it (deploy/problems.py)
+        assert re.match(rf"{re.escape(str(path))}:\d+: {UNRENDERABLE[(path.stem, flavor)]}",
+                        err.value.problems[0]), err.value.problems[0]
         return
     golden(f"k8s/{path.stem}.{flavor}.yaml", render(path, flavor))
 
@@ -296,8 +300,11 @@ def test_elastic_nodes_on_a_fixed_size_flavor_is_an_exit_2_error(flavor, tmp_pat
     path.write_text("name: demo\nimage: img:1\nnodes: '2:4'\n")
     result = ddpkit("render", "k8s", str(path), "--flavor", flavor)
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.startswith("error: nodes: elastic 2:4 needs the pytorchjob flavor")
+    assert result.stderr.startswith(f"error: {path}:3: nodes: elastic 2:4 needs the pytorchjob flavor")
     assert "Traceback" not in result.stderr
+    # validate finds the very same refusal, with the same line (deploy/problems.py)
+    checked = ddpkit("validate", str(path), "--flavor", flavor)
+    assert (checked.returncode, checked.stdout, checked.stderr) == (2, "", result.stderr)
 
 
 @pytest.mark.parametrize(("flavor", "kind"), [("trainjob", "TrainJob"), ("jobset", "JobSet"),
@@ -307,7 +314,7 @@ def test_clean_pod_policy_is_pytorchjob_only(flavor, kind):
     assert workload(objects(spec, "pytorchjob"))["spec"]["runPolicy"]["cleanPodPolicy"] == "All"
     with pytest.raises(UserError) as err:
         k8s.render_k8s(spec, flavor=flavor)
-    assert err.value.problems == [f"k8s.clean_pod_policy: PyTorchJob only; remove it for a {kind}"]
+    assert err.value.problems == [f"job.yaml: k8s.clean_pod_policy: PyTorchJob only; remove it for a {kind}"]
 
 
 def test_what_a_trainjob_cannot_say_is_an_error_each():
@@ -315,7 +322,7 @@ def test_what_a_trainjob_cannot_say_is_an_error_each():
                                                  "ttl_after_finished": "1h", "gang": True})
     with pytest.raises(UserError) as err:
         k8s.render_k8s(spec, flavor="trainjob")
-    assert [p.split(":")[0] for p in err.value.problems] == [
+    assert [p.split(": ")[1] for p in err.value.problems] == [
         "k8s.gang", "k8s.priority_class", "k8s.scheduler_name", "k8s.ttl_after_finished",
         "image_pull_policy"]
     assert "set k8s.queue" in err.value.problems[0]

@@ -17,7 +17,8 @@ Choices, each the same on every flavor unless said otherwise:
   multi-node job; extended resources require it anyway).
 - `/dev/shm` is a memory-backed emptyDir sized from `resources.shm` (pods get 64 MiB otherwise).
 - Service-mesh sidecars are turned off (they intercept NCCL/gloo traffic).
-- A flavor that cannot express something the job asks for is a `UserError`, never a silent drop.
+- A flavor that cannot express something the job asks for is a `Problem` of `check(job, flavor)`
+  (deploy/problems.py: `ddpkit validate` reports the same), never a silent drop.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from deploy.errors import UserError
 from deploy.k8s_names import (
     CONTAINER_NAME,
     FLAVOR_KIND,
@@ -36,6 +36,7 @@ from deploy.k8s_names import (
     configmap_name,
     pod_selector,
 )
+from deploy.problems import Problem, require
 from deploy.render import environment
 from deploy.spec import JOB_FILE_DIR, JobSpec
 from deploy.yamlfile import load_documents
@@ -56,19 +57,21 @@ SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabl
 # What each flavor can express
 
 
-def check_flavor(job: JobSpec, flavor: str) -> None:
-    """Raise UserError for everything the job asks that `flavor` cannot say."""
+def check(job: JobSpec, flavor: str) -> list[Problem]:
+    """Everything the job asks that `flavor` cannot say (deploy/problems.py: what `ddpkit
+    validate` and the renderer report)."""
     if flavor not in FLAVORS:
-        raise UserError(f"k8s.flavor: {flavor!r} is not a flavor; use one of {', '.join(FLAVORS)}")
+        return [Problem("k8s.flavor", f"{flavor!r} is not a flavor", f"use one of {', '.join(FLAVORS)}")]
     problems = []
     k8s = job.k8s
     if job.nodes.elastic and flavor != "pytorchjob":
-        problems.append(f"nodes: elastic {job.nodes} needs the pytorchjob flavor "
-                        f"(elasticPolicy); {flavor} runs a fixed node count: set nodes: {job.nodes.max} "
-                        "or --flavor pytorchjob")
+        problems.append(Problem(
+            "nodes", f"elastic {job.nodes} needs the pytorchjob flavor (elasticPolicy); {flavor} "
+            "runs a fixed node count", f"set nodes: {job.nodes.max} or --flavor pytorchjob"))
     if k8s.gang and flavor != "pytorchjob" and not k8s.queue:
-        problems.append(f"k8s.gang: the {flavor} flavor is gang-admitted by Kueue: set k8s.queue "
-                        "to a LocalQueue (or use --flavor pytorchjob, schedulingPolicy.minAvailable)")
+        problems.append(Problem(
+            "k8s.gang", f"the {flavor} flavor is gang-admitted by Kueue",
+            "set k8s.queue to a LocalQueue (or use --flavor pytorchjob, schedulingPolicy.minAvailable)"))
     if flavor == "trainjob":
         # Trainer v2.3 runtimePatches: pod metadata, nodeSelector, tolerations, serviceAccount,
         # imagePullSecrets, terminationGracePeriodSeconds, volumes and container env/mounts.
@@ -79,16 +82,18 @@ def check_flavor(job: JobSpec, flavor: str) -> None:
         }
         for field, value in unsupported.items():
             if value is not None:
-                problems.append(f"{field}: a TrainJob cannot set it (Trainer v2.3 runtimePatches "
-                                "have no such field); set it in the ClusterTrainingRuntime "
-                                f"{k8s.runtime!r} or use another flavor")
+                problems.append(Problem(
+                    field, "a TrainJob cannot set it (Trainer v2.3 runtimePatches have no such "
+                    f"field)", f"set it in the ClusterTrainingRuntime {k8s.runtime!r} or use "
+                    "another flavor"))
         if job.image_pull_policy != "IfNotPresent":
-            problems.append("image_pull_policy: a TrainJob cannot set imagePullPolicy; leave it "
-                            "IfNotPresent (set it in the runtime) or use another flavor")
+            problems.append(Problem(
+                "image_pull_policy", "a TrainJob cannot set imagePullPolicy",
+                "leave it IfNotPresent (set it in the runtime) or use another flavor"))
     if flavor != "pytorchjob" and k8s.clean_pod_policy != "None":
-        problems.append(f"k8s.clean_pod_policy: PyTorchJob only; remove it for a {FLAVOR_KIND[flavor]}")
-    if problems:
-        raise UserError(*problems)
+        problems.append(Problem("k8s.clean_pod_policy", "PyTorchJob only",
+                                f"remove it for a {FLAVOR_KIND[flavor]}"))
+    return problems
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +307,7 @@ def _render(template: str, ctx: dict[str, Any]) -> str:
 def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
     """Multi-document YAML for `flavor` (default: job.k8s.flavor)."""
     flavor = flavor or job.k8s.flavor
-    check_flavor(job, flavor)
+    require(job, "k8s", flavor=flavor)
     ctx = context(job, flavor)
     if flavor != "trainjob":
         ctx["pod_template"] = _render("_pod.yaml.j2", ctx).rstrip("\n")

@@ -23,7 +23,7 @@ import posixpath
 import re
 
 from deploy import __version__
-from deploy.errors import UserError
+from deploy.problems import Problem, require
 from deploy.render import render_template, shquote
 from deploy.spec import JobSpec
 from deploy.units import slurm_time
@@ -36,7 +36,22 @@ _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&~-]+$")
 
 def render_slurm(job: JobSpec, *, source: str = "job.yaml") -> str:
     """The sbatch script for `job`; `source` is the job file's name, shown in the header."""
+    require(job, "slurm")
     return render_template("slurm", "job.sh.j2", **slurm_context(job, source=source))
+
+
+def check(job: JobSpec) -> list[Problem]:
+    """Everything an sbatch script (or submitit) cannot do with `job` (deploy/problems.py:
+    `ddpkit validate` reports the same lines as `render slurm` and `submit slurm`)."""
+    problems = []
+    s = job.slurm
+    if not _DIRECTIVE_VALUE.match(s.log_dir):
+        problems.append(Problem("slurm.log_dir", f"{s.log_dir!r} cannot go into an #SBATCH line",
+                                "use letters, digits and _.,:@%+=/|&~- only (no spaces or quotes)"))
+    if any(line == HEREDOC_END for line in job.to_yaml().splitlines()):
+        problems.append(Problem("(top level)", f"the job contains a line {HEREDOC_END!r}, which "
+                                "ends the embedded job file", "change that value"))
+    return problems
 
 
 def tasks_per_node(job: JobSpec) -> int:
@@ -105,9 +120,8 @@ def _directive(key: str, value: object = None, *, field: str) -> str:
     if value is None:
         return f"--{key}"
     text = str(value)
-    if not _DIRECTIVE_VALUE.match(text):
-        raise UserError(f"{field}: {text!r} cannot go into an #SBATCH line; use letters, digits "
-                        "and _.,:@%+=/|&~- only (no spaces or quotes)")
+    if not _DIRECTIVE_VALUE.match(text):  # check() refuses every user value that could
+        raise RuntimeError(f"{field}: {text!r} reached an #SBATCH line unchecked")
     return f"--{key}={text}"
 
 
@@ -219,8 +233,6 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
     job_yaml = job.to_yaml()
     if not job_yaml.endswith("\n"):
         job_yaml += "\n"
-    if any(line == HEREDOC_END for line in job_yaml.splitlines()):
-        raise UserError(f"the job contains a line {HEREDOC_END!r}, which ends the embedded job file")
     return {
         "version": __version__,
         "source_comment": re.sub(r"[^\x20-\x7e]", "?", source),

@@ -1,0 +1,88 @@
+"""`validate` means what `render` means (deploy/problems.py): every refusal a renderer makes is
+found by `ddpkit validate` too, with the same line (file and line of the field), and exit 2.
+
+REFUSALS is the catalogue: one job per refusal, with the target (and flavor) that refuses it and
+the start of the located line. Add a row for every new check.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy.cli import main
+
+BASE = "name: demo\nimage: img:1\n"
+
+# (id, job file body after BASE, target, flavor or None, expected "LINE: path: message" start)
+REFUSALS = [
+    ("elastic on a fixed-size flavor", "nodes: '2:4'\nk8s:\n  flavor: jobset\n", "k8s", None,
+     "3: nodes: elastic 2:4 needs the pytorchjob flavor"),
+    ("gang without a queue", "k8s:\n  flavor: job\n  gang: true\n", "k8s", None,
+     "5: k8s.gang: the job flavor is gang-admitted by Kueue"),
+    ("what a TrainJob cannot set", "k8s:\n  flavor: trainjob\n  priority_class: high\n", "k8s",
+     None, "5: k8s.priority_class: a TrainJob cannot set it"),
+    ("cleanPodPolicy on another flavor", "k8s:\n  clean_pod_policy: All\n", "k8s", "job",
+     "4: k8s.clean_pod_policy: PyTorchJob only"),
+    ("a log dir sbatch cannot take", "slurm:\n  log_dir: my logs\n", "slurm", None,
+     "4: slurm.log_dir: 'my logs' cannot go into an #SBATCH line"),
+]
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("body,target,flavor,expected", [r[1:] for r in REFUSALS],
+                         ids=[r[0] for r in REFUSALS])
+def test_render_and_validate_refuse_with_the_same_located_line(tmp_path, capsys, body, target,
+                                                               flavor, expected):
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + body)
+    extra = ["--flavor", flavor] if flavor else []
+    rendered = run(capsys, "render", target, str(path), *extra, "-o", str(tmp_path / "out"))
+    assert rendered[0] == 2 and rendered[1] == ""
+    assert rendered[2].startswith(f"error: {path}:{expected}"), rendered[2]
+    assert not (tmp_path / "out").exists()
+    # validate with the target named, and with the target found from the job's own sections
+    assert run(capsys, "validate", str(path), "--target", target, *extra) == rendered
+    assert run(capsys, "validate", str(path), *extra) == rendered
+
+
+def test_validate_checks_the_targets_whose_section_the_job_writes(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    # a job for Slurm only: a k8s refusal (elastic on jobset via --set would write k8s) is not
+    # looked for, and a clean Slurm job is ok
+    path.write_text(BASE + "slurm:\n  partition: gpu\n")
+    code, out, err = run(capsys, "validate", str(path))
+    assert (code, err) == (0, "") and out.endswith("checked for slurm\n")
+    # --set writes a section too
+    code, out, err = run(capsys, "validate", str(path), "--set", "k8s.flavor=job")
+    assert code == 0 and out.endswith("checked for k8s (job), slurm\n")
+    # neither section: every target
+    path.write_text(BASE)
+    code, out, err = run(capsys, "validate", str(path))
+    assert code == 0 and out.endswith("checked for k8s (pytorchjob), slurm\n")
+
+
+def test_validate_reports_every_target_s_problems_at_once(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + "nodes: '2:4'\nk8s:\n  flavor: job\nslurm:\n  log_dir: a b\n")
+    code, out, err = run(capsys, "validate", str(path))
+    assert code == 2 and out == ""
+    assert err.splitlines() == [
+        f"error: {path}:3: nodes: elastic 2:4 needs the pytorchjob flavor (elasticPolicy); job "
+        "runs a fixed node count; set nodes: 4 or --flavor pytorchjob",
+        f"error: {path}:7: slurm.log_dir: 'a b' cannot go into an #SBATCH line; use letters, "
+        "digits and _.,:@%+=/|&~- only (no spaces or quotes)"]
+    # one target at a time
+    assert run(capsys, "validate", str(path), "--target", "slurm")[2] == err.splitlines(True)[1]
+    assert run(capsys, "validate", str(path), "--target", "k8s")[2] == err.splitlines(True)[0]
+
+
+def test_a_refusal_from_an_override_names_the_override(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(BASE + "nodes: 2\n")
+    code, _, err = run(capsys, "validate", str(path), "--set", "nodes=2:4", "--flavor", "job")
+    assert code == 2 and err.startswith("error: --set nodes: nodes: elastic 2:4 needs"), err
