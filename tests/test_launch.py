@@ -20,7 +20,7 @@ from tests.trainer_util import (
     summary,
     write_job,
 )
-from trainer.launch import LaunchError, plan_launch, wait_for_master
+from trainer.launch import FRESH_STORE_VAR, LaunchError, plan_launch, wait_for_master
 
 PY = "/py"
 WORKER = [PY, "-m", "trainer.train"]
@@ -112,6 +112,15 @@ def test_disagreements_and_dropped_variables_are_reported():
                         "PET_MASTER_ADDR": "m", "PET_MASTER_PORT": "1", "DDPKIT_NNODES": "2"}, python=PY)
     assert "nnodes: PET_NNODES=3 ignored, using DDPKIT_NNODES=2" in plan.notes
     assert any(n.startswith("removed from the worker environment") and "PET_NNODES" in n for n in plan.notes)
+
+
+def test_torchrun_gets_a_fresh_worker_store_per_restart_unless_the_node_says_otherwise():
+    """torch 2.13 shares one agent store across rendezvous rounds (trainer.launch docstring):
+    a restarted group would read the dead attempt's addresses. tests/test_faults.py kills a rank."""
+    assert plan_launch({}, python=PY).env[FRESH_STORE_VAR] == "1"
+    assert FRESH_STORE_VAR not in plan_launch(CASES[0][1], python=PY).env  # a user's torchrun: theirs
+    kept = plan_launch({FRESH_STORE_VAR: "0"}, python=PY)
+    assert kept.env[FRESH_STORE_VAR] == "0" and any(FRESH_STORE_VAR in n for n in kept.notes)
 
 
 @pytest.mark.parametrize("env, message", [

@@ -20,6 +20,21 @@ SIGTERM to its workers, which would turn a clean preemption (workers checkpoint 
 into a permanent failure for Kubeflow's ExitCode policy. The shim forwards SIGTERM, SIGINT,
 SIGHUP and SIGUSR2 (torchrun is told to forward USR2 too) and exits 143 when a stop signal
 arrived and training did not complete. Modes without torchrun exec the trainer directly.
+
+Restarts need a fresh worker store (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`). Since torch 2.4
+the c10d rendezvous handler shares its own TCPStore with the workers, and in torch 2.13 it
+creates that store once per agent and hands the same MASTER_PORT to every later round
+(torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1209, `_bootstrap_store_info` is
+only rebuilt when it is None). The workers connect to it as plain clients with no per-attempt
+prefix (torch/distributed/rendezvous.py:189, "We create a new TCPStore for every retry so no
+need to add prefix for each attempt", which no longer holds), and `init_process_group` uses
+fixed keys (`PrefixStore("default_pg")`, group name "0" from a per-process counter:
+distributed_c10d.py:1897 and :5492; gloo then stores `default_pg/0//cpu//0/<rank>`). So the
+keys of the previous attempt are still there when a restarted group forms its mesh, and a rank
+reads its peer's old address and dials a dead process ("Gloo connectFullMesh failed ...
+Connection refused"; NCCL reads an old unique id the same way: pytorch/pytorch#135712). With
+sharing off, every round picks a new port and rank 0 hosts a new, empty store: torch's own
+opt-out, set here unless the node's environment sets it.
 """
 
 from __future__ import annotations
@@ -41,6 +56,7 @@ EXIT_STOPPED = 143
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
 TRAINER = ["-m", "trainer.train"]
+FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # Variables that describe one worker; stale copies in a node's environment are dropped.
 WORKER_VARS = (
@@ -295,6 +311,11 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         notes.append("removed from the worker environment (the launcher sets them): " + ", ".join(stale))
     run_id = env.get("DDPKIT_RUN_ID") or run_id or "ddpkit"
     out["DDPKIT_RUN_ID"] = run_id
+    if ctx.mode == "torchrun":  # a fresh worker store per rendezvous round (module docstring)
+        out.setdefault(FRESH_STORE_VAR, "1")
+        if out[FRESH_STORE_VAR] != "1":
+            notes.append(f"{FRESH_STORE_VAR}={out[FRESH_STORE_VAR]} kept: a restarted group may "
+                         "read the previous attempt's addresses and fail to connect")
     out["DDPKIT_CONTEXT"] = ctx.name
     addr = _need(_resolve(env, ctx.master_addr, "master address", notes), "master address", ctx, ctx.master_addr)
     port = _int(_need(_resolve(env, ctx.master_port, "master port", notes), "master port", ctx, ctx.master_port), "master port")
