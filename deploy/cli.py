@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 import tempfile
@@ -78,11 +79,43 @@ def _handle_module(handle: str):
 # commands
 
 
+OWN_CODE = """\
+# Your own torchrun script, unchanged: on every node the launcher runs `torchrun ... {shown}`
+# with the same rendezvous, master wait, restarts and signals as the built-in trainer.
+# It must exist on every node: {where}.
+{key}: {value}
+args: []             # its arguments, e.g. [--epochs, 3]
+
+"""
+WHERE = {
+    "script": "a path relative to the working directory (the image's /workspace on\n# "
+              "Kubernetes and Docker, the submit directory on Slurm, the current directory for "
+              "--local),\n# or an absolute path on a volume",
+    "module": "importable there (installed in the image, or on PYTHONPATH)",
+}
+
+
+def starter_text(script: str | None = None, module: str | None = None) -> str:
+    """The starter job file; with a script or module, its `train:`/`checkpoint:` sections (the
+    built-in trainer's) are replaced by `script:`/`module:` and `args:`."""
+    text = STARTER.read_text(encoding="utf-8")
+    if script is None and module is None:
+        return text
+    key, value = ("script", script) if script is not None else ("module", module)
+    blocks = [b for b in text.split("\n\n") if not b.lstrip().startswith(("checkpoint:", "train:"))]
+    own = OWN_CODE.format(key=key, value=json.dumps(value), where=WHERE[key],
+                          shown=value if key == "script" else f"-m {value}")
+    blocks.insert(len(blocks) - 2, own.rstrip("\n"))  # before the k8s: and slurm: sections
+    return "\n\n".join(blocks)
+
+
 def cmd_init(args: argparse.Namespace) -> int:
     target = Path(args.path)
     if target.exists() and not args.force:
         raise UserError(f"{target}: already exists; pass --force to overwrite it")
-    write_output(STARTER.read_text(encoding="utf-8"), str(target))
+    if args.script is not None and args.module is not None:
+        raise UserError("init: give --script or --module, not both")
+    write_output(starter_text(args.script, args.module), str(target))
     print(f"wrote {target}: edit it, then `ddpkit validate {target}` and `ddpkit run {target} --local`",
           file=sys.stderr)
     return 0
@@ -100,8 +133,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     checked = ", ".join(f"k8s ({args.flavor or job.k8s.flavor})" if t == "k8s" else t for t in targets)
     nodes = f"{job.nodes} nodes" if job.nodes.elastic else f"{job.nodes.min} node(s)"
     device = f"{job.gpus_per_node} GPU(s)" if job.gpus_per_node else "CPU"
+    program = f", runs {job.script}" if job.script else f", runs -m {job.module}" if job.module else ""
     print(f"{args.job}: ok: {job.name}, {nodes} x {job.nproc_per_node} process(es) on {device}, "
-          f"world size {job.world_size}, backend {job.backend}; checked for {checked}")
+          f"world size {job.world_size}, backend {job.backend}{program}; checked for {checked}")
     return 0
 
 
@@ -208,9 +242,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = _command(sub, "init", cmd_init, "write a commented starter job file",
-                 "ddpkit init job.yaml")
+                 "ddpkit init job.yaml --script train.py")
     p.add_argument("path", nargs="?", default="job.yaml", metavar="PATH")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--script", metavar="FILE",
+                   help="run your own torchrun script (unchanged) instead of the built-in trainer")
+    p.add_argument("--module", metavar="MODULE", help="the same for a module (`python -m MODULE`)")
 
     p = _command(sub, "validate", cmd_validate, "check a job file; print every problem at once",
                  "ddpkit validate examples/multinode-gpu.yaml --set nodes=4")

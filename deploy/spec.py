@@ -40,7 +40,7 @@ from deploy.k8s_names import (
 )
 from deploy.problems import Problem, Problems
 from deploy.yamlfile import Dumper, load_scalar, load_yaml, read_text
-from trainer.config import CheckpointConfig, TrainConfig
+from trainer.config import Args, CheckpointConfig, Module, Script, TrainConfig, entry_problems
 
 # --------------------------------------------------------------------------------------------
 # Names and reserved variables
@@ -452,6 +452,10 @@ class SlurmSection(Strict):
         return v
 
 
+#: The `train:` fields that apply to a job running its own `script`/`module` (the launcher's).
+SCRIPT_TRAIN_FIELDS = {"timeout_s", "threads"}
+
+
 def _check_env_name(name: str) -> str:
     if not ENV_NAME.match(name):
         raise ValueError(f"{name!r} is not a valid variable name (letters, digits, '_')")
@@ -490,7 +494,12 @@ class JobSpec(Strict):
                                         "Secrets: `{name, secret, key}`; values never inlined.")
     volumes: list[Volume] = Field(default_factory=list, description="Volumes mounted on every node.")
     command: list[str] | None = Field(None, description="Override the per-node entry point "
-                                      "(default `python -m trainer.launch`), as an argv list.")
+                                      "(default `python -m trainer.launch`), as an argv list. "
+                                      "This bypasses the launcher; to run your own torchrun "
+                                      "script with it, use `script` instead.")
+    script: Script = None
+    module: Module = None
+    args: Args = Field(default_factory=list)
     restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
                           "torchrun `--max-restarts`, backoffLimit, Slurm requeues.")
     time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "
@@ -530,7 +539,16 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> JobSpec:
-        problems = []
+        problems = entry_problems(self.script, self.module, self.args, self.command)
+        if self.script is not None or self.module is not None:
+            own = "script" if self.script is not None else "module"
+            for section, allowed in (("train", SCRIPT_TRAIN_FIELDS), ("checkpoint", set())):
+                values, defaults = getattr(self, section), type(getattr(self, section))()
+                unused = [f for f in type(values).model_fields if f not in allowed
+                          and getattr(values, f) != getattr(defaults, f)]  # not fields_set: to_yaml fills all
+                if unused:
+                    problems.append(f"{section}.{unused[0]}: the built-in trainer's setting; your "
+                                    f"{own} reads its own (pass it in args), remove it")
         if self.gpus_per_node and self.procs_per_node not in (None, self.gpus_per_node):
             problems.append(Problem(
                 "procs_per_node", f"{self.procs_per_node} must equal gpus_per_node "

@@ -9,9 +9,73 @@ models (`load_job_sections`), so it never imports `deploy`.
 from __future__ import annotations
 
 import os
-from typing import Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+# -- your own torchrun script instead of the built-in trainer ---------------------------------
+# Top-level fields of a job file (`script:`, `module:`, `args:`), defined here once: `deploy.spec`
+# uses these very types, and `trainer.launch` reads them from the job file every target delivers.
+
+TRAINER_ENTRY = ("-m", "trainer.train")  # the built-in trainer, as `python -m trainer.train`
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _script(value: str | None) -> str | None:
+    if value is not None and (not value.strip() or value.startswith("-")):
+        raise ValueError(f"{value!r} is not a script path; give a file such as train.py")
+    return value
+
+
+def _module(value: str | None) -> str | None:
+    if value is not None and not MODULE_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Python module name such as mypkg.train")
+    return value
+
+
+def _arg(value: Any) -> Any:
+    """`args: [--epochs, 3]`: numbers become strings; booleans and nulls are ambiguous."""
+    if isinstance(value, bool) or value is None:
+        raise ValueError("ambiguous YAML value (yes/no/true/null); quote it, e.g. \"true\"")
+    return str(value) if isinstance(value, (int, float)) else value
+
+
+Script = Annotated[str | None, AfterValidator(_script), Field(
+    description="Your own torchrun script, started instead of the built-in trainer by the same "
+    "launcher (env contract, master wait, restarts, port choice, signals): each node runs "
+    "`torchrun ... SCRIPT ARGS`. A path on every node, relative to its working directory: the "
+    "image's WORKDIR (`/workspace` in ddpkit's image) on Kubernetes and Docker, the submit "
+    "directory on Slurm, the current directory for `run --local`. Only `train.timeout_s` and "
+    "`train.threads` of the `train:` section apply.")]
+Module = Annotated[str | None, AfterValidator(_module), Field(
+    description="Like `script`, a module run as `python -m MODULE ARGS` (`torchrun ... -m MODULE "
+    "ARGS`); it must be importable on every node (installed in the image, or on PYTHONPATH).")]
+Args = Annotated[list[Annotated[str, BeforeValidator(_arg)]], Field(
+    description="Arguments of `script` or `module` (numbers are passed as strings).")]
+
+
+def entry_problems(script: str | None, module: str | None, args: list[str],
+                   command: list[str] | None = None) -> list[str]:
+    """What is wrong with a job's choice of program (empty: nothing)."""
+    problems = []
+    if script is not None and module is not None:
+        problems.append("script and module: give one of them, not both")
+    if command is not None and (script is not None or module is not None):
+        problems.append("command replaces the launcher; with script or module the launcher "
+                        "starts your code: remove command")
+    if args and script is None and module is None:
+        problems.append("args: are the arguments of script or module; set one of them")
+    return problems
+
+
+def entry_argv(script: str | None, module: str | None, args: list[str]) -> list[str]:
+    """What follows `python` (or torchrun's options): the user's program, else the trainer."""
+    if script is not None:
+        return [script, *args]
+    if module is not None:
+        return ["-m", module, *args]
+    return list(TRAINER_ENTRY)
 
 
 class CheckpointConfig(BaseModel):
@@ -122,10 +186,27 @@ class JobSections(BaseModel):
     name: str = "ddpkit"
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    script: Script = None
+    module: Module = None
+    args: Args = []
+    # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
+    cpus_per_node: float | None = None
+
+    @model_validator(mode="after")
+    def _entry(self) -> JobSections:
+        problems = entry_problems(self.script, self.module, self.args)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def entry(self) -> list[str]:
+        return entry_argv(self.script, self.module, self.args)
 
 
 def load_job_sections(path: str | None = None) -> JobSections:
-    """Read `name`, `train:` and `checkpoint:` from the job file (default: `$DDPKIT_JOB_FILE`).
+    """Read what the trainer and the launcher need from the job file (default: `$DDPKIT_JOB_FILE`):
+    `name`, `train:`, `checkpoint:`, `script`/`module`/`args` and `resources.cpus_per_node`.
 
     No job file means all defaults. The file was validated by `deploy` already; this re-check
     costs nothing and makes the trainer safe to start by hand.
@@ -139,10 +220,13 @@ def load_job_sections(path: str | None = None) -> JobSections:
         doc = yaml.safe_load(f) or {}
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: a job file is a mapping")
+    resources = doc.get("resources") if isinstance(doc.get("resources"), dict) else {}
     return JobSections.model_validate({
         "name": str(doc.get("name") or "ddpkit"),
         "train": doc.get("train") or {},
         "checkpoint": doc.get("checkpoint") or {},
+        **{k: doc[k] for k in ("script", "module", "args") if doc.get(k) is not None},
+        "cpus_per_node": resources.get("cpus_per_node"),
     })
 
 

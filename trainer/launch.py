@@ -49,13 +49,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from trainer.config import TRAINER_ENTRY
+
 Env = Mapping[str, str]
 Source = str | Callable[[Env], "str | None"]
 
 EXIT_STOPPED = 143
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
-TRAINER = ["-m", "trainer.train"]
+TRAINER = list(TRAINER_ENTRY)
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # Variables that describe one worker; stale copies in a node's environment are dropped.
@@ -298,12 +300,18 @@ def detect_context(env: Env) -> Context:
     return next(c for c in CONTEXTS if c.detect(env))
 
 
-def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = None, timeout_s: int = 600) -> NodePlan:
-    """Pure: the environment of a node in, the command and environment to start out."""
+def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = None, timeout_s: int = 600,
+                entry: list[str] | None = None) -> NodePlan:
+    """Pure: the environment of a node in, the command and environment to start out.
+
+    `entry` is what each worker runs after `python` (torchrun takes the same words): the
+    trainer (`-m trainer.train`, the default), or the job's own `script ARGS` / `-m module ARGS`.
+    """
+    entry = list(entry or TRAINER)
     ctx = detect_context(env)
     notes: list[str] = []
     if ctx.mode == "direct":
-        return NodePlan(ctx.name, "direct", [python, *TRAINER], dict(env), notes=["already under torchrun"])
+        return NodePlan(ctx.name, "direct", [python, *entry], dict(env), notes=["already under torchrun"])
 
     out = {k: v for k, v in env.items() if not k.startswith("PET_") and k not in WORKER_VARS}
     stale = sorted(k for k in env if k not in out)
@@ -341,7 +349,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
             raise LaunchError(f"slurm-srun: SLURM_PROCID={rank} is not below SLURM_NTASKS={world}")
         out["MASTER_ADDR"], out["MASTER_PORT"] = addr, str(port)
         return NodePlan(
-            ctx.name, "srun", [python, *TRAINER], out, node_rank=node_rank,
+            ctx.name, "srun", [python, *entry], out, node_rank=node_rank,
             wait_for=(addr, port) if node_rank != 0 else None, notes=notes,
         )
 
@@ -379,7 +387,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--rdzv-conf", conf,
         "--max-restarts", str(restarts),
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
-        *TRAINER,
+        *entry,
     ]  # fmt: skip
     return NodePlan(
         ctx.name, "torchrun", argv, out, node_rank=node_rank,
@@ -461,7 +469,7 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
 
-    run_id, timeout_s = None, 600
+    run_id, timeout_s, entry, script = None, 600, None, None
     if env.get("DDPKIT_JOB_FILE"):
         from pydantic import ValidationError
 
@@ -472,9 +480,13 @@ def main() -> int:
         except (OSError, ValueError, ValidationError) as e:
             log(f"bad job file {env['DDPKIT_JOB_FILE']}: {error_line(e)}")
             return EXIT_BAD_CONFIG
-        run_id, timeout_s = sections.name, sections.train.timeout_s
+        run_id, timeout_s, entry, script = sections.name, sections.train.timeout_s, sections.entry, sections.script
+    if script is not None and not os.path.isfile(script):
+        log(f"script {script}: no such file in {os.getcwd()}; the image, a volume or the working "
+            "directory must hold it on every node (a relative path is relative to the working directory)")
+        return EXIT_BAD_CONFIG
     try:
-        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s)
+        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s, entry=entry)
     except LaunchError as e:
         log(str(e))
         return EXIT_BAD_CONFIG

@@ -120,7 +120,8 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     job_file = write_effective_job(job, run_dir)
     env = launch_env(job, job_file, nproc, free_port())
     offset = metrics_size(run_dir)
-    print(f"ddpkit: training {job.name} ({job_path}) as {nproc} local processes; run dir {run_dir}",
+    what = job.script or job.module or f"{job.name} ({job_path})"
+    print(f"ddpkit: training {what} as {nproc} local processes; run dir {run_dir}",
           file=sys.stderr, flush=True)
     proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], env=env, start_new_session=True)
 
@@ -133,6 +134,10 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if job.script is not None or job.module is not None:  # the user's code: no trainer summary
+        if rc == 143:
+            print("ddpkit: stopped by a signal", file=sys.stderr)
+        return rc
     summary = read_summary(run_dir, offset)
     if summary is not None and rc in (0, 143):
         print(f"\n{job.name}: {summary.get('status')}\n{format_summary(summary)}", flush=True)

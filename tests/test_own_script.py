@@ -1,0 +1,152 @@
+"""Your own torchrun script (`script:` / `module:` + `args:`) through ddpkit's launcher.
+
+The job file every target already delivers (`DDPKIT_JOB_FILE`) tells `trainer.launch` what to
+run; the renderers are unchanged. Real runs start `examples/own_script/train.py`, a textbook
+DDP script that knows nothing of ddpkit, and compare the parameter checksums of all ranks.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.errors import UserError
+from deploy.spec import parse_job
+from tests.conftest import REPO, ddpkit
+from tests.trainer_util import free_port, launch_env
+from trainer.launch import plan_launch
+
+SCRIPT = REPO / "examples" / "own_script" / "train.py"
+EXAMPLE = REPO / "examples" / "own-script.yaml"
+BASE = {"name": "own", "image": "img:1"}
+
+
+def checksums(text: str) -> dict[int, str]:
+    """`rank R/W on HOST: params sha256 X` lines of the example script's output."""
+    return {int(m[1]): m[2] for m in re.finditer(r"rank (\d+)/\d+ on \S+: params sha256 ([0-9a-f]{64})", text)}
+
+
+# -- the job file ---------------------------------------------------------------------------
+
+
+def test_script_args_are_strings_and_reach_the_job_yaml():
+    job = parse_job({**BASE, "script": "train.py", "args": ["--epochs", 3, "--lr", 0.5]})
+    assert job.args == ["--epochs", "3", "--lr", "0.5"]
+    doc = yaml.safe_load(job.to_yaml())
+    assert (doc["script"], doc["module"], doc["args"]) == ("train.py", None, ["--epochs", "3", "--lr", "0.5"])
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"script": "a.py", "module": "m"}, "script and module: give one of them, not both"),
+    ({"args": ["--x"]}, "args: are the arguments of script or module; set one of them"),
+    ({"script": "a.py", "command": ["python", "a.py"]}, "command replaces the launcher"),
+    ({"module": "9lives"}, "module: '9lives' is not a Python module name"),
+    ({"script": "--help"}, "script: '--help' is not a script path"),
+    ({"script": "a.py", "args": [True]}, "args.0: ambiguous YAML value"),
+    ({"script": "a.py", "train": {"lr": 0.1}}, "train.lr: the built-in trainer's setting; your script reads its own"),
+    ({"module": "m", "checkpoint": {"every_steps": 5}}, "checkpoint.every_steps: the built-in trainer's setting"),
+])
+def test_bad_script_settings_are_one_line_each(extra, message):
+    with pytest.raises(UserError) as err:
+        parse_job({**BASE, **extra})
+    assert any(message in p for p in err.value.problems), err.value.problems
+
+
+def test_the_launchers_own_train_settings_are_allowed_with_a_script():
+    job = parse_job({**BASE, "script": "a.py", "train": {"timeout_s": 30, "threads": 2}})
+    assert job.train.timeout_s == 30
+
+
+# -- the launcher: the same plan, another program ------------------------------------------
+
+
+@pytest.mark.parametrize("entry, tail", [
+    (None, ["-m", "trainer.train"]),
+    (["train.py", "--epochs", "3"], ["train.py", "--epochs", "3"]),
+    (["-m", "pkg.train", "--x"], ["-m", "pkg.train", "--x"]),
+])
+def test_every_mode_runs_the_entry(entry, tail):
+    torchrun = plan_launch({"DDPKIT_NPROC_PER_NODE": "2", "DDPKIT_MASTER_PORT": "4000"}, python="/py", entry=entry)
+    assert torchrun.argv[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert torchrun.argv[-len(tail):] == tail and "--signals-to-handle" in torchrun.argv
+    srun = plan_launch({"SLURM_JOB_ID": "7", "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+                        "SLURM_LOCALID": "0", "SLURM_NTASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "n1",
+                        "DDPKIT_LAUNCHER": "srun"}, python="/py", entry=entry)
+    assert srun.argv == ["/py", *tail] and srun.env["RANK"] == "0"
+    direct = plan_launch({"TORCHELASTIC_RUN_ID": "x"}, python="/py", entry=entry)
+    assert direct.argv == ["/py", *tail]
+
+
+def test_a_missing_script_stops_the_launcher_with_one_line(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "own", "script": "nope/train.py"}))
+    result = subprocess.run([sys.executable, "-m", "trainer.launch"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60, env=launch_env(job))
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(f"ddpkit launch: script nope/train.py: no such file in {tmp_path}")
+
+
+# -- ddpkit init ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, value, line", [
+    ("--script", "my train.py", 'script: "my train.py"'),
+    ("--module", "mypkg.train", 'module: "mypkg.train"'),
+])
+def test_init_offers_your_own_script(tmp_path, option, value, line):
+    result = ddpkit("init", "job.yaml", option, value, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "job.yaml").read_text()
+    assert line in text and "\ntrain:" not in text and "\ncheckpoint:" not in text
+    check = ddpkit("validate", str(tmp_path / "job.yaml"))
+    assert check.returncode == 0, check.stderr
+    assert "runs " + ("my train.py" if option == "--script" else "-m mypkg.train") in check.stdout
+
+
+# -- real runs --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ddpkit_run_local_runs_the_textbook_script_unchanged(tmp_path):
+    result = ddpkit("run", str(EXAMPLE), "--local", "--set", f"script={SCRIPT}",
+                    "--set", "args=[--epochs, '1', --samples, '512', --out, out]", cwd=tmp_path,
+                    env={"OMP_NUM_THREADS": "1"}, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"{SCRIPT} --epochs 1 --samples 512 --out out" in result.stderr  # torchrun ran it
+    sums = checksums(result.stdout)
+    assert sorted(sums) == [0, 1] and len(set(sums.values())) == 1, result.stdout
+    files = {p.name: p.read_text().strip() for p in (tmp_path / "out").glob("params-rank*.sha256")}
+    assert sorted(files) == ["params-rank0.sha256", "params-rank1.sha256"]
+    assert set(files.values()) == set(sums.values())
+
+
+@pytest.mark.slow
+def test_a_module_runs_in_srun_mode_as_the_slurm_tasks(tmp_path):
+    """One task per process (srun mode): the launcher execs `python -m MODULE ARGS` itself."""
+    (tmp_path / "ownpkg").mkdir()
+    (tmp_path / "ownpkg" / "__init__.py").write_text("")
+    (tmp_path / "ownpkg" / "train.py").write_text(SCRIPT.read_text())
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({"name": "own", "module": "ownpkg.train",
+                                   "args": ["--epochs", "1", "--samples", "256", "--out", "out"]}))
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, "-m", "trainer.launch"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+        env=launch_env(job, SLURM_JOB_ID="77", SLURM_NODEID="0", SLURM_PROCID=str(r), SLURM_NTASKS="2",
+                       SLURM_LOCALID=str(r), SLURM_NTASKS_PER_NODE="2", SLURM_JOB_NODELIST="localhost",
+                       DDPKIT_LAUNCHER="srun", DDPKIT_MASTER_ADDR="127.0.0.1", DDPKIT_MASTER_PORT=port,
+                       PYTHONPATH=f"{REPO}:{tmp_path}"))
+        for r in (0, 1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "mode srun: -m ownpkg.train --epochs 1" in outs[0]
+    sums = checksums("".join(outs))
+    assert sorted(sums) == [0, 1] and len(set(sums.values())) == 1
+    assert Path(tmp_path / "out" / "params-rank1.sha256").read_text().strip() == sums[0]
