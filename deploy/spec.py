@@ -539,16 +539,15 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> JobSpec:
-        problems = entry_problems(self.script, self.module, self.args, self.command)
+        problems = [Problem(*p) for p in entry_problems(self.script, self.module, self.args, self.command)]
         if self.script is not None or self.module is not None:
             own = "script" if self.script is not None else "module"
             for section, allowed in (("train", SCRIPT_TRAIN_FIELDS), ("checkpoint", set())):
                 values, defaults = getattr(self, section), type(getattr(self, section))()
                 unused = [f for f in type(values).model_fields if f not in allowed
                           and getattr(values, f) != getattr(defaults, f)]  # not fields_set: to_yaml fills all
-                if unused:
-                    problems.append(f"{section}.{unused[0]}: the built-in trainer's setting; your "
-                                    f"{own} reads its own (pass it in args), remove it")
+                problems += [Problem(f"{section}.{f}", f"a setting of the built-in trainer; your {own} "
+                                     "reads its own", "pass it in args, remove it here") for f in unused]
         if self.gpus_per_node and self.procs_per_node not in (None, self.gpus_per_node):
             problems.append(Problem(
                 "procs_per_node", f"{self.procs_per_node} must equal gpus_per_node "

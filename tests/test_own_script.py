@@ -42,14 +42,14 @@ def test_script_args_are_strings_and_reach_the_job_yaml():
 
 
 @pytest.mark.parametrize("extra, message", [
-    ({"script": "a.py", "module": "m"}, "script and module: give one of them, not both"),
+    ({"script": "a.py", "module": "m"}, "module: script and module are both set; give one of them"),
     ({"args": ["--x"]}, "args: are the arguments of script or module; set one of them"),
-    ({"script": "a.py", "command": ["python", "a.py"]}, "command replaces the launcher"),
+    ({"script": "a.py", "command": ["python", "a.py"]}, "command: replaces the launcher"),
     ({"module": "9lives"}, "module: '9lives' is not a Python module name"),
     ({"script": "--help"}, "script: '--help' is not a script path"),
     ({"script": "a.py", "args": [True]}, "args.0: ambiguous YAML value"),
-    ({"script": "a.py", "train": {"lr": 0.1}}, "train.lr: the built-in trainer's setting; your script reads its own"),
-    ({"module": "m", "checkpoint": {"every_steps": 5}}, "checkpoint.every_steps: the built-in trainer's setting"),
+    ({"script": "a.py", "train": {"lr": 0.1}}, "train.lr: a setting of the built-in trainer; your script reads its own"),
+    ({"module": "m", "checkpoint": {"every_steps": 5}}, "checkpoint.every_steps: a setting of the built-in trainer"),
 ])
 def test_bad_script_settings_are_one_line_each(extra, message):
     with pytest.raises(UserError) as err:

@@ -56,16 +56,16 @@ Args = Annotated[list[Annotated[str, BeforeValidator(_arg)]], Field(
 
 
 def entry_problems(script: str | None, module: str | None, args: list[str],
-                   command: list[str] | None = None) -> list[str]:
-    """What is wrong with a job's choice of program (empty: nothing)."""
+                   command: list[str] | None = None) -> list[tuple[str, str, str]]:
+    """What is wrong with a job's choice of program, as (field, message, fix); empty: nothing."""
     problems = []
     if script is not None and module is not None:
-        problems.append("script and module: give one of them, not both")
+        problems.append(("module", "script and module are both set", "give one of them"))
     if command is not None and (script is not None or module is not None):
-        problems.append("command replaces the launcher; with script or module the launcher "
-                        "starts your code: remove command")
+        problems.append(("command", "replaces the launcher; with script or module the launcher "
+                         "starts your code", "remove command"))
     if args and script is None and module is None:
-        problems.append("args: are the arguments of script or module; set one of them")
+        problems.append(("args", "are the arguments of script or module", "set one of them"))
     return problems
 
 
@@ -196,7 +196,7 @@ class JobSections(BaseModel):
     def _entry(self) -> JobSections:
         problems = entry_problems(self.script, self.module, self.args)
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError("; ".join(f"{path}: {message}; {fix}" for path, message, fix in problems))
         return self
 
     @property
