@@ -38,9 +38,10 @@ IMAGE ?= ddpkit:0.1
 image: $(STAMP)
 	$(VENV)/bin/ddpkit image build --tag $(IMAGE) $(if $(WHEELHOUSE),--offline --wheelhouse $(WHEELHOUSE)) $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE))
 
+## bench: every bench/ script (~20 min), then bench/report/BENCHMARKS.md and its charts.
+##   make bench BENCH_UP=1 (root) brings up the Docker testbed for it; BENCH_ARGS="--only NAME" / "--quick"
 bench: $(STAMP)
-	$(PY) bench/render_speed.py
-	$(PY) bench/trainer_vs_textbook.py
+	$(PY) bench/run_all.py $(if $(BENCH_UP),--up) $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

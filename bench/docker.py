@@ -26,6 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_common import Result, Stats  # noqa: E402
+
 from deploy.image import build_image, image_size  # noqa: E402
 
 
@@ -46,6 +50,7 @@ def main() -> None:
     parser.add_argument("--base-image", default="ddpkit-base:bookworm")
     parser.add_argument("--tag", default="ddpkit:bench")
     opts = parser.parse_args()
+    r = Result("docker", "Docker: image build and launch to first step of the rendered pods")
 
     cold = build_image(opts.tag, offline=True, base_image=opts.base_image, quiet=True, no_cache=True)
     warm = build_image(opts.tag, offline=True, base_image=opts.base_image, quiet=True)
@@ -60,19 +65,27 @@ def main() -> None:
         for flavor in ("pytorchjob", "job"):
             (Path(tmp) / flavor).mkdir()
             s = run_summary(["run", str(path), "--docker", "--flavor", flavor], Path(tmp) / flavor)
-            rows.append((f"docker, {flavor} (2 containers x 2)", s))
+            rows.append((f"Docker, {flavor} flavor (2 containers x 2)", s))
         s = run_summary(["run", str(path), "--local", "--nproc", "4"], Path(tmp))
-        rows.append(("local processes (1 x 4)", s))
+        rows.append(("local processes (1 x 4), beside the Docker runs", s))
 
-    print(f"image {opts.tag} on {opts.base_image}: {size / 1e9:.2f} GB")
-    print(f"build, cold (--no-cache, offline wheelhouse): {cold:6.1f} s")
-    print(f"build, warm (all layers cached):              {warm:6.1f} s   ({cold / warm:.0f}x faster)")
-    print()
-    print(f"{'2-node quickstart, 4 ranks':<36} {'first step':>10} {'wall':>8}")
+    r.text(f"Image `{opts.tag}` on `{opts.base_image}`, built offline from the wheelhouse; then "
+           "`examples/quickstart-2node.yaml` (2 nodes x 2 gloo processes) run as the rendered pods "
+           "(`ddpkit run --docker`) and as 4 local processes, one run each. First step: from "
+           "`ddpkit run` starting to rank 0's first optimizer step (the summary's `first_step_s`).")
+    r.table("image", ["figure", "value"], [
+        ["image size", f"{size / 1e9:.2f} GB"],
+        ["build, cold (--no-cache, offline wheelhouse)", f"{cold:.1f} s"],
+        ["build, warm (all layers cached)", f"{warm:.1f} s ({cold / warm:.0f}x faster)"],
+    ])
     base = rows[-1][1]["first_step_s"]
-    for label, s in rows:
-        print(f"{label:<36} {s['first_step_s']:>8.1f} s {s['wall_s']:>6.1f} s"
-              f"   ({s['first_step_s'] / base:.2f}x local)")
+    r.table("launch to first step (n=1 each)", ["run", "first step, s", "wall, s", "vs local"],
+            [[label, f"{s['first_step_s']:.1f}", f"{s['wall_s']:.1f}", f"{s['first_step_s'] / base:.2f}"]
+             for label, s in rows])
+    r.doc["data"] = {"launch": [{"target": label, "first_step_s": Stats([s["first_step_s"]]),
+                                 "end_to_end_s": Stats([s["wall_s"]])} for label, s in rows],
+                     "build_cold_s": cold, "build_warm_s": warm, "image_bytes": size}
+    r.save()
 
 
 if __name__ == "__main__":

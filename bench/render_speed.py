@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_common import Result, Stats  # noqa: E402
+
 JOB = REPO / "examples" / "multinode-gpu.yaml"
 TORCHX_VERSION = "0.7.0"
 
@@ -51,8 +55,13 @@ def main() -> int:
     parser.add_argument("--torchx-venv", type=Path,
                         default=Path(tempfile.gettempdir()) / f"ddpkit-bench-torchx-{TORCHX_VERSION}")
     args = parser.parse_args()
-
-    torchx = ensure_torchx(args.torchx_venv)
+    r = Result("render_speed", "Render time vs TorchX's dry run")
+    try:
+        torchx = ensure_torchx(args.torchx_venv)
+    except subprocess.CalledProcessError as e:
+        r.skip(f"could not install torchx=={TORCHX_VERSION} into {args.torchx_venv}: {e}")
+        r.save()
+        return 0
     workdir = Path(tempfile.mkdtemp(prefix="ddpkit-bench-"))
     (workdir / "train.py").write_text("print('hello')\n")
     env_py = [sys.executable, "-m", "deploy"]
@@ -78,6 +87,17 @@ def main() -> int:
         print(f"{name:<24}{med:>10.3f}{min(samples):>9.3f}{med / base:>10.2f}x")
     worst = max(statistics.median(times[n]) for n in commands if n.startswith("ddpkit")) / base
     print(f"goal: ddpkit <= 0.60x torchx; worst ddpkit ratio {worst:.2f}x: {'met' if worst <= 0.6 else 'NOT met'}")
+    r.text(f"Whole-process wall time on `examples/multinode-gpu.yaml`, {args.repeats} interleaved runs "
+           f"after one warm-up each, against `torchx run --dryrun -s slurm dist.ddp -j 2x8` "
+           f"(torchx {TORCHX_VERSION} in its own virtualenv). Goal: ddpkit <= 0.60x TorchX.")
+    r.table("wall time per command, median (min-max, n); ratio = command / torchx", ["command", "seconds", "vs torchx"],
+            [[f"`{name}`", Stats(v).fmt(".3f"), f"{statistics.median(v) / base:.2f}"] for name, v in times.items()])
+    r.chart("render_speed.png", "whole-process wall time (median, min-max)", "seconds", list(times),
+            {"wall time": [statistics.median(v) for v in times.values()]},
+            low={"wall time": [min(v) for v in times.values()]}, high={"wall time": [max(v) for v in times.values()]})
+    r.note(f"worst ddpkit ratio {worst:.2f}x torchx: goal {'met' if worst <= 0.6 else 'NOT met'}")
+    r.doc["data"] = times
+    r.save()
     return 0
 
 

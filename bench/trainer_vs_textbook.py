@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,9 @@ import time
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -86,6 +88,7 @@ def main() -> int:
     p.add_argument("--model", default="cnn", choices=["cnn", "gpt"], help="gpt: ours alone")
     p.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="rank counts to run")
     args = p.parse_args()
+    r = Result("trainer_vs_textbook", "Our trainer vs the textbook DDP loop")
     textbook = args.device == "cpu" and args.model == "cnn"
     if not textbook:
         print("note: the textbook loop is the cnn workload on CPU/gloo; timing ours alone")
@@ -103,28 +106,49 @@ def main() -> int:
                     f"{k} {v[-1]['samples_per_s']:.0f} samples/s" for (k, n), v in results.items() if n == nproc),
                     flush=True)
 
-    def med(kind: str, nproc: int, key: str) -> float | None:
-        runs = results.get((kind, nproc))
-        return statistics.median(r[key] for r in runs) if runs else None
+    kinds = [k for k in ("textbook", "ddpkit") if any(kk == k for kk, _ in results)]
 
-    print(f"\n{args.model} workload, {args.steps} steps, batch 64 per rank, {args.threads} thread(s) "
-          f"per rank, {args.device}, median of {args.repeats}\n")
+    def stats(kind: str, nproc: int, key: str) -> Stats:
+        return Stats([x[key] for x in results.get((kind, nproc), [])])
 
-    def cell(v: float | None, fmt: str) -> str:
-        return format(v, fmt) if v is not None else "-"
+    def effs(kind: str) -> Stats:  # per repeat: the 2-rank and 1-rank runs of the same round
+        one, two = results.get((kind, 1), []), results.get((kind, 2), [])
+        return Stats([b["samples_per_s"] / (2 * a["samples_per_s"]) for a, b in zip(one, two, strict=False)])
 
-    print(f"{'':30}{'textbook':>10}{'ddpkit':>10}{'ratio':>8}")
+    r.text(f"The `{args.model}` workload, {args.steps} steps, batch 64 per rank, {args.threads} "
+           f"thread(s) per rank, {args.device}, gloo, torchrun for both (ours through "
+           f"`python -m trainer.launch`), {args.repeats} interleaved repeats. samples/s is the "
+           "steady state (the first 20 steps excluded); launch to first step is from starting the "
+           "launcher process to the end of optimizer step 1. Ours runs with its defaults "
+           "(channels-last, checkpoints every 200 steps and at the end).")
+    rows = []
     for nproc in args.nproc:
-        t, o = med("textbook", nproc, "samples_per_s"), med("ddpkit", nproc, "samples_per_s")
-        print(f"{f'samples/s, {nproc} rank(s)':30}{cell(t, '.0f'):>10}{cell(o, '.0f'):>10}"
-              f"{cell(o / t if t and o else None, '.3f'):>8}")
+        t, o = stats("textbook", nproc, "samples_per_s"), stats("ddpkit", nproc, "samples_per_s")
+        rows.append([f"samples/s, {nproc} rank(s)", t.fmt(".0f"), o.fmt(".0f"),
+                     fmt(ratio(o["median"], t["median"]), ".2f")])
     if 1 in args.nproc and 2 in args.nproc:
-        eff = {k: med(k, 2, "samples_per_s") / (2 * med(k, 1, "samples_per_s"))
-               if med(k, 1, "samples_per_s") else None for k in ("textbook", "ddpkit")}
-        print(f"{'2-rank scaling efficiency':30}{cell(eff['textbook'], '.3f'):>10}{cell(eff['ddpkit'], '.3f'):>10}")
+        e = {k: effs(k) for k in ("textbook", "ddpkit")}
+        rows.append(["2-rank scaling efficiency", e["textbook"].fmt(".3f"), e["ddpkit"].fmt(".3f"),
+                     fmt(ratio(e["ddpkit"]["median"], e["textbook"]["median"]), ".2f")])
     for nproc in args.nproc:
-        t, o = med("textbook", nproc, "first_step_s"), med("ddpkit", nproc, "first_step_s")
-        print(f"{f'launch to first step, {nproc}r (s)':30}{cell(t, '.2f'):>10}{cell(o, '.2f'):>10}")
+        t, o = stats("textbook", nproc, "first_step_s"), stats("ddpkit", nproc, "first_step_s")
+        rows.append([f"launch to first step, {nproc} rank(s), s", t.fmt(".2f"), o.fmt(".2f"),
+                     fmt(ratio(o["median"], t["median"]), ".2f")])
+    r.table("median (min-max, n repeats); ratio = ddpkit / textbook", ["figure", "textbook", "ddpkit", "ratio"], rows)
+    cats = [f"{n} rank(s)" for n in args.nproc]
+    r.chart("trainer_vs_textbook_throughput.png", "samples/s (median, min-max)", "samples/s", cats,
+            {k: [stats(k, n, "samples_per_s")["median"] for n in args.nproc] for k in kinds},
+            low={k: [stats(k, n, "samples_per_s")["min"] for n in args.nproc] for k in kinds},
+            high={k: [stats(k, n, "samples_per_s")["max"] for n in args.nproc] for k in kinds})
+    r.chart("trainer_vs_textbook_first_step.png", "launch to first step (median, min-max)", "seconds", cats,
+            {k: [stats(k, n, "first_step_s")["median"] for n in args.nproc] for k in kinds},
+            low={k: [stats(k, n, "first_step_s")["min"] for n in args.nproc] for k in kinds},
+            high={k: [stats(k, n, "first_step_s")["max"] for n in args.nproc] for k in kinds})
+    r.doc["data"] = {f"{k}-{n}": v for (k, n), v in results.items()}
+    r.doc["data"]["launch"] = [
+        {"target": f"{'ddpkit, local' if k == 'ddpkit' else 'textbook loop under torchrun'} ({n} rank(s), cnn)",
+         "first_step_s": stats(k, n, "first_step_s")} for n in args.nproc for k in kinds]
+    r.save()
     return 0
 
 

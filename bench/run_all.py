@@ -1,0 +1,153 @@
+"""`make bench`: run every bench script with settings that fit ~20 minutes, then the report.
+
+Each script prints its figures and writes `bench/report/results/<name>.json`; a script that
+needs a testbed that is down, or root, gets a "skipped" result that says why, and one that fails
+a "failed" result with the end of its output, so one missing testbed never loses the others'
+figures. At the end `bench/report.py` writes `bench/report/BENCHMARKS.md` and the charts.
+
+    python bench/run_all.py [--only NAME...] [--skip NAME...] [--up] [--quick]
+
+`--up` brings up the Docker and Slurm testbeds when they are down (root) and takes down again
+only the ones it brought up. `--quick` runs every script with tiny settings (a smoke test of
+the whole pipeline, figures meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from bench_common import REPO, Result, is_root, load_average, results_dir  # noqa: E402
+
+# name, script, full arguments, quick arguments, timeout (s)
+SCRIPTS = [
+    ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "200", "--repeats", "3"],
+     ["--steps", "30", "--repeats", "1"], 420),
+    ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "3"], ["--steps", "10", "--repeats", "1"], 300),
+    ("step_profile", "step_profile.py", ["--steps", "80", "--repeats", "3"], ["--steps", "8", "--repeats", "1"], 420),
+    ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "1"], 240),
+    ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "1", "--small"], 240),
+    ("render_speed", "render_speed.py", ["--repeats", "15"], ["--repeats", "2"], 300),
+    ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
+    ("docker", "docker.py", [], [], 600),
+    ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
+    ("k8s_testbed", "k8s_testbed.py", [], [], 600),
+    ("goodput", "goodput.py", [], [], 420),
+]
+
+
+def skip_reason(name: str) -> str | None:
+    """Why a script cannot run here right now (None: it can)."""
+    if not (HERE / dict((n, s) for n, s, *_ in SCRIPTS)[name]).exists():
+        return f"bench/{dict((n, s) for n, s, *_ in SCRIPTS)[name]} does not exist yet"
+    if name == "docker":
+        from deploy.image import image_exists
+        from deploy.testbed import docker
+
+        if not docker.daemon_up():
+            return "the Docker testbed is down (`sudo ddpkit testbed docker up`, or `make bench BENCH_UP=1`)"
+        if not image_exists(docker.BASE_IMAGE):
+            return f"the Docker daemon has no {docker.BASE_IMAGE} base image (`sudo ddpkit testbed docker up`)"
+    if name == "slurm_testbed" and not is_root():
+        return "needs root (the Slurm testbed uses network namespaces)"
+    if name == "lint_speed" and not (REPO.parent / "shared" / "crds").is_dir():
+        return "no CRD directory next to the repository (`python bench/lint_speed.py --crds DIR`)"
+    return None
+
+
+def record_outcome(name: str, status: str, reason: str, output: str = "") -> None:
+    r = Result(name, name.replace("_", " "), argv=[f"{name}.py"])
+    r.doc["status"], r.doc["reason"] = status, reason
+    if output.strip():
+        r.text("Output (last lines):\n\n```\n" + "\n".join(output.strip().splitlines()[-25:]) + "\n```")
+    r.save()
+
+
+def gpu_outcome() -> None:
+    """gpu.sh runs only where there is a GPU; elsewhere the report says so."""
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0:
+        return  # gpu.sh writes its own result when run (bench/gpu.sh)
+    if (results_dir() / "gpu.json").exists() and json.loads((results_dir() / "gpu.json").read_text()).get("status") == "ok":
+        return  # figures from a GPU machine, kept
+    record_outcome("gpu", "not run", "no NVIDIA GPU on this machine: `bench/gpu.sh` is prepared and dry-checked "
+                   "on CPU (`bench/gpu.sh --cpu-check`: bash -n, shellcheck, its Python part shrunk), "
+                   "but no GPU figures were measured")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="+", metavar="NAME")
+    p.add_argument("--skip", nargs="+", metavar="NAME", default=[])
+    p.add_argument("--up", action="store_true", help="bring up testbeds that are down (root)")
+    p.add_argument("--quick", action="store_true", help="tiny settings: check the pipeline, not the figures")
+    args = p.parse_args()
+    start = time.time()
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    brought_up: list[str] = []
+    if args.up and is_root():
+        from deploy.testbed import docker
+
+        if not docker.daemon_up():
+            print("bench: bringing up the Docker testbed", flush=True)
+            docker.up()
+            brought_up.append("docker")
+    load_start = load_average()
+    try:
+        for name, script, full, quick, timeout in SCRIPTS:
+            if (args.only and name not in args.only) or name in args.skip:
+                continue
+            reason = skip_reason(name)
+            if reason:
+                print(f"\n=== {name}: skipped ({reason})", flush=True)
+                record_outcome(name, "skipped", reason)
+                continue
+            argv = [sys.executable, str(HERE / script), *(quick if args.quick else full)]
+            print(f"\n=== {name}: {' '.join(argv[1:])}", flush=True)
+            before = (results_dir() / f"{name}.json").stat().st_mtime if (results_dir() / f"{name}.json").exists() else 0
+            t = time.time()
+            try:
+                proc = subprocess.run(argv, cwd=REPO, env=env, timeout=timeout, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True)
+                out, rc = proc.stdout, proc.returncode
+            except subprocess.TimeoutExpired as e:
+                out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                rc = None
+            print(out[-6000:], flush=True)
+            wrote = (results_dir() / f"{name}.json").exists() and (results_dir() / f"{name}.json").stat().st_mtime > before
+            if rc is None:
+                record_outcome(name, "failed", f"timed out after {timeout} s", out)
+            elif rc != 0:
+                record_outcome(name, "failed", f"exit code {rc}", out)
+            elif not wrote:  # a script that prints but writes no result file: keep what it printed
+                record_outcome(name, "ok", None, out)
+            print(f"=== {name}: {time.time() - t:.0f} s", flush=True)
+        if not args.only or "gpu" in args.only:
+            gpu_outcome()
+    finally:
+        for tb in brought_up:
+            from deploy.testbed import docker
+
+            print(f"bench: taking down the {tb} testbed it brought up", flush=True)
+            docker.down()
+    preface = results_dir() / "_preface.md"
+    preface.write_text(
+        f"Last `make bench`{' (quick settings: figures meaningless)' if args.quick else ''}: "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(start))}, {time.time() - start:.0f} s in all; "
+        f"load average (1/5/15 min) {load_start} at the start and {load_average()} at the end "
+        f"({os.cpu_count()} cores).\n")
+    return subprocess.run([sys.executable, str(HERE / "report.py"), "--results", str(results_dir()),
+                           "--preface", str(preface)], cwd=REPO).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
