@@ -103,11 +103,14 @@ def _duration(value: Any) -> int:
 
 
 def _scalar_str(value: Any) -> Any:
-    """Env values: numbers become strings; booleans and nulls are ambiguous in YAML."""
+    """Env values are strings exactly as written: YAML reads an unquoted `1.10` as 1.1, `0x10`
+    as 16, `010` as 8 and `yes` as true, so anything but a string is refused."""
     if isinstance(value, bool) or value is None:
         raise ValueError("ambiguous YAML value (yes/no/true/null); quote it, e.g. \"true\"")
     if isinstance(value, (int, float)):
-        return str(value)
+        raise ValueError(f"YAML read this as the number {value!r}, which may not be what you "
+                         "wrote (1.10 reads as 1.1, 0x10 as 16, 010 as 8); quote it, e.g. "
+                         f"\"{value}\"")
     return value
 
 
@@ -152,7 +155,7 @@ ModuleName = Annotated[str, matching(r"[A-Za-z0-9_.+/-]+", 256, "a module name (
 class Strict(BaseModel):
     """Base: unknown keys are errors; assignments re-validate."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,8 +173,9 @@ class Nodes(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _parse(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("expected a node count such as 2, or an elastic range such as 2:4")
+        if isinstance(value, (bool, float)) or value is None:
+            raise ValueError(f"{value!r} is not a node count: write a whole number such as 2, "
+                             "or an elastic range such as 2:4")
         if isinstance(value, int):
             value = {"min": value, "max": value}
         elif isinstance(value, str):
@@ -456,6 +460,19 @@ class SlurmSection(Strict):
 SCRIPT_TRAIN_FIELDS = {"timeout_s", "threads"}
 
 
+def _count_problems(model: type[BaseModel], data: dict, path: str) -> list[Problem]:
+    """Integer fields of `model` given anything but an integer (a boolean, a string, 2.0)."""
+    problems = []
+    for name, field in model.model_fields.items():
+        value = data.get(name)
+        kinds = set(getattr(field.annotation, "__args__", ()) or (field.annotation,)) - {type(None)}
+        if name in data and value is not None and kinds == {int} and type(value) is not int:
+            problems.append(Problem(f"{path}.{name}", f"expected an integer (got "
+                                    f"{type(value).__name__} {value!r:.40})",
+                                    "write a whole number without quotes"))
+    return problems
+
+
 def _check_env_name(name: str) -> str:
     if not ENV_NAME.match(name):
         raise ValueError(f"{name!r} is not a valid variable name (letters, digits, '_')")
@@ -489,7 +506,9 @@ class JobSpec(Strict):
                                        "CPU jobs (default 1). With GPUs it is gpus_per_node.")
     resources: Resources = Field(default_factory=Resources, description="CPU, memory and shm per node.")
     env: dict[str, EnvValue] = Field(default_factory=dict, description="Environment of every "
-                                     "process (values are strings).")
+                                     "process. Values are strings exactly as written: quote "
+                                     "numbers (`\"1.10\"`); `$(VAR)` and `$` are passed on "
+                                     "literally on every target (no expansion).")
     secret_env: list[SecretEnv] = Field(default_factory=list, description="Variables read from "
                                         "Secrets: `{name, secret, key}`; values never inlined.")
     volumes: list[Volume] = Field(default_factory=list, description="Volumes mounted on every node.")
@@ -511,6 +530,19 @@ class JobSpec(Strict):
     k8s: K8sSection = Field(default_factory=K8sSection, description="Kubernetes settings.")
     slurm: SlurmSection = Field(default_factory=SlurmSection, description="Slurm settings.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _counts_are_integers(cls, data: Any) -> Any:
+        """The trainer's sections are lax pydantic models (`lr: 1e-3` is a YAML 1.1 string they
+        must accept); their counts are still integers, never booleans or `"4"`, like ours."""
+        if isinstance(data, dict):
+            problems = [p for section in ("train", "checkpoint") if isinstance(data.get(section), dict)
+                        for p in _count_problems(cls.model_fields[section].annotation,
+                                                 data[section], section)]
+            if problems:
+                raise Problems(problems)
+        return data
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -526,8 +558,14 @@ class JobSpec(Strict):
     @classmethod
     def _env(cls, v: Any) -> Any:
         if isinstance(v, dict):
+            problems = []
             for name in v:
-                _check_env_name(str(name))
+                try:
+                    _check_env_name(str(name))
+                except ValueError as exc:
+                    problems.append(Problem(str(name), str(exc)))
+            if problems:
+                raise Problems(problems)
         return v
 
     @field_validator("command")
@@ -623,11 +661,13 @@ def apply_override(data: dict, assignment: str) -> None:
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set {assignment}: expected KEY=VALUE, e.g. --set nodes=4")
+    parts = key.strip().split(".")
     try:
         value = load_scalar(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    parts = key.strip().split(".")
+    if len(parts) == 2 and parts[0] == "env":
+        value = raw  # env values are strings exactly as written: --set env.LR=1.10 is "1.10"
     node: Any = data
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
@@ -687,6 +727,10 @@ def _message(err: dict) -> str:
         return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     if kind == "literal_error":
         return msg.replace("Input should be", "must be one of")
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        got = err.get("input")
+        return (f"expected an integer (got {type(got).__name__} {got!r:.40}); write a whole "
+                "number without quotes")
     if kind.endswith("_type") or kind.endswith("_parsing"):
         got = err.get("input")
         return f"{msg.replace('Input should be', 'expected')} (got {type(got).__name__} {got!r:.40})"

@@ -27,6 +27,10 @@ def objects_for(path: str = QUICK, flavor: str = "pytorchjob", overrides=()) -> 
     return render_objects(job, flavor=flavor)
 
 
+def workload_of(objects):
+    return next(o for o in objects if o["kind"] != "ConfigMap")
+
+
 def envs(objects, host_env=None):
     pods = dk.controller_pods(objects)
     return pods, [dk.resolve_env(p, p.spec["containers"][0], objects, host_env or {}) for p in pods]
@@ -221,8 +225,11 @@ def test_dollar_paren_references_expand_like_the_kubelet():
 
 
 def test_command_and_args_expand_against_the_env(tmp_path):
-    objects = objects_for(flavor="pytorchjob",
-                          overrides=['command=["sh", "-c", "echo $(MASTER_ADDR):$(MASTER_PORT)"]'])
+    # ddpkit escapes a job's own `$(VAR)` (literal on every target), so write the reference
+    # into the manifest as a hand-edited one would have it
+    objects = objects_for(flavor="pytorchjob", overrides=['command=["sh", "-c", "echo"]'])
+    for spec in workload_of(objects)["spec"]["pytorchReplicaSpecs"].values():
+        spec["template"]["spec"]["containers"][0]["command"][-1] = "echo $(MASTER_ADDR):$(MASTER_PORT)"
     plans = plan(copy.deepcopy(objects), tmp_path)
     assert opt(plans[1].create_args, "--entrypoint") == ["sh"]
     assert plans[1].argv == ["-c", "echo quickstart-2node-master-0:23456"]

@@ -398,3 +398,21 @@ def test_elastic_pytorchjob_pods_get_a_launch_plan():
     for plan in plans:
         assert plan.context == "kubeflow-elastic"
         assert plan.argv[plan.argv.index("--nnodes") + 1] == "2:3"
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_dollar_var_means_what_it_means_on_slurm_literal(flavor):
+    """`$(VAR)` in env and command reaches the process as written on every target: Slurm exports
+    it verbatim (test_slurm_render), and here Kubernetes' expansion (`$(VAR)`, `$$` escape, as
+    the Docker runner applies it) must give back the same text."""
+    from deploy.submit.docker import expand
+
+    written = {"A": "x", "B": "$(A)-$$-$HOME-$(UNSET)"}
+    spec = job(env=written, command=["echo", "$(A)", "$$(A)"])
+    for template in pods(objects(spec, flavor)):
+        env: dict[str, str] = {}
+        for item in container(template)["env"]:
+            if "value" in item:
+                env[item["name"]] = expand(item["value"], env)
+        assert {k: env[k] for k in written} == written
+        assert [expand(a, env) for a in container(template)["command"]] == ["echo", "$(A)", "$$(A)"]

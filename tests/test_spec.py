@@ -139,8 +139,66 @@ def test_topology_is_derived_once():
     assert ok({}).nproc_per_node == 1
 
 
-def test_env_numbers_become_strings():
-    assert ok({"env": {"OMP_NUM_THREADS": 4, "X": 0.5}}).env == {"OMP_NUM_THREADS": "4", "X": "0.5"}
+@pytest.mark.parametrize("written,read_as", [("1.10", 1.1), ("0x10", 16), ("010", 8), ("4", 4)])
+def test_env_values_are_strings_exactly_as_written(tmp_path, written, read_as):
+    """YAML changes unquoted numbers (1.10 -> 1.1): refused with the fix; quoted, kept as is."""
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: demo\nimage: i:1\nenv:\n  V: {written}\n")
+    with pytest.raises(UserError) as err:
+        load_job(str(path))
+    assert err.value.problems == [
+        f"{path}:4: env.V: YAML read this as the number {read_as!r}, which may not be what you "
+        f"wrote (1.10 reads as 1.1, 0x10 as 16, 010 as 8); quote it, e.g. \"{read_as}\""]
+    path.write_text(f"name: demo\nimage: i:1\nenv:\n  V: '{written}'\n")
+    assert load_job(str(path)).env == {"V": written}
+    # --set env.NAME=VALUE takes VALUE as written
+    assert load_job(str(path), [f"env.W={written}", "env.T=true"]).env == {
+        "V": written, "W": written, "T": "true"}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("gpus_per_node", "yes"), ("gpus_per_node", "'2'"), ("restarts", "true"), ("nodes", "2.5"),
+    ("procs_per_node", "2.0"), ("train.epochs", "yes"), ("checkpoint.every_steps", "'10'"),
+    ("train.batch_size", "1.5")])
+def test_counts_are_integers_not_booleans_or_strings(tmp_path, field, value):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: demo\nimage: i:1\n")
+    with pytest.raises(UserError) as err:
+        load_job(str(path), [f"{field}={value}"])
+    [problem] = err.value.problems
+    assert problem.startswith(f"--set {field}: {field}: "), problem
+    assert "whole number" in problem and "Input should" not in problem, problem
+
+
+def test_cross_field_and_override_errors_point_at_their_own_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("name: demo\nimage: i:1\nenv:\n  A: x\nvolumes:\n"
+                    "  - {name: a, mount: /d, claim: c}\n  - {name: a, mount: /e, claim: c}\n"
+                    "gpus_per_node: 2\nprocs_per_node: 4\n")
+    with pytest.raises(UserError) as err:
+        load_job(str(path))
+    assert err.value.problems == [
+        f"{path}:9: procs_per_node: 4 must equal gpus_per_node (2): one process per GPU; remove procs_per_node",
+        f"{path}:7: volumes.1.name: a is used twice; give each volume its own name"]
+    with pytest.raises(UserError) as err:
+        load_job(str(path), ["env.RANK=3", "procs_per_node=2", "volumes.1.name=b"])
+    assert err.value.problems == [
+        "--set env.RANK: env.RANK: RANK is set by ddpkit, not the job file: torchrun sets the "
+        "global rank of each process"]
+
+
+def test_an_unknown_workload_is_found_by_validate(tmp_path):
+    with pytest.raises(UserError) as err:
+        parse_job({**BASE, "train": {"model": "resnet50"}})
+    assert "train.model: 'resnet50' is neither a built-in workload (cnn, gpt)" in err.value.problems[0]
+    assert ok({"train": {"model": "mypkg.models:build"}}).train.model == "mypkg.models:build"
+
+
+def test_the_builtin_workload_list_is_the_trainer_s():
+    from trainer.config import BUILTIN_MODELS
+    from trainer.models import BUILTIN
+
+    assert tuple(BUILTIN) == BUILTIN_MODELS
 
 
 @pytest.mark.parametrize("path", EXAMPLES + [REPO / "deploy" / "starter.yaml"], ids=lambda p: p.name)

@@ -12,7 +12,19 @@ import os
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+#: The built-in workloads (trainer/models.py builds them; `deploy` validates `train.model`
+#: against this list without importing torch).
+BUILTIN_MODELS = ("cnn", "gpt")
 
 # -- your own torchrun script instead of the built-in trainer ---------------------------------
 # Top-level fields of a job file (`script:`, `module:`, `args:`), defined here once: `deploy.spec`
@@ -110,6 +122,15 @@ class TrainConfig(BaseModel):
         "`layers`, `heads`, `seq_len`, `vocab`, `samples`.",
     )
     data: str = Field("synthetic", description="Data set: `synthetic` (built in).")
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, v: str) -> str:
+        module, sep, name = v.partition(":")
+        if v not in BUILTIN_MODELS and not (sep and module and name):
+            raise ValueError(f"{v!r} is neither a built-in workload ({', '.join(BUILTIN_MODELS)}) "
+                             "nor 'package.module:function'; use one of those")
+        return v
     data_samples: int | None = Field(
         None, ge=1, description="Train on only the first N samples of the data set (smoke runs)."
     )

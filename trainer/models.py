@@ -113,7 +113,7 @@ def gpt_workload(cfg: TrainConfig) -> Workload:
     return Workload(model, train, held_out, loss_fn=_token_loss)
 
 
-BUILTIN = {"cnn": cnn_workload, "gpt": gpt_workload}
+BUILTIN = {"cnn": cnn_workload, "gpt": gpt_workload}  # keys: trainer.config.BUILTIN_MODELS
 
 
 def build_workload(cfg: TrainConfig) -> Workload:

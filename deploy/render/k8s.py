@@ -130,6 +130,13 @@ def torchrun_restarts(job: JobSpec, flavor: str) -> int:
     return 0
 
 
+def literal(value: str) -> str:
+    """A value Kubernetes passes on as written: it expands `$(VAR)` in env values and commands,
+    and `$$` is its escape for `$`. ddpkit's env and command mean the same on every target
+    (Slurm exports them verbatim), so every `$` is escaped."""
+    return value.replace("$", "$$")
+
+
 def container_env(job: JobSpec, flavor: str) -> list[dict]:
     """The launch contract first (docs/CONTRACT.md), then the user's env, then secrets."""
     env = [
@@ -146,7 +153,7 @@ def container_env(job: JobSpec, flavor: str) -> list[dict]:
         host, port = master_endpoint(job, flavor)
         env += [{"name": "DDPKIT_MASTER_ADDR", "value": host},
                 {"name": "DDPKIT_MASTER_PORT", "value": str(port)}]
-    env += [{"name": k, "value": v} for k, v in job.env.items()]
+    env += [{"name": k, "value": literal(v)} for k, v in job.env.items()]
     env += [{"name": s.name, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
             for s in job.secret_env]
     return env
@@ -234,7 +241,7 @@ def context(job: JobSpec, flavor: str) -> dict[str, Any]:
         "job_file_data": {JOB_FILE_NAME: job.to_yaml()},
         "image": job.image,
         "image_pull_policy": job.image_pull_policy,
-        "command": list(job.command or DEFAULT_COMMAND),
+        "command": [literal(arg) for arg in job.command or DEFAULT_COMMAND],
         "container_name": CONTAINER_NAME[flavor],
         "env": container_env(job, flavor),
         "resources": container_resources(job),
