@@ -84,7 +84,7 @@ def check(job: JobSpec, flavor: str) -> list[Problem]:
             if value is not None:
                 problems.append(Problem(
                     field, "a TrainJob cannot set it (Trainer v2.3 runtimePatches have no such "
-                    f"field)", f"set it in the ClusterTrainingRuntime {k8s.runtime!r} or use "
+                    "field)", f"set it in the ClusterTrainingRuntime {k8s.runtime!r} or use "
                     "another flavor"))
         if job.image_pull_policy != "IfNotPresent":
             problems.append(Problem(
