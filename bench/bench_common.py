@@ -89,7 +89,7 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch_version,
         "load_avg": load_average(),
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date_utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "commit": commit,
     }
 

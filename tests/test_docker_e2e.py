@@ -127,13 +127,13 @@ def test_two_nodes_by_two_processes_train_to_identical_parameters(image, tmp_pat
 
 def test_a_failing_pod_fails_the_job_with_its_exit_code(image, tmp_path):
     name = "e2e-fail"
-    script = "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\ntime.sleep(300)\n"
+    # the master sleeps for longer than the command may run: exit 7 at all means it was
+    # stopped, not waited for (behaviour, not a timing)
+    script = "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(7)\ntime.sleep(3600)\n"
     path = job_file(tmp_path, name, f"command: [python, -c, {json.dumps(script)}]\n")
-    start = time.monotonic()
     result = ddpkit("run", str(path), "--docker", "--flavor", "pytorchjob", cwd=tmp_path, timeout=300)
     assert result.returncode == 7, result.stdout[-3000:] + result.stderr[-3000:]
     assert "e2e-fail-worker-0 failed with exit code 7" in result.stdout
-    assert time.monotonic() - start < 120  # the sleeping master was stopped, not waited for
     assert leftovers(name) == ("", "")
 
 

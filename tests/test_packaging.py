@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -35,8 +36,35 @@ def test_wheel_ships_templates_and_packages(installed):
     names = zipfile.ZipFile(wheel).namelist()
     assert "deploy/spec.py" in names and "trainer/config.py" in names
     assert "deploy/starter.yaml" in names
-    assert any(n.startswith("deploy/_templates/k8s/") for n in names)
-    assert any(n.startswith("deploy/_templates/slurm/") for n in names)
+    # the templates, exactly: no CI-only scripts (k8s/testbed, k8s/kind) in a user's install
+    shipped = sorted(n.removeprefix("deploy/_templates/") for n in names
+                     if n.startswith("deploy/_templates/"))
+    assert shipped == sorted(p.relative_to(REPO).as_posix() for kind in ("k8s", "slurm")
+                             for p in (REPO / kind).rglob("*.j2"))
+    assert any(n.startswith("k8s/") for n in shipped) and any(n.startswith("slurm/") for n in shipped)
+    assert not any("testbed/build.sh" in n or "kind/" in n for n in names)
+    metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("/METADATA"))).decode()
+    assert "Requires-Python: >=3.11" in metadata
+
+
+def test_every_dependency_is_imported_and_the_python_claim_is_one():
+    """A runtime dependency nothing imports only weighs on `pip install`; the Python version
+    claim (tomllib in the tests and the image need 3.11) is the same everywhere."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    import_name = {"pyyaml": "yaml", "python-hostlist": "hostlist", "kubernetes-validate":
+                   "kubernetes_validate"}
+    sources = "\n".join(p.read_text() for d in ("deploy", "trainer") for p in (REPO / d).rglob("*.py"))
+    extras = project["project"]["optional-dependencies"]
+    for requirement in project["project"]["dependencies"] + extras["train"] + extras["k8s"] + extras["slurm"]:
+        name = re.split(r"[<>=!~\[ ]", requirement)[0].lower()
+        module = import_name.get(name, name)
+        assert re.search(rf"^\s*(import|from) {module}\b", sources, re.M), f"{name} is never imported"
+    assert project["project"]["requires-python"] == ">=3.11"
+    assert project["tool"]["ruff"]["target-version"] == "py311"
+    readme = (REPO / "README.md").read_text()
+    assert "Python 3.11+" in readme and "3.10" not in readme
 
 
 def test_installed_copy_is_used_outside_the_repo(installed, tmp_path):
