@@ -1,16 +1,18 @@
-"""Where `ddpkit lint` spends its time, per layer, for every flavor of examples/quickstart-2node.
+"""Lint time per manifest: where `ddpkit lint` spends it, per layer, and per whole process.
 
-Prints medians (ms) of: reading the CRD directory with libyaml's loader vs the pure-Python one
-(why lint.py prefers CSafeLoader), the CRD structural-schema check of one workload object, the
-core `kubernetes-validate --strict` check of its pod template(s), and the ddpkit rules; then the
-whole-process wall time of `ddpkit lint` on the rendered file.
+Prints medians (ms) for each flavor of examples/quickstart-2node: reading the workload's CRD
+(libyaml vs the JSON cache lint keeps), the custom-resource schema check (pruning, defaults,
+jsonschema + CEL), the admission webhook port, the core/pod validation and the advice; then the
+whole-process wall time of `ddpkit lint FILE` (what a user waits for), with a cold and a warm
+CRD cache; then the per-file time over the lint corpus (tests/lint_corpus), in one process.
 
-Usage: python bench/lint_speed.py [--crds DIR] [--repeats N]
+Usage: python bench/lint_speed.py [--repeats N]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -18,14 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from deploy import lint  # noqa: E402
+from deploy.lint import advice, core, schema  # noqa: E402
+from deploy.lint.admission import WEBHOOKS  # noqa: E402
 from deploy.render import k8s  # noqa: E402
 from deploy.spec import load_job  # noqa: E402
+from deploy.yamlfile import load_documents  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -37,44 +40,65 @@ def median_ms(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def wall_ms(args: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "deploy", "lint", *args], cwd=REPO, env=env, check=False,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return (time.perf_counter() - start) * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--crds", default=str(REPO.parent / "shared" / "crds"))
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    crd_dir = Path(args.crds)
-    if not crd_dir.is_dir():
-        raise SystemExit(f"no CRD directory at {crd_dir}; pass --crds DIR")
+    print(f"load average: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
-    files = sorted(crd_dir.glob("*.yaml"))
-    c_load = median_ms(lambda: [list(yaml.load_all(f.read_text(), Loader=yaml.CSafeLoader)) for f in files], args.repeats)
-    py_load = median_ms(lambda: [list(yaml.load_all(f.read_text(), Loader=yaml.SafeLoader)) for f in files], 1)
-    size = sum(f.stat().st_size for f in files) / 1e6
-    print(f"read {len(files)} CRD files ({size:.1f} MB): libyaml {c_load:.0f} ms, pure Python {py_load:.0f} ms "
-          f"({py_load / c_load:.1f}x)")
-
-    crds = lint.load_crds(crd_dir)
+    crds = lint.load_crds()
     job = load_job(str(REPO / "examples" / "quickstart-2node.yaml"))
-    print(f"{'flavor':<11} {'CRD schema':>11} {'PodTemplate':>12} {'rules':>8} {'ddpkit lint (process)':>22}")
+    print(f"{'flavor':<11} {'CRD yaml':>9} {'CRD json':>9} {'schema':>8} {'webhook':>8} {'core/pod':>9} "
+          f"{'advice':>7} {'process cold':>13} {'process warm':>13}")
     for flavor in k8s.FLAVORS:
         objects = k8s.render_objects(job, flavor=flavor)
-        obj = next(o for o in objects if o["kind"] != "ConfigMap" and o["kind"] != "Service")
-        schema = crds.lookup(obj["apiVersion"], obj["kind"])
-        t_schema = median_ms(lambda o=obj, s=schema: lint.validate_schema(o, s), args.repeats) if schema else 0.0
-        templates = [t for _, t in lint.pod_templates_in(obj)]
-        if obj["kind"] == "Job":  # a core kind: kubernetes-validate checks the whole object
-            t_core = median_ms(lambda o=obj: lint.core_validate(o), args.repeats)
+        obj = next(o for o in objects if o["kind"] not in ("ConfigMap", "Service"))
+        group = obj["apiVersion"].rpartition("/")[0]
+        t_yaml = t_json = t_schema = t_hook = 0.0
+        if not core.is_core(obj["apiVersion"]):
+            crd = crds.lookup(obj["apiVersion"], obj["kind"])
+            crd_file = next(f for f in schema.crd_files(schema.BUNDLED_CRDS) if obj["kind"].lower() in f.name)
+            text = crd_file.read_text()
+            t_yaml = median_ms(lambda t=text: load_documents(t), 1)
+            t_json = median_ms(lambda f=crd_file, t=text: schema._cached_documents(f, t), args.repeats)
+            t_schema = median_ms(lambda o=obj, c=crd: schema.check_custom_resource(o, c["schema"]), args.repeats)
+            pruned, _ = schema.check_custom_resource(obj, crd["schema"])
+            default, validate = WEBHOOKS[(group, obj["kind"])]
+            ctx = lint.Context(crds)
+            t_hook = median_ms(lambda p=pruned, v=validate: v(p, ctx.find_runtime) if obj["kind"] == "TrainJob"
+                               else v(p), args.repeats)
+            t_core = median_ms(lambda o=obj: [core.validate_pod_template(t, p) for p, t, _ in advice.pod_templates(o)],
+                               args.repeats)
         else:
-            t_core = median_ms(lambda ts=templates: [lint.core_validate(lint.as_pod_template(t)) for t in ts], args.repeats)
-        t_rules = median_ms(lambda o=obj: lint.check_rules(o), args.repeats)
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-            fh.write(k8s.render_k8s(job, flavor=flavor))
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "deploy", "lint", fh.name, "--crds", str(crd_dir)],
-                       cwd=REPO, check=True, stdout=subprocess.DEVNULL)
-        wall = (time.perf_counter() - start) * 1000
-        Path(fh.name).unlink()
-        print(f"{flavor:<11} {t_schema:>9.1f}ms {t_core:>10.1f}ms {t_rules:>6.2f}ms {wall:>20.0f}ms")
+            version = core.resolve_version(None)
+            t_core = median_ms(lambda o=obj, v=version: core.validate_core(o, v), args.repeats)
+        t_advice = median_ms(lambda o=obj: advice.advise(o), args.repeats)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "job.yaml"
+            path.write_text(k8s.render_k8s(job, flavor=flavor))
+            env = {**os.environ, "XDG_CACHE_HOME": str(Path(tmp) / "cache")}
+            cold = wall_ms([str(path)], env)
+            warm = statistics.median(wall_ms([str(path)], env) for _ in range(args.repeats))
+        print(f"{flavor:<11} {t_yaml:>7.0f}ms {t_json:>7.1f}ms {t_schema:>6.1f}ms {t_hook:>6.2f}ms "
+              f"{t_core:>7.1f}ms {t_advice:>5.2f}ms {cold:>11.0f}ms {warm:>11.0f}ms")
+
+    corpus = sorted((REPO / "tests" / "lint_corpus").rglob("*.yaml"))
+    if corpus:
+        texts = [(str(f), f.read_text()) for f in corpus]
+        ctx = lint.Context(crds)
+        for f, t in texts:  # warm: CRDs parsed once per process
+            lint.lint_text(t, ctx, source=f)
+        per_file = [median_ms(lambda t=t, f=f: lint.lint_text(t, ctx, source=f), args.repeats) for f, t in texts]
+        print(f"corpus: {len(corpus)} files, in one process: median {statistics.median(per_file):.1f} ms/file, "
+              f"max {max(per_file):.1f} ms; whole process on all of them: "
+              f"{wall_ms([f for f, _ in texts], dict(os.environ)):.0f} ms")
     return 0
 
 

@@ -196,7 +196,8 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 def cmd_lint(args: argparse.Namespace) -> int:
     return _module("deploy.lint", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds,
-                                                           k8s_version=args.k8s_version)
+                                                           k8s_version=args.k8s_version,
+                                                           strict=args.strict)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -300,10 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")
     p.add_argument("handle", metavar="HANDLE")
 
-    p = _command(sub, "lint", cmd_lint, "check rendered manifests offline against CRD schemas",
-                 "ddpkit render k8s job.yaml -o job.k8s.yaml && ddpkit lint job.k8s.yaml --crds crds/")
+    p = _command(sub, "lint", cmd_lint, "check manifests offline as the API server and the operators' webhooks would",
+                 "ddpkit render k8s job.yaml -o job.k8s.yaml && ddpkit lint job.k8s.yaml")
     p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--crds", metavar="DIR", help="directory of CustomResourceDefinitions (YAML)")
+    p.add_argument("--crds", metavar="DIR",
+                   help="directory of CustomResourceDefinitions (YAML) that take precedence over the bundled ones")
+    p.add_argument("--strict", action="store_true", help="warnings (ddpkit's advice) fail too (exit 1)")
     p.add_argument("--k8s-version", metavar="X.Y",
                    help="Kubernetes version of the core schemas (default: the newest bundled)")
 

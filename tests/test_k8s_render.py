@@ -261,7 +261,7 @@ def test_trainjob_refers_to_the_runtime_and_sets_nodes_and_processes():
     assert spec["trainer"]["numNodes"] == 3 and spec["trainer"]["numProcPerNode"] == 2
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 2
     assert spec["trainer"]["image"] == "img:1" and spec["activeDeadlineSeconds"] == 3600
-    assert spec["runtimePatches"][0]["manager"] == "ddpkit"
+    assert spec["runtimePatches"][0]["manager"] == "ddpkit.io/render"
 
 
 def test_jobset_has_dns_hostnames_failure_policy_and_pod_zero_as_master():

@@ -92,3 +92,19 @@ def test_installed_renders_every_k8s_flavor(installed, tmp_path, flavor):
     assert result.returncode == 0, result.stderr
     kinds = [d["kind"] for d in yaml.safe_load_all(result.stdout) if d]
     assert kinds[0] == "ConfigMap" and len(kinds) >= 2
+
+
+def test_installed_lint_uses_the_bundled_crds(installed, tmp_path):
+    """`ddpkit lint` of a rendered PyTorchJob works from the wheel alone (CRDs ship inside it)."""
+    wheel, target = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "deploy/lint/crds/kubeflow.org_pytorchjobs.yaml" in names
+    assert "deploy/lint/crds/clustertrainingruntime-torch-distributed.yaml" in names
+    assert run_installed(target, "init", "job.yaml", cwd=tmp_path).returncode == 0
+    for flavor in ("pytorchjob", "trainjob"):
+        rendered = run_installed(target, "render", "k8s", "job.yaml", "--flavor", flavor, cwd=tmp_path)
+        (tmp_path / f"{flavor}.yaml").write_text(rendered.stdout)
+        env = {**os.environ, "PYTHONPATH": str(target), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+        result = subprocess.run([sys.executable, "-m", "deploy", "lint", f"{flavor}.yaml"], cwd=tmp_path,
+                                env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr

@@ -47,7 +47,7 @@ JOB_FILE_PATH = f"{JOB_FILE_DIR}/{JOB_FILE_NAME}"
 #: Rendezvous port on JobSet and Job, where ddpkit names the master itself (torchrun default).
 RDZV_PORT = 29500
 #: Our entry in TrainJob.spec.runtimePatches (list-map keyed by manager).
-PATCH_MANAGER = "ddpkit"
+PATCH_MANAGER = "ddpkit.io/render"  # Trainer's webhook: a domain-prefixed path
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
 SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}

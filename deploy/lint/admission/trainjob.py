@@ -1,0 +1,162 @@
+"""TrainJob admission, ported from Kubeflow Trainer v2.3.0 `pkg/webhooks/trainjob_webhook.go`
+(defaulter and validator), `pkg/runtime/core/{clustertrainingruntime,trainingruntime}.go`
+(ValidateObjects: the runtime must exist) and the validation plugins a torch runtime runs
+(`pkg/runtime/framework/plugins/torch/torch.go`, `.../jobset/jobset.go`).
+
+The validator needs the referenced runtime, which lives in the cluster: lint looks for it among
+the linted files, the `--crds` folder (where `kubectl get clustertrainingruntimes -o yaml` can
+go) and the bundled upstream `torch-distributed`; a runtime found nowhere is refused, as the
+webhook refuses a TrainJob whose runtime is not installed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from deploy.lint import meta as m
+from deploy.lint.report import Finding
+
+GROUP, KIND = "trainer.kubeflow.org", "TrainJob"
+RUNTIME_KINDS = {"ClusterTrainingRuntime", "TrainingRuntime"}
+TORCH_RESERVED_ENV = ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE"]
+DATASET, MODEL, NODE = "dataset-initializer", "model-initializer", "node"
+INITIALIZER_VOLUME = "initializer"
+
+#: (kind, name, namespace) -> the runtime object, or None.
+RuntimeLookup = Callable[[str, str, str], "dict | None"]
+
+
+def default(obj: dict) -> None:
+    """TrainJobDefaulter.Default on create: every runtime patch gets a `time` (now)."""
+    for patch in (obj.get("spec") or {}).get("runtimePatches") or []:
+        patch.setdefault("time", "2026-01-01T00:00:00Z")
+
+
+def validate(obj: dict, find_runtime: RuntimeLookup | None = None) -> list[Finding]:
+    spec = obj.get("spec") or {}
+    ref = spec.get("runtimeRef") or {}
+    kind, group = ref.get("kind", ""), ref.get("apiGroup", "")
+    if group != GROUP or kind not in RUNTIME_KINDS:
+        return [("", f"unsupported runtime: {kind}.{group}" if group else f"unsupported runtime: {kind}")]
+    namespace = (obj.get("metadata") or {}).get("namespace") or "default"
+    runtime = find_runtime(kind, ref.get("name", ""), namespace) if find_runtime else None
+    if runtime is None:
+        what = "clusterTrainingRuntime" if kind == "ClusterTrainingRuntime" else "trainingRuntime"
+        return [m.invalid("spec.runtimeRef" if kind == "TrainingRuntime" else "spec.RuntimeRef", ref,
+                          f"{kind.lower()}s.{GROUP} \"{ref.get('name')}\" not found: specified {what} "
+                          "must be created before the TrainJob is created")]
+    runtime_spec = runtime.get("spec") or {}
+    template = _merged_template(runtime_spec.get("template") or {}, spec.get("runtimePatches") or [])
+    found: list[Finding] = []
+    if "torch" in (runtime_spec.get("mlPolicy") or {}):
+        found += _validate_torch(obj, runtime_spec, template)
+    found += _validate_jobset_plugin(obj, template)
+    return found
+
+
+def _containers(template: dict) -> dict[str, set[str]]:
+    """Container and init-container names per replicated job of a JobSet template."""
+    names: dict[str, set[str]] = {}
+    for rjob in (template.get("spec") or {}).get("replicatedJobs") or []:
+        pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        names[rjob.get("name")] = {c.get("name") for c in (pod.get("initContainers") or []) + (pod.get("containers") or [])}
+    return names
+
+
+def _merged_template(template: dict, patches: list) -> dict:
+    """The runtime template with the patches' replicated jobs and containers merged in by name
+    (mergeRuntimePatches: a strategic merge patch; both lists merge on `name`)."""
+    merged = copy.deepcopy(template)
+    rjobs = merged.setdefault("spec", {}).setdefault("replicatedJobs", [])
+    for patch in patches:
+        for prj in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+            target = next((r for r in rjobs if r.get("name") == prj.get("name")), None)
+            if target is None:
+                rjobs.append(copy.deepcopy(prj))
+                continue
+            ppod = (((prj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            tpod = target.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {}).setdefault("spec", {})
+            for key in ("initContainers", "containers"):
+                have = tpod.setdefault(key, [])
+                for c in ppod.get(key) or []:
+                    if not any(h.get("name") == c.get("name") for h in have):
+                        have.append({"name": c.get("name")})
+    return merged
+
+
+def _validate_torch(obj: dict, runtime_spec: dict, template: dict) -> list[Finding]:
+    found: list[Finding] = []
+    containers = _containers(template)
+    injection = ((runtime_spec.get("mlPolicy") or {}).get("torch") or {}).get("envInjection") or {}
+    for target in injection.get("targets") or []:
+        for cname in target.get("containerNames") or []:
+            if cname not in containers.get(target.get("jobName"), set()):
+                found.append(m.invalid("spec.runtimeRef", target, f"envInjection target podSet {target.get('jobName')!r} "
+                                       f"container {cname!r} not found in runtime template"))
+    trainer = (obj.get("spec") or {}).get("trainer")
+    if trainer is not None:
+        reserved = sorted({e.get("name") for e in trainer.get("env") or []} & set(TORCH_RESERVED_ENV))
+        if reserved:
+            found.append(m.invalid("spec.trainer.env", trainer.get("env"),
+                                   f"must not have reserved envs, invalid envs configured: [{' '.join(reserved)}]"))
+    return found
+
+
+def _validate_jobset_plugin(obj: dict, template: dict) -> list[Finding]:
+    spec = obj.get("spec") or {}
+    found: list[Finding] = []
+    containers = _containers(template)
+    for init, what in ((DATASET, "dataset"), (MODEL, "model")):
+        if not ((spec.get("initializer") or {}).get(what)):
+            continue
+        if init not in containers:
+            found.append(("spec.runtimeRef", f"must have {init} job when trainJob is configured with input {what}Config"))
+        elif init not in containers[init]:
+            found.append(("spec.runtimeRef", f"must have container with name - {init} in the {init} job"))
+        elif not _mounts_initializer(template, init):
+            found.append(("spec.runtimeRef", f"must have volumeMount with name - {INITIALIZER_VOLUME} in "
+                                             f"container {init} of the {init} job"))
+    for patch in spec.get("runtimePatches") or []:
+        found += m.is_domain_prefixed_path("spec.runtimePatches.manager", patch.get("manager"))
+        for prj in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []:
+            ppod = (((prj.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+            for c in ppod.get("containers") or []:
+                if c.get("env") and c.get("name") in (DATASET, MODEL, NODE):
+                    found.append(("spec.runtimePatches", f"must not have envs for the {DATASET}, {MODEL}, {NODE} containers"))
+    return found
+
+
+def _mounts_initializer(template: dict, job: str) -> bool:
+    for rjob in (template.get("spec") or {}).get("replicatedJobs") or []:
+        if rjob.get("name") != job:
+            continue
+        pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        for c in pod.get("containers") or []:
+            if c.get("name") == job and any(v.get("name") == INITIALIZER_VOLUME for v in c.get("volumeMounts") or []):
+                return True
+    return False
+
+
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+ANCESTOR_CONTAINER = {"trainer": NODE, MODEL: MODEL, DATASET: DATASET}
+
+
+def validate_runtime(obj: dict, context: Any = None) -> list[Finding]:
+    """(Cluster)TrainingRuntime webhook: `pkg/webhooks/trainingruntime_webhook.go` validateReplicatedJobs."""
+    found: list[Finding] = []
+    rjobs = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    for i, rjob in enumerate(rjobs):
+        labels = ((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}
+        ancestor = labels.get(ANCESTOR_LABEL)
+        if ancestor not in ANCESTOR_CONTAINER:
+            continue
+        path = f"spec.template.spec.replicatedJobs[{i}]"
+        if rjob.get("replicas", 1) != 1:
+            found.append(m.invalid(f"{path}.replicas", rjob.get("replicas"), "always must be 1"))
+        pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        if not any(c.get("name") == ANCESTOR_CONTAINER[ancestor] for c in pod.get("containers") or []):
+            found.append(m.invalid(f"{path}.template.spec.template.spec.containers", "",
+                                   f"must contain the required container for the ancestor: {ancestor}"))
+    return found

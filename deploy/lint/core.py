@@ -1,0 +1,481 @@
+"""Core kinds (Job, Service, ConfigMap, ...): schema, then the API server's own validation.
+
+Schema: the OpenAPI schemas of upstream Kubernetes bundled in `kubernetes-validate` (its
+`-strict` variant: unknown fields are errors, as kubectl's default strict field validation),
+read with `jsonschema` once per process and kind, every error reported (not only the first).
+
+Then the part of kube-apiserver's validation (k8s.io/kubernetes v1.34
+`pkg/apis/core/validation/validation.go`, `pkg/apis/batch/validation/validation.go`) that
+matters for training workloads, ported with its messages, applied after the API server's
+defaults: pod specs (containers, names, images, env, volumes and mounts, ports, resources,
+tolerations, restart policy), Job (restart policy, completion mode, counts, the name of the
+longest pod hostname), Service (name, ports, headless), ConfigMap (keys, size). The same pod
+rules judge the pod templates inside custom resources, where they are warnings: the API server
+accepts the custom resource, and refuses the pods (or Jobs) its controller makes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from decimal import Decimal, InvalidOperation
+from functools import cache
+from typing import Any
+
+from deploy.lint import meta as m
+from deploy.lint.report import Finding, LintInputError, join
+
+CORE_GROUPS = {"", "v1", "apps", "batch", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
+               "scheduling.k8s.io", "storage.k8s.io", "autoscaling", "coordination.k8s.io",
+               "node.k8s.io", "discovery.k8s.io", "apiextensions.k8s.io", "certificates.k8s.io",
+               "admissionregistration.k8s.io", "resource.k8s.io", "events.k8s.io",
+               "flowcontrol.apiserver.k8s.io"}
+
+
+def is_core(api_version: str) -> bool:
+    return api_version.rpartition("/")[0] in CORE_GROUPS
+
+
+# --------------------------------------------------------------------------------------------
+# Schema (kubernetes-validate's bundled JSON schemas, read by jsonschema)
+
+
+def _kv():
+    try:
+        from kubernetes_validate import utils
+    except ImportError:
+        raise LintInputError("checking core kinds needs kubernetes-validate: pip install 'ddpkit[k8s]'") from None
+    return utils
+
+
+def resolve_version(k8s_version: str | None) -> str:
+    utils = _kv()
+    version = (k8s_version or utils.latest_version()).removeprefix("v")
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
+        raise LintInputError(f"--k8s-version {version}: expected a version such as 1.30")
+    wanted = utils.major_minor(version)
+    known = [v for v in utils.all_versions() if _mm(v) <= _mm(wanted)]
+    if _mm(wanted) > _mm(utils.latest_version()) or not known:
+        raise LintInputError(f"--k8s-version {version}: not supported by the installed "
+                             f"kubernetes-validate (newest: {utils.latest_version()})")
+    return known[-1]
+
+
+def _mm(version: str) -> tuple[int, int]:
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+@cache
+def _validator(version: str, kind: str, api_version: str):
+    from importlib import resources
+
+    import jsonschema
+    from referencing import Registry
+
+    base = resources.files("kubernetes_validate") / "kubernetes-json-schema" / f"v{version}-local-strict"
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    try:
+        schema = json.loads((base / f"{kind.lower()}-{group_version}.json").read_text())
+    except FileNotFoundError:
+        return None
+    registry = Registry().with_resource("file:///api/_definitions.json", _definitions(str(base)))
+    return jsonschema.Draft202012Validator({**schema, "$id": "file:///api/object.json"}, registry=registry)
+
+
+@cache
+def _definitions(base: str):
+    from pathlib import Path
+
+    from referencing import Resource
+
+    return Resource.from_contents(json.loads((Path(base) / "_definitions.json").read_text()))
+
+
+def core_schema(obj: dict, version: str) -> list[Finding]:
+    validator = _validator(version, obj["kind"], obj["apiVersion"])
+    if validator is None:
+        return [("", f"no schema for {obj['kind']} {obj['apiVersion']} in Kubernetes {version}")]
+    found = []
+    for error in validator.iter_errors(obj):
+        path = ""
+        for part in error.absolute_path:
+            path = join(path, part)
+        message = error.message
+        extra = re.match(r"Additional properties are not allowed \('(.+)' (was|were) unexpected\)", message)
+        if extra:
+            found += [(join(path, name.strip("' ")), "unknown field") for name in extra.group(1).split(", ")]
+            continue
+        found.append((path, message))
+    return sorted(set(found))
+
+
+# --------------------------------------------------------------------------------------------
+# Quantities (k8s.io/apimachinery pkg/api/resource)
+
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIX = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
+           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10,
+           "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    match = _QUANTITY.match(str(value))
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+        return Decimal(number) * Decimal(_SUFFIX[suffix])
+    except (InvalidOperation, KeyError):
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Pod spec (ValidatePodTemplateSpec / ValidatePodSpec)
+
+_STANDARD_RESOURCES = {"cpu", "memory", "ephemeral-storage", "storage"}
+_VOLUME_SOURCES = {
+    "hostPath", "emptyDir", "gcePersistentDisk", "awsElasticBlockStore", "gitRepo", "secret", "nfs",
+    "iscsi", "glusterfs", "persistentVolumeClaim", "rbd", "flexVolume", "cinder", "cephfs", "flocker",
+    "downwardAPI", "fc", "azureFile", "configMap", "vsphereVolume", "quobyte", "azureDisk",
+    "photonPersistentDisk", "projected", "portworxVolume", "scaleIO", "storageos", "csi",
+    "ephemeral", "image",
+}
+_ENV_SOURCES = ("fieldRef", "resourceFieldRef", "configMapKeyRef", "secretKeyRef", "fileKeyRef")
+
+
+def _dicts(value: Any) -> list[dict]:
+    return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
+
+
+def _is_native(name: str) -> bool:
+    return "/" not in name or name.startswith("kubernetes.io/") or ".kubernetes.io/" in name.split("/")[0] + "/"
+
+
+def _overcommittable(name: str) -> bool:
+    return _is_native(name) and not name.startswith("hugepages-")
+
+
+def validate_resources(res: Any, path: str) -> list[Finding]:
+    """ValidateContainerResourceRequirements (quantities, requests <= limits, extended ones)."""
+    if not isinstance(res, dict):
+        return []
+    found: list[Finding] = []
+    limits = res.get("limits") if isinstance(res.get("limits"), dict) else {}
+    requests = res.get("requests") if isinstance(res.get("requests"), dict) else {}
+    parsed: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
+    for part, values in (("limits", limits), ("requests", requests)):
+        for name, value in values.items():
+            q = parse_quantity(value)
+            sub = join(join(path, part), str(name))
+            if q is None:
+                found.append(m.invalid(sub, value, "quantities must match the regular expression "
+                                       "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"))
+                continue
+            parsed[part][name] = q
+            if q < 0:
+                found.append(m.invalid(sub, value, "must be greater than or equal to 0"))
+            if not _overcommittable(str(name)) and not _is_native(str(name)) and q != q.to_integral_value():
+                found.append(m.invalid(sub, value, "must be an integer"))
+    for name, q in parsed["requests"].items():
+        limit = parsed["limits"].get(name)
+        sub = join(join(path, "requests"), str(name))
+        if limit is not None and q > limit:
+            found.append(m.invalid(sub, requests[name], f"must be less than or equal to {name} limit of {limits[name]}"))
+        if not _overcommittable(str(name)) and "/" in str(name) and not _is_native(str(name)):
+            if limit is None:
+                found.append(m.forbidden(sub, "Limit must be set for non overcommitable resources"))
+            elif q != limit:
+                found.append(m.invalid(sub, requests[name], f"must be equal to {name} limit of {limits[name]}"))
+    return found
+
+
+def _validate_env(env: Any, path: str) -> list[Finding]:
+    found: list[Finding] = []
+    for i, var in enumerate(env if isinstance(env, list) else []):
+        if not isinstance(var, dict):
+            continue
+        sub = join(path, i)
+        name = var.get("name")
+        if not name:
+            found.append(m.required(join(sub, "name")))
+        elif isinstance(name, str) and (not name.isprintable() or "=" in name or not name.isascii()):
+            found.append(m.invalid(join(sub, "name"), name, "a valid environment variable name must "
+                                   "consist only of printable ASCII characters other than '='"))
+        source = var.get("valueFrom")
+        if isinstance(source, dict):
+            kinds = [k for k in _ENV_SOURCES if k in source]
+            if var.get("value"):
+                found.append(m.invalid(join(sub, "valueFrom"), "", "may not be specified when `value` is not empty"))
+            if len(kinds) != 1:
+                found.append(m.invalid(join(sub, "valueFrom"), "", "must specify one of: `fieldRef`, "
+                                       "`resourceFieldRef`, `configMapKeyRef`, `secretKeyRef` or `fileKeyRef`"
+                                       if not kinds else "may not have more than one field specified at a time"))
+    return found
+
+
+def _validate_container(ctr: dict, path: str, volumes: set[str]) -> list[Finding]:
+    found: list[Finding] = []
+    name = ctr.get("name")
+    if not name:
+        found.append(m.required(join(path, "name")))
+    elif isinstance(name, str):
+        found += [m.invalid(join(path, "name"), name, e) for e in m.is_dns1123_label(name)]
+    if not ctr.get("image"):
+        found.append(m.required(join(path, "image")))
+    policy = ctr.get("imagePullPolicy")
+    if policy not in (None, "", "Always", "Never", "IfNotPresent"):
+        found.append(m.not_supported(join(path, "imagePullPolicy"), policy, ["Always", "IfNotPresent", "Never"]))
+    port_names: set[str] = set()
+    for i, port in enumerate(_dicts(ctr.get("ports"))):
+        sub = join(join(path, "ports"), i)
+        pname = port.get("name")
+        if isinstance(pname, str) and pname:
+            if len(pname) > 15 or not m.IANA_SVC_NAME.match(pname) or not re.search("[a-z]", pname) \
+                    or "--" in pname or pname.startswith("-") or pname.endswith("-"):
+                found.append(m.invalid(join(sub, "name"), pname, "must be an IANA_SVC_NAME (at most 15 "
+                                       "characters, matching regex [a-z0-9]([a-z0-9-]*[a-z0-9])*, it must "
+                                       "contain at least one letter [a-z], and hyphens cannot be adjacent to "
+                                       "other hyphens)"))
+            if pname in port_names:
+                found.append(m.duplicate(join(sub, "name"), pname))
+            port_names.add(pname)
+        number = port.get("containerPort")
+        if number is None or number == 0:
+            found.append(m.required(join(sub, "containerPort")))
+        elif isinstance(number, int) and not 1 <= number <= 65535:
+            found.append(m.invalid(join(sub, "containerPort"), number, "must be between 1 and 65535, inclusive"))
+        protocol = port.get("protocol", "TCP")
+        if protocol not in ("TCP", "UDP", "SCTP"):
+            found.append(m.not_supported(join(sub, "protocol"), protocol, ["SCTP", "TCP", "UDP"]))
+    found += _validate_env(ctr.get("env"), join(path, "env"))
+    paths: set[str] = set()
+    for i, mount in enumerate(_dicts(ctr.get("volumeMounts"))):
+        sub = join(join(path, "volumeMounts"), i)
+        mname, mpath = mount.get("name"), mount.get("mountPath")
+        if not mname:
+            found.append(m.required(join(sub, "name")))
+        elif mname not in volumes:
+            found.append((join(sub, "name"), f"Not found: \"{mname}\""))
+        if not mpath:
+            found.append(m.required(join(sub, "mountPath")))
+        elif mpath in paths:
+            found.append(m.invalid(join(sub, "mountPath"), mpath, "must be unique"))
+        paths.add(mpath)
+    found += validate_resources(ctr.get("resources"), join(path, "resources"))
+    return found
+
+
+def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
+    """The rules of ValidatePodSpec that a training job's pod can break."""
+    if not isinstance(pod, dict):
+        return []
+    found: list[Finding] = []
+    volumes: set[str] = set()
+    for i, vol in enumerate(_dicts(pod.get("volumes"))):
+        sub = join(join(path, "volumes"), i)
+        name = vol.get("name")
+        if not name:
+            found.append(m.required(join(sub, "name")))
+        elif isinstance(name, str):
+            found += [m.invalid(join(sub, "name"), name, e) for e in m.is_dns1123_label(name)]
+            if name in volumes:
+                found.append(m.duplicate(join(sub, "name"), name))
+            volumes.add(name)
+        sources = [k for k in vol if k in _VOLUME_SOURCES]
+        if not sources:
+            found.append(m.required(sub, "must specify a volume type"))
+        elif len(sources) > 1:
+            found.append(m.forbidden(join(sub, sources[1]), "may not specify more than 1 volume type"))
+    containers = pod.get("containers")
+    if not containers:
+        found.append(m.required(join(path, "containers")))
+    names: set[str] = set()
+    for field_name in ("initContainers", "containers"):
+        for i, ctr in enumerate(_dicts(pod.get(field_name))):
+            sub = join(join(path, field_name), i)
+            found += _validate_container(ctr, sub, volumes)
+            if isinstance(ctr.get("name"), str) and ctr.get("name"):
+                if ctr["name"] in names:
+                    found.append(m.duplicate(join(sub, "name"), ctr["name"]))
+                names.add(ctr["name"])
+    policy = pod.get("restartPolicy")
+    if policy not in (None, "Always", "OnFailure", "Never"):
+        found.append(m.not_supported(join(path, "restartPolicy"), policy, ["Always", "OnFailure", "Never"]))
+    dns = pod.get("dnsPolicy")
+    if dns not in (None, "ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"):
+        found.append(m.not_supported(join(path, "dnsPolicy"), dns,
+                                     ["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]))
+    for key in ("hostname", "subdomain"):
+        value = pod.get(key)
+        if isinstance(value, str) and value:
+            found += [m.invalid(join(path, key), value, e) for e in m.is_dns1123_label(value)]
+    found += m.validate_labels(pod.get("nodeSelector"), join(path, "nodeSelector"))
+    for i, tol in enumerate(_dicts(pod.get("tolerations"))):
+        found += _validate_toleration(tol, join(join(path, "tolerations"), i))
+    for key in ("terminationGracePeriodSeconds", "activeDeadlineSeconds"):
+        value = pod.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key.startswith("term") else 1):
+            found.append(m.invalid(join(path, key), value, "must be greater than or equal to 0"
+                                   if key.startswith("term") else "must be between 1 and 2147483647, inclusive"))
+    return found
+
+
+def _validate_toleration(tol: dict, path: str) -> list[Finding]:
+    found: list[Finding] = []
+    key, op, value, effect = tol.get("key") or "", tol.get("operator") or "", tol.get("value") or "", tol.get("effect") or ""
+    if key:
+        found += [m.invalid(join(path, "key"), key, e) for e in m.is_qualified_name(str(key))]
+    if not key and op != "Exists":
+        found.append(m.invalid(join(path, "operator"), op, "operator must be Exists when `key` is empty, "
+                               "which means \"match all values and all keys\""))
+    if tol.get("tolerationSeconds") is not None and effect != "NoExecute":
+        found.append(m.invalid(join(path, "effect"), effect, "effect must be 'NoExecute' when `tolerationSeconds` is set"))
+    if op in ("Equal", ""):
+        errs = m.is_label_value(str(value))
+        if errs:
+            found.append(m.invalid(join(path, "operator"), value, ";".join(errs)))
+    elif op == "Exists":
+        if value:
+            found.append(m.invalid(join(path, "operator"), value, "value must be empty when `operator` is 'Exists'"))
+    else:
+        found.append(m.not_supported(join(path, "operator"), op, ["Equal", "Exists"]))
+    if effect and effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+        found.append(m.not_supported(join(path, "effect"), effect, ["NoExecute", "NoSchedule", "PreferNoSchedule"]))
+    return found
+
+
+def validate_pod_template(template: Any, path: str) -> list[Finding]:
+    if not isinstance(template, dict):
+        return []
+    found = m.validate_object_meta(template.get("metadata"), path=join(path, "metadata"), top_level=False)
+    return found + validate_pod_spec(template.get("spec"), join(path, "spec"))
+
+
+# --------------------------------------------------------------------------------------------
+# Kinds
+
+
+def validate_job(job: dict) -> list[Finding]:
+    """ValidateJob after the Job strategy's defaults (a generated selector, restartPolicy Always)."""
+    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    name = (job.get("metadata") or {}).get("name") or ""
+    found: list[Finding] = []
+    for key in ("parallelism", "completions", "activeDeadlineSeconds", "backoffLimit",
+                "ttlSecondsAfterFinished", "backoffLimitPerIndex", "maxFailedIndexes"):
+        value = spec.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+            found.append(m.invalid(join("spec", key), value, "must be greater than or equal to 0"))
+    mode = spec.get("completionMode")
+    if mode not in (None, "NonIndexed", "Indexed"):
+        found.append(m.not_supported("spec.completionMode", mode, ["NonIndexed", "Indexed"]))
+    if mode == "Indexed":
+        if spec.get("completions") is None:
+            found.append(m.required("spec.completions", "when completion mode is Indexed"))
+        parallelism = spec.get("parallelism")
+        if isinstance(parallelism, int) and parallelism > 100000:
+            found.append(m.invalid("spec.parallelism", parallelism,
+                                   "must be less than or equal to 100000 when completion mode is Indexed"))
+    else:
+        for key in ("backoffLimitPerIndex", "maxFailedIndexes"):
+            if spec.get(key) is not None:
+                found.append(m.invalid(join("spec", key), spec[key], "requires indexed completion mode"))
+    if spec.get("maxFailedIndexes") is not None and spec.get("backoffLimitPerIndex") is None:
+        found.append(m.required("spec.backoffLimitPerIndex", "when maxFailedIndexes is specified"))
+    template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
+    found += validate_pod_template(template, "spec.template")
+    # The strategy labels the pods with the job name (batch.kubernetes.io/job-name).
+    if isinstance(name, str) and name and not spec.get("manualSelector"):
+        found += [m.invalid("spec.template.metadata.labels", name, e) for e in m.is_label_value(name)]
+    if spec.get("selector") is not None and not spec.get("manualSelector"):
+        found.append(m.invalid("spec.selector", spec["selector"], "`selector` not auto-generated"))
+    pod = template.get("spec") if isinstance(template.get("spec"), dict) else {}
+    policy = pod.get("restartPolicy") or "Always"
+    if policy == "Always":
+        found.append(m.required("spec.template.spec.restartPolicy", 'valid values: "OnFailure", "Never"'))
+    elif policy not in ("OnFailure", "Never"):
+        found.append(m.not_supported("spec.template.spec.restartPolicy", policy, ["OnFailure", "Never"]))
+    elif spec.get("podFailurePolicy") is not None and policy != "Never":
+        found.append(m.invalid("spec.template.spec.restartPolicy", policy,
+                               'only "Never" is supported when podFailurePolicy is specified'))
+    completions = spec.get("completions")
+    if mode == "Indexed" and isinstance(completions, int) and completions > 0 and isinstance(name, str):
+        hostname = f"{name}-{completions - 1}"
+        if m.is_dns1123_label(hostname):
+            found.append(m.invalid("metadata.name", name,
+                                   f"will not able to create pod with invalid DNS label: {hostname}"))
+    return found
+
+
+def validate_service(svc: dict) -> list[Finding]:
+    spec = svc.get("spec") if isinstance(svc.get("spec"), dict) else {}
+    found: list[Finding] = []
+    svc_type = spec.get("type", "ClusterIP")
+    headless = spec.get("clusterIP") == "None"
+    ports = _dicts(spec.get("ports"))
+    if not ports and svc_type != "ExternalName" and not headless:
+        found.append(m.required("spec.ports"))
+    names: set[str] = set()
+    for i, port in enumerate(ports):
+        sub = join("spec.ports", i)
+        name = port.get("name")
+        if len(ports) > 1 and not name:
+            found.append(m.required(join(sub, "name")))
+        elif isinstance(name, str) and name:
+            found += [m.invalid(join(sub, "name"), name, e) for e in m.is_dns1123_label(name)]
+            if name in names:
+                found.append(m.duplicate(join(sub, "name"), name))
+            names.add(name)
+        number = port.get("port")
+        if not isinstance(number, int) or not 1 <= number <= 65535:
+            found.append(m.invalid(join(sub, "port"), number, "must be between 1 and 65535, inclusive"))
+    if headless and svc_type not in ("ClusterIP", None):
+        found.append(m.invalid("spec.clusterIPs[0]", "None", f"may not be set to 'None' for {svc_type} services"))
+    found += m.validate_labels(spec.get("selector"), "spec.selector")
+    return found
+
+
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+
+
+def validate_configmap(cm: dict) -> list[Finding]:
+    found: list[Finding] = []
+    size = 0
+    keys: set[str] = set()
+    for part in ("data", "binaryData"):
+        values = cm.get(part) if isinstance(cm.get(part), dict) else {}
+        for key, value in values.items():
+            sub = join(part, str(key))
+            if len(str(key)) > 253 or not _CONFIG_KEY.match(str(key)):
+                found.append(m.invalid(part, key, "a valid config key must consist of alphanumeric "
+                                       "characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or "
+                                       "'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"))
+            if key in keys:
+                found.append(m.invalid(sub, key, "duplicate of key present in data"))
+            keys.add(key)
+            size += len(str(value))
+    if size > 1024 * 1024:
+        found.append(("", "Too long: must have at most 1048576 bytes"))
+    return found
+
+
+#: Name rules per core kind (ValidateObjectMeta's nameFn); others: DNS-1123 subdomain.
+NAME_RULES = {"Service": m.is_dns1035_label, "Namespace": m.is_dns1123_label}
+KIND_RULES = {("batch", "Job"): validate_job, ("", "Service"): validate_service,
+              ("", "ConfigMap"): validate_configmap}
+
+
+def validate_core(obj: dict, version: str) -> list[Finding]:
+    """Schema, ObjectMeta, then the kind's own rules (those ported) of one core object."""
+    schema_errors = core_schema(obj, version)
+    if schema_errors:
+        return schema_errors  # strict decoding fails before validation runs
+    found = m.validate_object_meta(obj.get("metadata"), NAME_RULES.get(obj["kind"], m.is_dns1123_subdomain))
+    rule = KIND_RULES.get((obj["apiVersion"].rpartition("/")[0], obj["kind"]))
+    return found + (rule(obj) if rule else [])
