@@ -5,16 +5,21 @@ A checkpoint is two files: `ckpt-<step>.pt` (a plain `torch.save` file, loadable
 first, so a `.pt` name only ever appears complete. On resume a checkpoint whose checksum is
 missing or wrong, or which does not load, is skipped with a warning and the previous one used:
 a torch zip file does not notice a flipped byte in the middle by itself.
+
+`AsyncSaver` (`checkpoint.async_save: true`) does the same save in a background thread from a
+copy of the state in host memory, so training blocks only for the copy.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
 import logging
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -114,3 +119,85 @@ def finished_step(directory: str | Path) -> int | None:
         return None
     except (ValueError, KeyError, TypeError):
         return 2**62  # an unreadable marker still means "finished"
+
+
+class AsyncSaver:
+    """`checkpoint.async_save`: copy the state to host memory, write and publish it in the background.
+
+    `submit()` blocks only while every tensor of the state is copied into host buffers (pinned
+    and reused from save to save; on CUDA the copies are queued on the current stream and the
+    writer thread waits for them), then a writer thread runs `save()` exactly as a synchronous
+    save would: serialize, checksum, temporary files, fsync, rename. A crash or SIGKILL before
+    the rename leaves the previous checkpoint the newest valid one. At most one save is in
+    flight: the next `submit()`, `wait()` and `close()` first wait for the pending one, and a
+    failed background write is raised there. The writer is not a daemon thread, so a process
+    that exits normally (or with an exception) still completes the pending save.
+    """
+
+    def __init__(self) -> None:
+        self.thread: Any = None
+        self.error: BaseException | None = None
+        self.buffers: dict[str, torch.Tensor] = {}
+        self.event: Any = None
+        self.last_path: Path | None = None
+
+    def _host(self, key: str, t: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+            pin = t.device.type == "cuda"
+            buf = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+            self.buffers[key] = buf
+        buf.copy_(t.detach(), non_blocking=t.device.type == "cuda")
+        return buf
+
+    def snapshot(self, obj: Any, key: str = "") -> Any:
+        """`obj` with every tensor replaced by its copy in a host buffer (containers rebuilt)."""
+        if isinstance(obj, torch.Tensor):
+            return self._host(key, obj)
+        if isinstance(obj, dict):
+            items = [(k, self.snapshot(v, f"{key}/{k}")) for k, v in obj.items()]
+            try:
+                out = type(obj)(items)  # OrderedDict stays one (a state_dict)
+            except TypeError:
+                out = dict(items)
+            if hasattr(obj, "_metadata"):  # a module state_dict's versions, as torch.save keeps them
+                out._metadata = copy.deepcopy(obj._metadata)
+            return out
+        if isinstance(obj, list):
+            return [self.snapshot(v, f"{key}/{i}") for i, v in enumerate(obj)]
+        if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+            return tuple(self.snapshot(v, f"{key}/{i}") for i, v in enumerate(obj))
+        return copy.deepcopy(obj)
+
+    def submit(self, directory: str | Path, step: int, state: dict[str, Any], keep: int) -> None:
+        self.wait()
+        host = self.snapshot(state)
+        self.event = None
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            self.event = torch.cuda.Event()
+            self.event.record()
+        self.thread = threading.Thread(target=self._write, args=(directory, step, host, keep),
+                                       name=f"ddpkit-checkpoint-{step}", daemon=False)
+        self.thread.start()
+
+    def _write(self, directory: str | Path, step: int, host: dict[str, Any], keep: int) -> None:
+        try:
+            if self.event is not None:
+                self.event.synchronize()
+            self.last_path = save(directory, step, host, keep)
+        except BaseException as e:  # raised in the training thread by wait()
+            log.error("background checkpoint of step %d failed: %s", step, e)
+            self.error = e
+
+    def pending(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def wait(self) -> Path | None:
+        """Block until the save in flight (if any) is published; raise if it failed."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise RuntimeError(f"the background checkpoint write failed: {error}") from error
+        return self.last_path

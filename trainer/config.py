@@ -104,6 +104,12 @@ class CheckpointConfig(BaseModel):
         200, ge=1, le=10_000_000, description="Save a checkpoint every this many optimizer steps."
     )
     keep: int = Field(3, ge=1, le=1000, description="Keep this many newest checkpoints.")
+    async_save: bool = Field(
+        False,
+        description="Write checkpoints in the background: training blocks only while the state is "
+        "copied to host memory; the file is published atomically as a synchronous save would be, "
+        "and the last save (end of training, SIGTERM) is always complete before the exit.",
+    )
 
 
 class TrainConfig(BaseModel):

@@ -263,6 +263,9 @@ class Trainer:
         self.step, self.epoch, self.micro = 0, 0, 0
         self.resumed_from: int | None = None
         self.last_saved = -1  # the step of the newest checkpoint (resume sets it too)
+        from trainer.checkpoint import AsyncSaver
+
+        self.saver = AsyncSaver()  # used by rank 0 with checkpoint.async_save
         self.marks["optimizer+loader"] = time.time()
         self.resume()  # before DDP: every rank holds the same restored weights anyway
 
@@ -288,31 +291,55 @@ class Trainer:
             state["cuda"] = self.torch.cuda.get_rng_state(self.device)
         return state
 
-    def save(self) -> None:
+    def checkpoint_state(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
+        """What a checkpoint holds (live tensors: save or copy it before training goes on)."""
+        epoch, micro = self.epoch, self.micro
+        if micro >= self.micro_per_epoch:  # saved at an epoch end: resume at the next one
+            epoch, micro = epoch + 1, 0
+        return {
+            "step": self.step,
+            "epoch": epoch,
+            "micro_batches_done": micro,
+            "world_size": self.world,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": rng,
+            "train": self.cfg.model_dump(),
+        }
+
+    def save(self, final: bool = False) -> None:
+        """Checkpoint the current step. With `checkpoint.async_save` (and not `final`) rank 0
+        only copies the state to host memory and a background thread writes it; other ranks
+        move on at once. A final save (end of training, stop) is complete on return."""
         from trainer import checkpoint
 
+        background = self.job.checkpoint.async_save and not final
         t = time.perf_counter()
         rng = self.all_gather(self.rng_state())
         if self.is_main:
-            epoch, micro = self.epoch, self.micro
-            if micro >= self.micro_per_epoch:  # saved at an epoch end: resume at the next one
-                epoch, micro = epoch + 1, 0
-            state = {
-                "step": self.step,
-                "epoch": epoch,
-                "micro_batches_done": micro,
-                "world_size": self.world,
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler else None,
-                "rng": rng,
-                "train": self.cfg.model_dump(),
-            }
-            path = checkpoint.save(self.ckpt_dir, self.step, state, self.job.checkpoint.keep)
-            log.info("checkpoint %s (%.2fs)", path, time.perf_counter() - t)
-        self.barrier()  # nobody exits (or moves on) before the file is complete
+            state = self.checkpoint_state(rng)
+            if background:
+                self.saver.submit(self.ckpt_dir, self.step, state, self.job.checkpoint.keep)
+                blocking = time.perf_counter() - t
+                log.info("checkpoint of step %d copied in %.3fs; writing it in the background", self.step, blocking)
+            else:
+                self.saver.wait()  # an older background save is published first
+                path = checkpoint.save(self.ckpt_dir, self.step, state, self.job.checkpoint.keep)
+                blocking = time.perf_counter() - t
+                log.info("checkpoint %s (%.2fs)", path, blocking)
+            self.write({"event": "checkpoint", "step": self.step, "blocking_s": blocking, "background": background})
+        if not background:
+            self.barrier()  # nobody exits (or moves on) before the file is complete
         self.last_saved = self.step
+
+    def finish_saves(self) -> None:
+        """Wait for a background save in flight; afterwards every rank knows it is published."""
+        if self.is_main:
+            self.saver.wait()
+        if self.job.checkpoint.async_save:
+            self.barrier()
 
     def resume(self) -> None:
         from trainer import checkpoint
@@ -495,7 +522,9 @@ class Trainer:
         self.vote.close()
 
         if self.last_saved != self.step:
-            self.save()
+            self.save(final=True)
+        else:
+            self.finish_saves()
         if stopped:
             status = "stopped"
             signame = signal.Signals(self.stop.signum).name if self.stop.signum else "DDPKIT_STOP_AT_STEP"
