@@ -1,6 +1,7 @@
-"""Wheel build hook: ship the Jinja2 templates (`k8s/**/*.j2`, `slurm/**/*.j2`) inside the
-package as `deploy/_templates/...`, and nothing else from those folders (the Kubernetes testbed
-and kind scripts beside them are for CI and development, not for a user's `pip install`)."""
+"""Wheel build hook: ship the Jinja2 templates (`slurm/**/*.j2`) inside the package as
+`deploy/_templates/...`, and nothing else (k8s/ holds the Kubernetes testbed and kind scripts,
+for CI and development, not for a user's `pip install`; Kubernetes objects are built as data in
+deploy/k8s/)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-TEMPLATE_DIRS = ("k8s", "slurm")
+TEMPLATE_DIRS = ("slurm",)
 
 
 class TemplatesHook(BuildHookInterface):

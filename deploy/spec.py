@@ -31,11 +31,12 @@ from pydantic import (
 
 from deploy import units
 from deploy.errors import UserError
-from deploy.k8s_names import (
+from deploy.k8s.names import (
     DNS1035_LABEL,
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,
     FLAVOR_KIND,
+    JOB_FILE_DIR,
     LABEL_VALUE,
 )
 from deploy.problems import Problem, Problems
@@ -86,7 +87,6 @@ def reserved_env_reason(name: str) -> str | None:
 
 
 #: Kubernetes paths ddpkit mounts itself.
-JOB_FILE_DIR = "/etc/ddpkit"
 RESERVED_MOUNTS = {"/dev/shm": "set resources.shm instead", JOB_FILE_DIR: "ddpkit mounts the job file there"}
 
 # --------------------------------------------------------------------------------------------

@@ -144,3 +144,27 @@ def load_yaml(text: str, source: str) -> tuple[object, dict]:
     finally:
         loader.dispose()
     return data, lines
+
+
+class ManifestDumper(Dumper):  # type: ignore[misc, valid-type]
+    """The safe dumper for manifests: multi-line strings as literal blocks (`|`), so a job file
+    carried in a ConfigMap stays readable."""
+
+
+#: Strings that Kubernetes' YAML (go-yaml v2, YAML 1.1) reads as booleans although PyYAML
+#: writes them plain: quoted, or `kubectl apply` would see a bool where a string belongs.
+_GO_YAML_BOOLS = {"y", "Y", "n", "N"}
+
+
+def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else ("'" if data in _GO_YAML_BOOLS else None)
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+ManifestDumper.add_representer(str, _str_presenter)
+
+
+def dump_documents(documents: list) -> str:
+    """Multi-document YAML (`---` between documents), block style, keys in insertion order."""
+    return yaml.dump_all(documents, Dumper=ManifestDumper, sort_keys=False,
+                         default_flow_style=False, width=1000, explicit_start=False)

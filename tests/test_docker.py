@@ -56,8 +56,30 @@ def test_pytorchjob_env_is_the_v1_operators():
         assert e["WORLD_SIZE"] == "4"  # pods x nprocPerNode
         assert e["RANK"] == e["PET_NODE_RANK"] == str(rank)  # a pod index, not a process rank
         assert e["PET_NNODES"] == "2" and e["PET_NPROC_PER_NODE"] == "2"
-        assert e["PYTHONUNBUFFERED"] == "0"
-        assert e["DDPKIT_JOB_FILE"] == "/etc/ddpkit/job.yaml"  # the rendered env comes after
+        assert e["PYTHONUNBUFFERED"] == "1"  # envvar.go v1.9.3
+        assert e["DDPKIT_JOB_FILE"] == "/etc/ddpkit/job.yaml"
+
+
+def test_pytorchjob_operator_env_is_appended_after_the_containers_own_and_wins():
+    objects = objects_for(flavor="pytorchjob")
+    pj = next(o for o in objects if o["kind"] == "PyTorchJob")
+    c = pj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    c["env"].insert(0, {"name": "WORLD_SIZE", "value": "999"})
+    pods = dk.controller_pods(objects)
+    names = [e["name"] for e in pods[1].template["spec"]["containers"][0]["env"]]
+    assert names[0] == "WORLD_SIZE" and names.index("PYTHONUNBUFFERED") > names.index("DDPKIT_JOB_FILE")
+    assert dk.resolve_env(pods[1], pods[1].template["spec"]["containers"][0], objects, {})["WORLD_SIZE"] == "4"
+
+
+def test_pytorchjob_workers_get_the_operators_init_container_and_labels():
+    pods = dk.controller_pods(objects_for(flavor="pytorchjob"))
+    master, worker = pods
+    assert "initContainers" not in master.spec
+    assert [c["name"] for c in worker.spec["initContainers"]] == ["init-pytorch"]
+    assert "nslookup quickstart-2node-master-0" in worker.spec["initContainers"][0]["command"][2]
+    assert master.labels["training.kubeflow.org/job-role"] == "master"
+    assert "training.kubeflow.org/job-role" not in worker.labels
+    assert worker.labels["training.kubeflow.org/operator-name"] == "pytorchjob-controller"
 
 
 def test_pytorchjob_pods_are_reachable_by_their_service_names():
@@ -245,10 +267,12 @@ def test_unsupported_volume_type_is_one_clear_error(tmp_path):
 
 
 @pytest.mark.parametrize("flavor, scope, limit", [
-    ("pytorchjob", "pod", 1),   # restartPolicy OnFailure, runPolicy.backoffLimit = restarts
+    ("pytorchjob", "pod", 2),   # restartPolicy OnFailure, runPolicy.backoffLimit = restarts x nodes
     ("job", "pod", 2),          # backoffLimit = restarts x nodes
     ("jobset", "gang", 1),      # failurePolicy.maxRestarts = restarts: every pod again
-    ("trainjob", "gang", 0),    # the torch-distributed runtime has no failurePolicy
+    # the torch-distributed runtime has no failurePolicy and no backoffLimit: the JobSet
+    # webhook makes its pods OnFailure, and the Job's default backoffLimit 6 applies
+    ("trainjob", "pod", 6),
 ])
 def test_restart_policy_follows_the_controller(flavor, scope, limit):
     policy = dk.restart_policy(objects_for(flavor=flavor))

@@ -9,6 +9,8 @@ import yaml
 
 from deploy import lint
 from deploy.errors import UserError
+from deploy.k8s import flavor as flavor_module
+from deploy.k8s.names import KUEUE_QUEUE_LABEL
 from deploy.render import k8s
 from deploy.spec import load_job, parse_job
 from deploy.submit.docker import controller_pods, resolve_env
@@ -207,9 +209,9 @@ def test_sidecar_injection_is_off(flavor):
 
 @pytest.mark.parametrize("flavor", k8s.FLAVORS)
 def test_kueue_queue_label_on_the_workload_when_a_queue_is_set(flavor):
-    assert k8s.KUEUE_QUEUE_LABEL not in workload(objects(job(), flavor))["metadata"]["labels"]
+    assert KUEUE_QUEUE_LABEL not in workload(objects(job(), flavor))["metadata"]["labels"]
     labels = workload(objects(job(k8s={"queue": "team-a"}), flavor))["metadata"]["labels"]
-    assert labels[k8s.KUEUE_QUEUE_LABEL] == "team-a"
+    assert labels[KUEUE_QUEUE_LABEL] == "team-a"
 
 
 def test_pytorchjob_has_one_master_and_nodes_minus_one_workers_named_pytorch():
@@ -222,8 +224,11 @@ def test_pytorchjob_has_one_master_and_nodes_minus_one_workers_named_pytorch():
         assert c["ports"] == [{"name": "pytorchjob-port", "containerPort": 23456}]
         assert rspec["restartPolicy"] == "OnFailure"
     assert pj["spec"]["nprocPerNode"] == "3"
-    assert pj["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": 2,
+    # one failed node makes all 4 restart (their collectives fail), and the operator sums
+    # the restarts of every pod: restarts x nodes
+    assert pj["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": 8,
                                        "activeDeadlineSeconds": 7200}
+    assert "restartPolicy" not in rspec["template"]["spec"]  # the replica's decides
 
 
 def test_pytorchjob_single_node_has_no_worker_and_no_restarts_means_never():
@@ -383,7 +388,7 @@ def test_every_pod_of_every_flavor_gets_a_consistent_launch_plan(flavor):
     objs = objects(job(nodes=3, procs_per_node=2, restarts=1), flavor)
     plans = launch_plans(objs)
     assert sorted(p.node_rank for p in plans) == [0, 1, 2]
-    host, port = k8s.master_endpoint(job(nodes=3), flavor)
+    host, port = flavor_module(flavor).master_endpoint(job(nodes=3))
     for plan in plans:
         argv = plan.argv
         assert argv[argv.index("--rdzv-endpoint") + 1] == f"{host}:{port}"

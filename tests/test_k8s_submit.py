@@ -8,7 +8,10 @@ import json
 import pytest
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.k8s_names import COMPLETION_INDEX_KEY, PYTORCHJOB_REPLICA_INDEX, PYTORCHJOB_REPLICA_TYPE
+from deploy.k8s import FLAVORS, flavor_of_kind
+from deploy.k8s.names import COMPLETION_INDEX_KEY
+from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDEX
+from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
 from deploy.spec import parse_job
 from deploy.submit import k8s as sub
 
@@ -27,23 +30,17 @@ class FakeCluster:
         if (verb, kind) in self.errors:
             raise self.errors[(verb, kind)]
 
-    def create(self, obj, *, dry_run):
+    def apply(self, obj, *, dry_run):
+        """Server-side apply: create, or replace what this manager owns (all of it here)."""
         kind, meta = obj["kind"], obj["metadata"]
-        self.calls.append(("create", kind, meta["name"], dry_run))
-        self._maybe_fail("create", kind)
+        self.calls.append(("apply", kind, meta["name"], dry_run))
+        self._maybe_fail("apply", kind)
         key = (kind, meta["namespace"], meta["name"])
-        if key in self.objects:
-            raise sub.ApiError(409, "AlreadyExists", f"{kind} {meta['name']} already exists")
-        answer = {**obj, "metadata": {**meta, "uid": f"uid-{kind}-{meta['name']}"}}
+        uid = (self.objects.get(key) or {}).get("metadata", {}).get("uid") or f"uid-{kind}-{meta['name']}"
+        answer = {**obj, "metadata": {**meta, "uid": uid}}
         if not dry_run:
             self.objects[key] = answer
         return answer
-
-    def patch(self, kind, namespace, name, body):
-        self.calls.append(("patch", kind, name, body))
-        self._maybe_fail("patch", kind)
-        obj = self.objects[(kind, namespace, name)]
-        obj["metadata"].update(body["metadata"])
 
     def get(self, kind, namespace, name):
         self.calls.append(("get", kind, name))
@@ -77,7 +74,7 @@ def test_submit_creates_every_object_in_order_and_prints_the_handle():
     cluster = FakeCluster()
     handle = sub.submit(job(), flavor="job", cluster=cluster)
     assert handle == "k8s://ml/job/demo"
-    assert [c[1:3] for c in cluster.calls if c[0] == "create"] == [
+    assert [c[1:3] for c in cluster.calls if c[0] == "apply"][:3] == [
         ("ConfigMap", "demo-job"), ("Service", "demo"), ("Job", "demo")]
     assert set(cluster.objects) == {("ConfigMap", "ml", "demo-job"), ("Service", "ml", "demo"),
                                     ("Job", "ml", "demo")}
@@ -87,7 +84,7 @@ def test_submit_dry_run_asks_the_server_and_persists_nothing():
     cluster = FakeCluster()
     out = sub.submit(job(), flavor="pytorchjob", dry_run=True, cluster=cluster)
     assert out.startswith("k8s://ml/pytorchjob/demo")
-    assert all(c[3] is True for c in cluster.calls) and cluster.objects == {}
+    assert all(c[3] is True for c in cluster.calls if c[0] == "apply") and cluster.objects == {}
 
 
 def test_submit_uses_the_job_flavor_by_default():
@@ -97,7 +94,7 @@ def test_submit_uses_the_job_flavor_by_default():
 
 
 def test_missing_crd_is_one_line_and_rolls_back_the_configmap():
-    cluster = FakeCluster(errors={("create", "PyTorchJob"): sub.ApiError(404, "NotFound", "404 page not found")})
+    cluster = FakeCluster(errors={("apply", "PyTorchJob"): sub.ApiError(404, "NotFound", "404 page not found")})
     with pytest.raises(RuntimeFailure) as err:
         sub.submit(job(), flavor="pytorchjob", cluster=cluster)
     msg = str(err.value)
@@ -112,12 +109,12 @@ def test_already_exists_is_one_line_and_keeps_the_existing_job():
     sub.submit(job(), flavor="jobset", cluster=cluster)
     with pytest.raises(RuntimeFailure) as err:
         sub.submit(job(), flavor="jobset", cluster=cluster)
-    assert "create ConfigMap ml/demo-job: already exists; cancel it first" in str(err.value)
+    assert "create JobSet ml/demo: already exists; cancel it first" in str(err.value)
     assert ("JobSet", "ml", "demo") in cluster.objects
 
 
 def test_forbidden_names_the_resource_and_namespace():
-    cluster = FakeCluster(errors={("create", "ConfigMap"): sub.ApiError(403, "Forbidden", "no")})
+    cluster = FakeCluster(errors={("apply", "ConfigMap"): sub.ApiError(403, "Forbidden", "no")})
     with pytest.raises(RuntimeFailure) as err:
         sub.submit(job(), flavor="job", cluster=cluster)
     assert str(err.value) == ("create ConfigMap ml/demo-job: forbidden (403): you may not create "
@@ -207,20 +204,21 @@ def test_cancel_deletes_the_workload_then_its_configmap_and_service():
         sub.cancel("k8s://ml/job/demo", cluster=cluster)
 
 
-@pytest.mark.parametrize("flavor", list(sub.FLAVOR_KIND))
+@pytest.mark.parametrize("flavor", FLAVORS)
 def test_every_flavor_submits_through_known_kinds_and_cancel_removes_all_of_it(flavor):
-    """KINDS (the API paths status/cancel use) and cancel's list of objects match what the
+    """The API versions status/cancel use and cancel's list of objects match what the
     renderer makes, for every flavor."""
     cluster = FakeCluster()
     sub.submit(job(), flavor=flavor, cluster=cluster)
     for (kind, _, _), obj in cluster.objects.items():
-        group, version, _ = sub.KINDS[kind]
-        assert obj["apiVersion"] == (f"{group}/{version}" if group else version)
+        assert obj["apiVersion"] == sub.API_VERSIONS[kind]
+        module = flavor_of_kind(kind)
+        assert module is None or module.NAME == flavor
     assert sub.status(f"k8s://ml/{flavor}/demo", cluster=cluster) == "PENDING"
     sub.cancel(f"k8s://ml/{flavor}/demo", cluster=cluster)
     assert cluster.objects == {}
 
-@pytest.mark.parametrize(("flavor", "nodes"), [(f, 3) for f in sub.FLAVOR_KIND] + [("pytorchjob", "2:3")])
+@pytest.mark.parametrize(("flavor", "nodes"), [(f, 3) for f in FLAVORS] + [("pytorchjob", "2:3")])
 def test_node_rank_of_every_pod_the_controllers_make_is_its_rank(flavor, nodes):
     """`ddpkit logs --rank` reads ranks from pod labels and annotations as the controllers set
     them (the emulation `--docker` runs) and finds each node's pod."""
@@ -286,6 +284,25 @@ def test_submit_module_does_not_import_kubernetes_until_a_real_cluster_is_needed
 
 # ---- the real client against a local HTTP stand-in for kube-apiserver -------------------------
 
+def _resources(group_version, *resources):
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+            "resources": [{"name": plural, "singularName": plural[:-1], "namespaced": True,
+                           "kind": kind, "verbs": ["create", "delete", "get", "list", "patch"]}
+                          for plural, kind in resources]}
+
+
+#: What the stand-in serves for discovery: core v1 and batch/v1, no custom resources.
+DISCOVERY = {
+    "/version": {"major": "1", "minor": "34", "gitVersion": "v1.34.10"},
+    "/api": {"kind": "APIVersions", "versions": ["v1"]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+        {"name": "batch", "versions": [{"groupVersion": "batch/v1", "version": "v1"}],
+         "preferredVersion": {"groupVersion": "batch/v1", "version": "v1"}}]},
+    "/api/v1": _resources("v1", ("configmaps", "ConfigMap"), ("services", "Service"), ("pods", "Pod")),
+    "/apis/batch/v1": _resources("batch/v1", ("jobs", "Job")),
+}
+
+
 class _ApiStandIn:
     """Answers the few REST calls ddpkit makes; records method, path and query of each."""
 
@@ -294,6 +311,7 @@ class _ApiStandIn:
         import threading
 
         self.requests: list[tuple[str, str, dict, dict | None]] = []
+        self.content_types: list[str] = []
         self.store: dict[str, dict] = {}
         stand_in = self
 
@@ -319,17 +337,10 @@ class _ApiStandIn:
                 stand_in.requests.append((self.command, parts.path, query, body))
                 return parts.path, query, body
 
-            def do_POST(self):
-                path, query, body = self._record()
-                if "/apis/kubeflow.org/" in path:
-                    return self._reply(404, "404 page not found", "text/plain")
-                body["metadata"]["uid"] = f"uid-{body['metadata']['name']}"
-                if query.get("dryRun") != "All":
-                    stand_in.store[f"{path}/{body['metadata']['name']}"] = body
-                self._reply(201, body)
-
             def do_GET(self):
                 path, query, _ = self._record()
+                if path in DISCOVERY:
+                    return self._reply(200, DISCOVERY[path])
                 if path.endswith("/log"):
                     return self._reply(200, "line 1\nline 2\n", "text/plain")
                 if path.endswith("/pods"):
@@ -344,9 +355,13 @@ class _ApiStandIn:
                                   "message": "not found", "code": 404})
 
             def do_PATCH(self):
-                path, _, body = self._record()
-                stand_in.store[path].setdefault("metadata", {}).update(body["metadata"])
-                self._reply(200, stand_in.store[path])
+                """Server-side apply (application/apply-patch+yaml; the body is JSON)."""
+                path, query, body = self._record()
+                stand_in.content_types.append(self.headers.get("Content-Type"))
+                body["metadata"]["uid"] = f"uid-{body['metadata']['name']}"
+                if query.get("dryRun") != "All":
+                    stand_in.store[path] = body
+                self._reply(200, body)
 
             def do_DELETE(self):
                 path, _, _ = self._record()
@@ -375,13 +390,22 @@ def api(tmp_path, monkeypatch):
     stand_in.server.shutdown()
 
 
-def test_real_client_sends_strict_dry_run_creates_to_the_right_paths(api):
+def _calls(api):
+    """The requests that are not discovery."""
+    return [(m, p, q, b) for m, p, q, b in api.requests if p not in DISCOVERY]
+
+
+def test_real_client_server_side_applies_strictly_with_field_manager_ddpkit(api):
     out = sub.submit(job(), flavor="job", dry_run=True, cluster=sub.KubeCluster())
     assert out.startswith("k8s://ml/job/demo")
-    assert [(m, p) for m, p, _, _ in api.requests] == [
-        ("POST", "/api/v1/namespaces/ml/configmaps"), ("POST", "/api/v1/namespaces/ml/services"),
-        ("POST", "/apis/batch/v1/namespaces/ml/jobs")]
-    assert all(q == {"dryRun": "All", "fieldValidation": "Strict"} for _, _, q, _ in api.requests)
+    assert [(m, p) for m, p, _, _ in _calls(api)] == [
+        ("GET", "/apis/batch/v1/namespaces/ml/jobs/demo"),  # not there yet: 404
+        ("PATCH", "/api/v1/namespaces/ml/configmaps/demo-job"),
+        ("PATCH", "/api/v1/namespaces/ml/services/demo"),
+        ("PATCH", "/apis/batch/v1/namespaces/ml/jobs/demo")]
+    assert all(q == {"dryRun": "All", "fieldValidation": "Strict", "fieldManager": "ddpkit"}
+               for m, _, q, _ in _calls(api) if m == "PATCH")
+    assert set(api.content_types) == {"application/apply-patch+yaml"}
 
 
 def test_real_client_status_logs_and_foreground_cancel(api):
@@ -394,7 +418,7 @@ def test_real_client_status_logs_and_foreground_cancel(api):
     log_call = next(r for r in api.requests if r[1].endswith("/log"))
     assert log_call[1] == "/api/v1/namespaces/ml/pods/demo-0/log" and log_call[2]["container"] == "trainer"
     sub.cancel("k8s://ml/job/demo", cluster=cluster)
-    deletes = [(p, q) for m, p, q, _ in api.requests if m == "DELETE"]
+    deletes = [(p, b) for m, p, _, b in api.requests if m == "DELETE"]
     assert deletes[0] == ("/apis/batch/v1/namespaces/ml/jobs/demo", {"propagationPolicy": "Foreground"})
     assert [p for p, _ in deletes[1:]] == ["/api/v1/namespaces/ml/configmaps/demo-job",
                                            "/api/v1/namespaces/ml/services/demo"]
@@ -403,7 +427,7 @@ def test_real_client_status_logs_and_foreground_cancel(api):
 def test_real_client_missing_crd_rolls_back(api):
     with pytest.raises(RuntimeFailure, match="does not serve PyTorchJob"):
         sub.submit(job(), flavor="pytorchjob", cluster=sub.KubeCluster())
-    assert [(m, p) for m, p, _, _ in api.requests][-1] == (
+    assert [(m, p) for m, p, _, _ in _calls(api)][-1] == (
         "DELETE", "/api/v1/namespaces/ml/configmaps/demo-job")
 
 
@@ -428,7 +452,7 @@ def test_submit_makes_the_workload_own_its_configmap_and_service():
 def test_dry_run_patches_nothing():
     cluster = FakeCluster()
     sub.submit(job(), flavor="jobset", dry_run=True, cluster=cluster)
-    assert [c[0] for c in cluster.calls] == ["create", "create"]
+    assert [c[0] for c in cluster.calls] == ["get", "apply", "apply"]
 
 
 def test_cancel_after_the_workload_is_gone_still_removes_its_configmap():
@@ -440,9 +464,13 @@ def test_cancel_after_the_workload_is_gone_still_removes_its_configmap():
     sub.submit(job(), flavor="pytorchjob", cluster=cluster)  # the name is free again
 
 
-def test_real_client_patches_owner_references(api):
+def test_real_client_applies_owner_references_as_the_same_manager(api):
     sub.submit(job(), flavor="job", cluster=sub.KubeCluster())
-    patches = [(p, b) for m, p, _, b in api.requests if m == "PATCH"]
-    assert [p for p, _ in patches] == ["/api/v1/namespaces/ml/configmaps/demo-job",
-                                       "/api/v1/namespaces/ml/services/demo"]
-    assert patches[0][1]["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
+    applies = [(p, b) for m, p, _, b in _calls(api) if m == "PATCH"]
+    assert [p for p, _ in applies] == [
+        "/api/v1/namespaces/ml/configmaps/demo-job", "/api/v1/namespaces/ml/services/demo",
+        "/apis/batch/v1/namespaces/ml/jobs/demo",
+        "/api/v1/namespaces/ml/configmaps/demo-job", "/api/v1/namespaces/ml/services/demo"]
+    again = applies[3][1]
+    assert again["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
+    assert again["data"] == applies[0][1]["data"]  # the whole intent again, not a partial patch

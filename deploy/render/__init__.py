@@ -1,7 +1,8 @@
 """Renderers: pure functions from a JobSpec to text (no clock, randomness or host lookups).
 
-Templates are files: `k8s/*.yaml.j2` and `slurm/*.sh.j2` at the top of the repository, shipped
-inside the package as `deploy/_templates/{k8s,slurm}` by a non-editable install. Every value
+Templates are files: `slurm/*.sh.j2` at the top of the repository, shipped inside the package
+as `deploy/_templates/slurm` by a non-editable install (Kubernetes objects are built as data by
+`deploy.k8s`, not from templates). Every value
 that reaches bash goes through the `shquote` filter and every value that reaches YAML through
 `yaml` (a JSON scalar is a YAML flow scalar, so it is always safely quoted) or `to_yaml`.
 """
@@ -14,10 +15,9 @@ import os
 import shlex
 from pathlib import Path
 
-import jinja2
 import yaml
 
-from deploy.yamlfile import Dumper
+from deploy.yamlfile import ManifestDumper
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -40,27 +40,14 @@ def yaml_scalar(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class _Dumper(Dumper):  # type: ignore[misc, valid-type]
-    """Safe YAML (libyaml when present); multi-line strings as literal blocks (`|`), so a job
-    file carried in a ConfigMap stays readable."""
-
-
-def _str_presenter(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
-    style = "|" if "\n" in data else None
-    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
-
-
-_Dumper.add_representer(str, _str_presenter)
-
-
 def to_yaml(value: object, indent: int = 0) -> str:
     """A block of YAML from data, indented by `indent` spaces after the first line."""
-    text = yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False,
+    text = yaml.dump(value, Dumper=ManifestDumper, sort_keys=False, default_flow_style=False,
                      width=1000).rstrip("\n")
     return text.replace("\n", "\n" + " " * indent)
 
 
-def _bytecode_cache() -> jinja2.BytecodeCache | None:
+def _bytecode_cache():
     """Compiled templates cached per user (keyed by template source checksum, so an edited
     template is recompiled). Compiling costs more than the rest of a render; without a writable
     cache directory ddpkit just compiles every time."""
@@ -74,11 +61,15 @@ def _bytecode_cache() -> jinja2.BytecodeCache | None:
             return None
     except OSError:
         return None
+    import jinja2
+
     return jinja2.FileSystemBytecodeCache(str(directory))
 
 
 @functools.cache
-def environment(kind: str) -> jinja2.Environment:
+def environment(kind: str):
+    import jinja2  # only the sbatch templates need it; `render k8s` never loads it
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir(kind))),
         bytecode_cache=_bytecode_cache(),

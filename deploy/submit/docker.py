@@ -27,7 +27,6 @@ period).
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import queue
@@ -45,361 +44,35 @@ from pathlib import Path
 from deploy import units
 from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
-from deploy.k8s_names import (
-    COMPLETION_INDEX_KEY,
-    FLAVOR_KIND,
-    PYTORCHJOB_CONTAINER,
-    PYTORCHJOB_PORT,
-    PYTORCHJOB_PORT_NAME,
-    PYTORCHJOB_REPLICA_INDEX,
-    PYTORCHJOB_REPLICA_TYPE,
-    TRAINJOB_NODE,
-    TRAINJOB_PORT,
-)
+from deploy.k8s import flavor_of_kind
+from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
+from deploy.k8s.names import FLAVOR_KIND
+from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
 
 #: Label on every container and network this module creates (for manual clean-up:
 #: `docker rm -f $(docker ps -aq --filter label=ddpkit.run)`).
 RUN_LABEL = "ddpkit.run"
-CLUSTER_DOMAIN = "cluster.local"
-
-
-@dataclass
-class Pod:
-    """One pod as the controllers would create it."""
-
-    name: str
-    index: int                      # node rank: what the log prefix shows
-    namespace: str
-    hostname: str
-    subdomain: str | None
-    template: dict                  # pod template (metadata + spec), a private copy
-    injected_env: list[dict]        # what the controller adds to every container
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    dns_names: list[str] = field(default_factory=list)
-
-    @property
-    def spec(self) -> dict:
-        return self.template.get("spec") or {}
-
-
-# --------------------------------------------------------------------------------------------
-# Controller emulation: manifest objects -> pods
-
-
-def _env(name: str, value: object) -> dict:
-    return {"name": name, "value": str(value)}
-
-
-def _completion_index_env(name: str) -> dict:
-    """`name` as a fieldRef to the completion-index annotation of an Indexed Job's pod."""
-    return {"name": name, "valueFrom": {"fieldRef": {
-        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}}
-
-
-def _service_names(name: str, namespace: str) -> list[str]:
-    """What cluster DNS serves for `name` (a Service, or `<hostname>.<subdomain>`), as a pod in
-    `namespace` may write it: short, namespaced, `.svc` and fully qualified."""
-    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
-            f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}"]
-
-
-def _template_labels(template: dict) -> dict:
-    return dict((template.get("metadata") or {}).get("labels") or {})
-
-
-def _template_annotations(template: dict) -> dict:
-    return dict((template.get("metadata") or {}).get("annotations") or {})
-
-
-def _pytorchjob_pods(obj: dict) -> list[Pod]:
-    """Kubeflow training-operator v1 (pkg/controller.v1/pytorch/): one pod per replica, named
-    `<job>-<type>-<i>` (replicaName in envvar.go), each behind a headless Service of the same name
-    (service.go). Env, from envvar.go setPodEnv and master.go MasterEnvVarGenerator:
-    PYTHONUNBUFFERED=0; MASTER_ADDR=<job>-master-0 and MASTER_PORT=the Master container's port
-    named `pytorchjob-port` (PET_MASTER_ADDR/PET_MASTER_PORT the same); WORLD_SIZE = pods x
-    nprocPerNode; RANK = PET_NODE_RANK = the pod index (+1 for workers when a Master exists);
-    PET_NPROC_PER_NODE = nprocPerNode; PET_NNODES = pods, or `min:max` with an elasticPolicy,
-    which also sets PET_RDZV_BACKEND, PET_RDZV_ENDPOINT (<job>-worker-0:port), PET_MAX_RESTARTS
-    (elastic.go)."""
-    meta, spec = obj["metadata"], obj.get("spec") or {}
-    name, namespace = meta["name"], meta.get("namespace", "default")
-    replicas = spec.get("pytorchReplicaSpecs") or {}
-    unknown = set(replicas) - {"Master", "Worker"}
-    if unknown:
-        raise UserError(f"PyTorchJob {name}: replica type(s) {sorted(unknown)}: only Master and "
-                        "Worker exist")
-    counts = {rtype: int(r.get("replicas", 1)) for rtype, r in replicas.items()}
-    if "Master" in counts and counts["Master"] != 1:
-        raise UserError(f"PyTorchJob {name}: Master replicas must be 1 (the operator rejects "
-                        f"{counts['Master']})")
-    total = sum(counts.values())
-    nproc_raw = str(spec.get("nprocPerNode", "auto"))
-    nproc = int(nproc_raw) if nproc_raw.isdigit() else 1  # getNprocPerNodeInt: `auto` -> 1
-    elastic = spec.get("elasticPolicy")
-
-    def port_of(rtype: str) -> int:
-        for c in replicas[rtype]["template"]["spec"].get("containers", []):
-            if c.get("name") == PYTORCHJOB_CONTAINER:
-                for p in c.get("ports") or []:
-                    if p.get("name") == PYTORCHJOB_PORT_NAME:
-                        return int(p["containerPort"])
-        # the operator's defaulter adds this port when the container declares none
-        return PYTORCHJOB_PORT
-
-    pods = []
-    for rtype in ("Master", "Worker"):
-        if rtype not in replicas:
-            continue
-        template = replicas[rtype]["template"]
-        if not any(c.get("name") == PYTORCHJOB_CONTAINER for c in template["spec"].get("containers", [])):
-            raise UserError(f"PyTorchJob {name}: {rtype} has no container named "
-                            f"{PYTORCHJOB_CONTAINER!r}; the operator only configures that one")
-        for i in range(counts[rtype]):
-            rank = i + 1 if rtype == "Worker" and "Master" in replicas else i
-            pod_name = f"{name}-{rtype.lower()}-{i}"
-            env = [_env("PYTHONUNBUFFERED", "0")]
-            if "Master" in replicas:
-                master, port = f"{name}-master-0", port_of("Master")
-                env += [_env("MASTER_PORT", port), _env("MASTER_ADDR", master),
-                        _env("PET_MASTER_PORT", port), _env("PET_MASTER_ADDR", master),
-                        _env("WORLD_SIZE", total * nproc), _env("RANK", rank),
-                        _env("PET_NPROC_PER_NODE", nproc_raw), _env("PET_NODE_RANK", rank)]
-            if elastic is not None:
-                host = elastic.get("rdzvHost") or f"{name}-worker-0"
-                port = elastic.get("rdzvPort") or port_of("Worker")
-                lo, hi = elastic.get("minReplicas"), elastic.get("maxReplicas")
-                nnodes = f"{lo}:{hi}" if lo is not None or hi is not None else counts.get("Worker", 0)
-                env += [_env("PET_RDZV_ENDPOINT", f"{host}:{port}"),
-                        _env("PET_RDZV_BACKEND", elastic.get("rdzvBackend", "c10d")),
-                        _env("PET_NNODES", nnodes)]
-                if elastic.get("maxRestarts") is not None:
-                    env.append(_env("PET_MAX_RESTARTS", elastic["maxRestarts"]))
-                if elastic.get("nProcPerNode") is not None:
-                    env.append(_env("PET_NPROC_PER_NODE", elastic["nProcPerNode"]))
-                if elastic.get("rdzvId") is not None:
-                    env.append(_env("PET_RDZV_ID", elastic["rdzvId"]))
-            else:
-                env.append(_env("PET_NNODES", total))
-            labels = {**_template_labels(template),
-                      "training.kubeflow.org/job-name": name,
-                      PYTORCHJOB_REPLICA_TYPE: rtype.lower(),
-                      PYTORCHJOB_REPLICA_INDEX: str(i)}
-            if rtype == "Master":
-                labels["training.kubeflow.org/job-role"] = "master"
-            pod = Pod(name=pod_name, index=rank, namespace=namespace,
-                      hostname=template["spec"].get("hostname") or pod_name,
-                      subdomain=template["spec"].get("subdomain"),
-                      template=copy.deepcopy(template), injected_env=env, labels=labels,
-                      annotations=_template_annotations(template))
-            pod.dns_names = _service_names(pod_name, namespace)
-            pods.append(pod)
-    return pods
-
-
-def _indexed_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
-                  extra_labels: dict[str, str], subdomain: str | None) -> list[Pod]:
-    """An Indexed Job's pods (kubernetes pkg/controller/job/job_controller.go and
-    indexed_job_utils.go): pod `i` gets hostname `<job>-<i>` (set for Indexed Jobs), the
-    completion-index annotation and label, and JOB_COMPLETION_INDEX."""
-    if job_spec.get("completionMode") != "Indexed":
-        raise UserError(f"Job {job_name}: completionMode must be Indexed (pods need stable "
-                        "hostnames and JOB_COMPLETION_INDEX)")
-    template = job_spec["template"]
-    count = int(job_spec.get("parallelism", 1))
-    completions = int(job_spec.get("completions", count))
-    if completions != count:
-        raise UserError(f"Job {job_name}: parallelism {count} != completions {completions}: "
-                        "some nodes would never start together with the others")
-    pods = []
-    for i in range(count):
-        hostname = f"{job_name}-{i}"
-        pod = Pod(name=hostname, index=first_index + i, namespace=namespace, hostname=hostname,
-                  subdomain=subdomain or template["spec"].get("subdomain"),
-                  template=copy.deepcopy(template),
-                  # kubernetes pkg/controller/job/indexed_job_utils.go,
-                  # addCompletionIndexEnvVariable
-                  injected_env=[_completion_index_env("JOB_COMPLETION_INDEX")],
-                  labels={**_template_labels(template), **extra_labels,
-                          COMPLETION_INDEX_KEY: str(i)},
-                  annotations={**_template_annotations(template), COMPLETION_INDEX_KEY: str(i)})
-        pods.append(pod)
-    return pods
-
-
-def _jobset_pods(obj: dict, *, override=None) -> list[Pod]:
-    """JobSet (kubernetes-sigs/jobset pkg/controllers/jobset_controller.go): replicated job `r`
-    copy `j` is an Indexed Job `<jobset>-<r>-<j>`; with network.enableDNSHostnames (default
-    true) every pod's subdomain is network.subdomain or the JobSet name, served by a headless
-    Service of that name which the controller creates."""
-    meta, spec = obj["metadata"], obj.get("spec") or {}
-    name, namespace = meta["name"], meta.get("namespace", "default")
-    network = spec.get("network") or {}
-    dns = network.get("enableDNSHostnames", True)
-    subdomain = (network.get("subdomain") or name) if dns else None
-    pods: list[Pod] = []
-    global_index = 0
-    for rjob in spec.get("replicatedJobs") or []:
-        for j in range(int(rjob.get("replicas", 1))):
-            job_spec = copy.deepcopy(rjob["template"]["spec"])
-            if override is not None:
-                override(rjob["name"], job_spec)
-            job_name = f"{name}-{rjob['name']}-{j}"
-            labels = {"jobset.sigs.k8s.io/jobset-name": name,
-                      "jobset.sigs.k8s.io/replicatedjob-name": rjob["name"],
-                      "jobset.sigs.k8s.io/job-index": str(j),
-                      "jobset.sigs.k8s.io/job-global-index": str(global_index)}
-            found = _indexed_pods(job_name, namespace, job_spec, first_index=len(pods),
-                                  extra_labels=labels, subdomain=subdomain)
-            if subdomain:
-                for pod in found:
-                    pod.dns_names = _service_names(f"{pod.hostname}.{subdomain}", namespace)
-            pods += found
-            global_index += 1
-    return pods
-
-
-def _trainjob_pods(obj: dict, objects: list[dict]) -> list[Pod]:
-    """Kubeflow Trainer v2 TrainJob: a JobSet named after the TrainJob from its runtime (the
-    `torch-distributed` ClusterTrainingRuntime: replicated job `node`, container `node`), with
-    spec.trainer's image, command, args, env and resourcesPerNode on that container, numNodes
-    pods, and spec.runtimePatches merged in. The torch plugin
-    (pkg/runtime/framework/plugins/torch/torch.go) adds PET_NNODES, PET_NPROC_PER_NODE,
-    PET_NODE_RANK (fieldRef to the completion index), PET_MASTER_ADDR
-    `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT 29500."""
-    meta, spec = obj["metadata"], obj.get("spec") or {}
-    name = meta["name"]
-    trainer = spec.get("trainer") or {}
-    runtime = _find_runtime(spec.get("runtimeRef") or {}, objects)
-    nodes = int(trainer.get("numNodes", 1))
-    nproc = trainer.get("numProcPerNode", "auto")
-    env = [_env("PET_NNODES", nodes), _env("PET_NPROC_PER_NODE", nproc),
-           _completion_index_env("PET_NODE_RANK"),
-           _env("PET_MASTER_ADDR", f"{name}-{TRAINJOB_NODE}-0-0.{name}"),
-           _env("PET_MASTER_PORT", TRAINJOB_PORT)]
-    patches = [p.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
-               for p in spec.get("runtimePatches") or []]
-
-    def override(rjob_name: str, job_spec: dict) -> None:
-        pod_spec = job_spec["template"].setdefault("spec", {})
-        for patch in patches:
-            for prj in patch.get("replicatedJobs") or []:
-                if prj.get("name") == rjob_name:
-                    _merge_pod_template(job_spec["template"],
-                                        prj.get("template", {}).get("spec", {}).get("template", {}))
-        if rjob_name != TRAINJOB_NODE:
-            return
-        job_spec["parallelism"] = job_spec["completions"] = nodes
-        job_spec.setdefault("completionMode", "Indexed")
-        container = next((c for c in pod_spec.get("containers", []) if c.get("name") == TRAINJOB_NODE), None)
-        if container is None:
-            raise UserError(f"TrainJob {name}: the runtime has no `{TRAINJOB_NODE}` container")
-        for key in ("image", "command", "args"):
-            if key in trainer:
-                container[key] = copy.deepcopy(trainer[key])
-        if "resourcesPerNode" in trainer:
-            container["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
-        container["env"] = [*(container.get("env") or []), *copy.deepcopy(trainer.get("env") or [])]
-
-    jobset = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
-              "spec": copy.deepcopy(runtime["spec"]["template"]["spec"])}
-    pods = [p for p in _jobset_pods(jobset, override=override)
-            if p.labels.get("jobset.sigs.k8s.io/replicatedjob-name") == TRAINJOB_NODE]
-    for pod in pods:
-        pod.injected_env = [*pod.injected_env, *env]
-    return pods
-
-
-#: The upstream `torch-distributed` ClusterTrainingRuntime (kubeflow/trainer v2.3.0,
-#: manifests/base/runtimes/torch_distributed.yaml), reduced to what shapes a pod. Clusters
-#: install it; a manifest may also carry its own runtime, which then wins.
-TORCH_DISTRIBUTED_RUNTIME = {
-    "metadata": {"name": "torch-distributed"},
-    "spec": {"template": {"spec": {"replicatedJobs": [{
-        "name": TRAINJOB_NODE,
-        "template": {"spec": {"template": {
-            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-            "spec": {"containers": [{"name": TRAINJOB_NODE}]},
-        }}},
-    }]}}},
-}
-
-
-def _find_runtime(ref: dict, objects: list[dict]) -> dict:
-    kind = ref.get("kind", "ClusterTrainingRuntime")
-    for obj in objects:
-        if obj.get("kind") == kind and obj["metadata"].get("name") == ref.get("name"):
-            return obj
-    if ref.get("name") == TORCH_DISTRIBUTED_RUNTIME["metadata"]["name"] and kind == "ClusterTrainingRuntime":
-        return TORCH_DISTRIBUTED_RUNTIME
-    raise UserError(f"TrainJob runtimeRef {kind}/{ref.get('name')}: unknown runtime; --docker "
-                    "knows `torch-distributed` or a runtime included in the manifest")
-
-
-def _merge_pod_template(base: dict, patch: dict) -> None:
-    """Strategic-merge-like: metadata maps merged, containers merged by name, lists of named
-    things (volumes, initContainers) merged by name, other fields replaced."""
-    for key in ("labels", "annotations"):
-        if (patch.get("metadata") or {}).get(key):
-            base.setdefault("metadata", {}).setdefault(key, {}).update(patch["metadata"][key])
-    bspec, pspec = base.setdefault("spec", {}), patch.get("spec") or {}
-    for key, value in pspec.items():
-        if key in ("containers", "initContainers", "volumes"):
-            items = bspec.setdefault(key, [])
-            for new in value:
-                old = next((i for i in items if i.get("name") == new.get("name")), None)
-                if old is None:
-                    items.append(copy.deepcopy(new))
-                else:
-                    old.update(copy.deepcopy(new))
-        else:
-            bspec[key] = copy.deepcopy(value)
-
-
-def _job_pods(obj: dict, objects: list[dict]) -> list[Pod]:
-    """A plain Indexed Job; DNS names only through a headless Service of the manifest whose
-    name is the pod subdomain and whose selector matches the pod's labels (as cluster DNS)."""
-    meta = obj["metadata"]
-    namespace = meta.get("namespace", "default")
-    pods = _indexed_pods(meta["name"], namespace, obj.get("spec") or {}, first_index=0,
-                         extra_labels={}, subdomain=None)
-    for pod in pods:
-        if pod.subdomain and _headless_service(objects, pod.subdomain, namespace, pod.labels):
-            pod.dns_names = _service_names(f"{pod.hostname}.{pod.subdomain}", namespace)
-    return pods
-
-
-def _headless_service(objects: list[dict], name: str, namespace: str, labels: dict) -> bool:
-    for obj in objects:
-        if obj.get("kind") != "Service" or obj["metadata"].get("name") != name:
-            continue
-        if obj["metadata"].get("namespace", "default") != namespace:
-            continue
-        spec = obj.get("spec") or {}
-        selector = spec.get("selector") or {}
-        if spec.get("clusterIP") == "None" and selector and all(
-                labels.get(k) == v for k, v in selector.items()):
-            return True
-    return False
 
 
 def controller_pods(objects: list[dict]) -> list[Pod]:
-    """Every pod the workload object among `objects` would get, in node-rank order."""
+    """Every pod the workload object among `objects` would get, in node-rank order: the
+    flavor module of its kind says what its controller makes of it (deploy/k8s/<flavor>.py,
+    `pods`, with the upstream sources cited there)."""
     workloads = [o for o in objects if o.get("kind") in FLAVOR_KIND.values()]
     if len(workloads) != 1:
         raise UserError(f"the rendered manifest has {len(workloads)} workload objects; "
                         "--docker runs exactly one (PyTorchJob, TrainJob, JobSet or Job)")
     obj = workloads[0]
-    kind = obj["kind"]
-    if kind == "PyTorchJob":
-        pods = _pytorchjob_pods(obj)
-    elif kind == "TrainJob":
-        pods = _trainjob_pods(obj, objects)
-    elif kind == "JobSet":
-        pods = _jobset_pods(obj)
-    else:
-        pods = _job_pods(obj, objects)
-    return sorted(pods, key=lambda p: p.index)
+    return sorted(flavor_of_kind(obj["kind"]).pods(obj, objects), key=lambda p: p.index)
+
+
+def restart_policy(objects: list[dict]) -> Restarts:
+    """What the workload's controller does after a pod fails (the flavor's `restarts`)."""
+    for obj in objects:
+        module = flavor_of_kind(obj.get("kind", ""))
+        if module is not None:
+            return module.restarts(obj, objects)
+    return Restarts()
 
 
 # --------------------------------------------------------------------------------------------
@@ -432,10 +105,11 @@ def _field_value(pod: Pod, path: str) -> str:
 
 
 def resolve_env(pod: Pod, container: dict, objects: list[dict], host_env: dict[str, str]) -> dict[str, str]:
-    """The container's environment as the kubelet would set it: the controller's variables
-    and the container's list in order, each value `$(VAR)`-expanded against those before it."""
+    """The container's environment as the kubelet would set it: its env list (the
+    controller's variables already in it, where the controller puts them) in order, a later
+    entry of the same name winning, each value `$(VAR)`-expanded against those before it."""
     env: dict[str, str] = {}
-    for item in [*pod.injected_env, *(container.get("env") or [])]:
+    for item in container.get("env") or []:
         name = item["name"]
         if "value" in item:
             env[name] = expand(str(item["value"]), env)
@@ -631,8 +305,13 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
         if len(containers) != 1:
             raise UserError(f"pod {pod.name}: {len(containers)} containers; --docker runs pods "
                             "with exactly one")
-        if pod.spec.get("initContainers"):
-            raise UserError(f"pod {pod.name}: initContainers are not supported by --docker")
+        # the training operator's init container only waits until the Master's DNS name
+        # resolves; Docker's names exist before any container starts
+        inits = [c for c in pod.spec.get("initContainers") or []
+                 if c.get("name") != PYTORCHJOB_INIT_CONTAINER]
+        if inits:
+            raise UserError(f"pod {pod.name}: init containers and sidecars "
+                            f"({', '.join(c['name'] for c in inits)}) are not supported by --docker")
         container = containers[0]
         env = resolve_env(pod, container, objects, host_env)
         env.update(extra_env)
@@ -683,56 +362,6 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
 
 # --------------------------------------------------------------------------------------------
 # Running
-
-
-@dataclass
-class Restarts:
-    """What the workload's controller does after a pod fails: restart that pod (`pod`), every
-    pod (`gang`) or nothing, at most `limit` times in all."""
-
-    scope: str = "none"
-    limit: int = 0
-    retryable: tuple[int, int] = (1, 255)  # exit codes that may be retried
-    source: str = "no restarts"
-
-    def allows(self, rc: int, used: int) -> bool:
-        return (self.scope != "none" and used < self.limit
-                and self.retryable[0] <= rc <= self.retryable[1])
-
-
-def restart_policy(objects: list[dict]) -> Restarts:
-    """From the workload object (unset limits take the upstream defaults):
-
-    - PyTorchJob: the replicas' restartPolicy (operator default OnFailure) restarts the failed
-      pod; `ExitCode` only for codes 128-255 (training-operator docs, "ExitCode policy");
-      runPolicy.backoffLimit caps the restarts of all pods together;
-    - Job: a failed pod is replaced (restartPolicy Never) or restarted (OnFailure), at most
-      spec.backoffLimit times (default 6);
-    - JobSet (and the TrainJob's runtime JobSet): failurePolicy.maxRestarts recreates every
-      pod (default 0).
-    """
-    for obj in objects:
-        kind, spec = obj.get("kind"), obj.get("spec") or {}
-        if kind == "PyTorchJob":
-            policies = {r.get("restartPolicy", "OnFailure") for r in spec["pytorchReplicaSpecs"].values()}
-            limit = (spec.get("runPolicy") or {}).get("backoffLimit")
-            limit = 6 if limit is None else int(limit)
-            source = f"runPolicy.backoffLimit {limit}"
-            if policies & {"OnFailure", "Always"}:
-                return Restarts("pod", limit, (1, 255), source)
-            if "ExitCode" in policies:
-                return Restarts("pod", limit, (128, 255), source + ", ExitCode policy")
-            return Restarts(source="restartPolicy Never")
-        if kind == "Job":
-            limit = spec.get("backoffLimit")
-            limit = 6 if limit is None else int(limit)
-            return Restarts("pod", limit, (1, 255), f"backoffLimit {limit}")
-        if kind == "JobSet" or kind == "TrainJob":
-            if kind == "TrainJob":
-                spec = _find_runtime(spec.get("runtimeRef") or {}, objects)["spec"]["template"]["spec"]
-            limit = int((spec.get("failurePolicy") or {}).get("maxRestarts", 0))
-            return Restarts("gang", limit, (1, 255), f"failurePolicy.maxRestarts {limit}")
-    return Restarts()
 
 
 class _Stop(Exception):

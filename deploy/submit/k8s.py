@@ -1,13 +1,15 @@
 """Submit, watch and cancel rendered Kubernetes jobs through the API.
 
-`submit` sends exactly what `ddpkit render k8s` prints (the dry run is the real path minus the
-last call: `--dry-run` asks the server to validate without persisting). Every verb takes an
-injectable `cluster` (anything with the methods of `KubeCluster`); the real one wraps the
-`kubernetes` client, imported only here and only when used, with kubeconfig or in-cluster
-credentials.
+`submit` sends exactly what `ddpkit render k8s` prints, by server-side apply with field manager
+`ddpkit` (as `kubectl apply --server-side --field-manager=ddpkit` would; `--dry-run` asks the
+server to validate without persisting). Every verb takes an injectable `cluster` (anything with
+the methods of `KubeCluster`); the real one wraps the `kubernetes` dynamic client (any kind, by
+apiVersion and kind), imported only here and only when used, with kubeconfig or in-cluster
+credentials. What a flavor's objects are, how its conditions read and how its pods are ranked
+is the flavor module's (`deploy.k8s.<flavor>`).
 
 Handles are `k8s://NAMESPACE/FLAVOR/NAME`. States are the vocabulary shared with Slurm:
-PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED (`status_from` maps each flavor's
+PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED (each flavor's `state` maps its
 conditions). API errors become one line that names the object and the fix.
 """
 
@@ -21,33 +23,20 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.k8s_names import (
-    COMPLETION_INDEX_KEY,
-    CONTAINER_NAME,
-    FLAVOR_KIND,
-    PYTORCHJOB_REPLICA_INDEX,
-    PYTORCHJOB_REPLICA_TYPE,
-    configmap_name,
-    pod_selector,
-)
+from deploy.k8s import flavor as flavor_module
+from deploy.k8s import flavor_of_kind
+from deploy.k8s.names import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
 
-STATES = ("PENDING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
+__all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
-#: kind -> (api group, version, plural); "" is the core group.
-KINDS = {
-    "ConfigMap": ("", "v1", "configmaps"),
-    "Service": ("", "v1", "services"),
-    "Job": ("batch", "v1", "jobs"),
-    "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
-    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
-    "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
-}
-#: What installs each custom kind (for the missing-CRD message).
-INSTALLS = {
-    "PyTorchJob": "the Kubeflow training operator (v1)",
-    "TrainJob": "Kubeflow Trainer (v2) and its ClusterTrainingRuntimes",
-    "JobSet": "the JobSet controller",
-}
+#: kind -> apiVersion of every kind ddpkit sends.
+API_VERSIONS = {"ConfigMap": "v1", "Service": "v1",
+                **{kind: flavor_module(f).API_VERSION for f, kind in FLAVOR_KIND.items()}}
+
+
+def _group_version(kind: str) -> tuple[str, str]:
+    group, _, version = API_VERSIONS.get(kind, "v1").rpartition("/")
+    return group, version
 
 
 # --------------------------------------------------------------------------------------------
@@ -92,20 +81,21 @@ class ApiError(Exception):
 
 
 class Cluster(Protocol):
-    def create(self, obj: dict, *, dry_run: bool) -> dict: ...
+    def apply(self, obj: dict, *, dry_run: bool) -> dict: ...
     def get(self, kind: str, namespace: str, name: str) -> dict: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
-    def patch(self, kind: str, namespace: str, name: str, body: dict) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]: ...
 
 
 class KubeCluster:
-    """The real cluster through the `kubernetes` client (kubeconfig, else in-cluster)."""
+    """The real cluster through the `kubernetes` dynamic client (kubeconfig, else in-cluster)."""
 
     def __init__(self) -> None:
         try:
             from kubernetes import client, config
+            from kubernetes.dynamic import DynamicClient
+            from kubernetes.dynamic.exceptions import ResourceNotFoundError
         except ModuleNotFoundError:
             raise RuntimeFailure("talking to Kubernetes needs the Python package 'kubernetes': "
                                  "pip install 'ddpkit[k8s]'") from None
@@ -119,75 +109,63 @@ class KubeCluster:
                 raise RuntimeFailure("no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
                                      "or run inside a cluster") from None
         self._client = client
+        self._not_served = ResourceNotFoundError
         self.api = client.ApiClient()
         self.core = client.CoreV1Api(self.api)
-        self.batch = client.BatchV1Api(self.api)
-        self.custom = client.CustomObjectsApi(self.api)
+        self._dynamic_class = DynamicClient
+        self._dynamic = None
+        self._resources: dict[str, Any] = {}
 
     def _call(self, fn, *args, **kwargs) -> Any:
         try:
             return fn(*args, **kwargs)
         except self._client.ApiException as exc:
             raise api_error_from(exc) from None
+        except self._not_served:
+            raise ApiError(404, "NotFound", "the server does not serve this kind") from None
         except Exception as exc:  # urllib3 connection errors and the like
             if type(exc).__module__.startswith(("urllib3", "socket", "ssl")) or isinstance(exc, OSError):
                 host = self.api.configuration.host
                 raise ApiError(0, "Unreachable", f"cannot reach the Kubernetes API at {host}") from None
             raise
 
-    def _dict(self, value: Any) -> dict:
-        return value if isinstance(value, dict) else self.api.sanitize_for_serialization(value)
+    def _resource(self, kind: str) -> Any:
+        """The dynamic client's resource for `kind` (discovery, once per kind)."""
+        if kind not in self._resources:
+            if self._dynamic is None:
+                self._dynamic = self._call(self._dynamic_class, self.api)
+            self._resources[kind] = self._call(self._dynamic.resources.get,
+                                               api_version=API_VERSIONS[kind], kind=kind)
+        return self._resources[kind]
 
-    def create(self, obj: dict, *, dry_run: bool) -> dict:
-        kind, ns = obj["kind"], obj["metadata"]["namespace"]
-        opts = {"field_validation": "Strict"}
+    @staticmethod
+    def _dict(value: Any) -> dict:
+        return value.to_dict() if hasattr(value, "to_dict") else dict(value or {})
+
+    def apply(self, obj: dict, *, dry_run: bool) -> dict:
+        """Server-side apply with field manager `ddpkit` and strict field validation; the
+        server answers with the object as stored (or as it would be, on a dry run)."""
+        meta = obj["metadata"]
+        params: dict[str, Any] = {"field_manager": FIELD_MANAGER,
+                                  "query_params": [("fieldValidation", "Strict")]}
         if dry_run:
-            opts["dry_run"] = "All"
-        group, version, plural = KINDS[kind]
-        if kind == "ConfigMap":
-            out = self._call(self.core.create_namespaced_config_map, ns, obj, **opts)
-        elif kind == "Service":
-            out = self._call(self.core.create_namespaced_service, ns, obj, **opts)
-        elif kind == "Job":
-            out = self._call(self.batch.create_namespaced_job, ns, obj, **opts)
-        else:
-            out = self._call(self.custom.create_namespaced_custom_object, group, version, ns,
-                             plural, obj, **opts)
-        return self._dict(out)
+            params["dry_run"] = "All"
+        resource = self._resource(obj["kind"])
+        return self._dict(self._call(resource.server_side_apply, body=obj, name=meta["name"],
+                                     namespace=meta["namespace"], **params))
 
     def get(self, kind: str, namespace: str, name: str) -> dict:
-        group, version, plural = KINDS[kind]
-        if kind == "Job":
-            return self._dict(self._call(self.batch.read_namespaced_job, name, namespace))
-        if kind in ("ConfigMap", "Service"):
-            fn = getattr(self.core, f"read_namespaced_{'config_map' if kind == 'ConfigMap' else 'service'}")
-            return self._dict(self._call(fn, name, namespace))
-        return self._dict(self._call(self.custom.get_namespaced_custom_object, group, version,
-                                     namespace, plural, name))
+        return self._dict(self._call(self._resource(kind).get, name=name, namespace=namespace))
 
     def delete(self, kind: str, namespace: str, name: str) -> None:
-        group, version, plural = KINDS[kind]
-        # raw response: a DELETE answers a Status or the object, depending on kind and version
-        policy = {"propagation_policy": "Foreground", "_preload_content": False}
-        if kind == "Job":
-            self._call(self.batch.delete_namespaced_job, name, namespace, **policy)
-        elif kind == "ConfigMap":
-            self._call(self.core.delete_namespaced_config_map, name, namespace, **policy)
-        elif kind == "Service":
-            self._call(self.core.delete_namespaced_service, name, namespace, **policy)
-        else:
-            self._call(self.custom.delete_namespaced_custom_object, group, version, namespace,
-                       plural, name, **policy)
-
-    def patch(self, kind: str, namespace: str, name: str, body: dict) -> None:
-        """A strategic-merge patch of a ConfigMap or Service (what submit needs)."""
-        fn = {"ConfigMap": self.core.patch_namespaced_config_map,
-              "Service": self.core.patch_namespaced_service}[kind]
-        self._call(fn, name, namespace, body, _preload_content=False)
+        """Foreground propagation: the object stays (with a deletionTimestamp) until its
+        dependents (Jobs, pods) are gone."""
+        self._call(self._resource(kind).delete, name=name, namespace=namespace,
+                   body={"propagationPolicy": "Foreground"})
 
     def pods(self, namespace: str, selector: str) -> list[dict]:
         found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        return self._dict(found).get("items", [])
+        return self.api.sanitize_for_serialization(found).get("items", [])
 
     def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]:
         resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
@@ -225,17 +203,19 @@ def explain(err: ApiError, kind: str, namespace: str, name: str, verb: str) -> s
     if err.status == 401:
         return f"{verb} {what}: the cluster rejected the credentials (401); refresh your kubeconfig"
     if err.status == 403:
-        group, _, plural = KINDS.get(kind, ("", "", kind.lower() + "s"))
+        module = flavor_of_kind(kind)
+        plural = module.PLURAL if module else kind.lower() + "s"
+        group = _group_version(kind)[0]
         resource = f"{plural}.{group}" if group else plural
         return (f"{verb} {what}: forbidden (403): you may not {verb} {resource} in namespace "
                 f"{namespace}; ask a cluster admin for the RBAC rights")
     if err.status == 404:
         if err.details_kind == "namespaces":
             return f"{verb} {what}: namespace {namespace!r} does not exist; create it or set k8s.namespace"
-        if verb == "create" and kind in INSTALLS:
-            group, version, _ = KINDS[kind]
-            return (f"create {what}: the cluster does not serve {kind} ({group}/{version}); install "
-                    f"{INSTALLS[kind]}, or use --flavor job (needs no operator)")
+        module = flavor_of_kind(kind)
+        if verb == "create" and module is not None and module.NAME != "job":
+            return (f"create {what}: the cluster does not serve {kind} ({module.API_VERSION}); "
+                    f"install {module.INSTALLS}, or use --flavor job (needs no operator)")
         return f"{verb} {what}: not found (never submitted, cancelled, or removed after finishing)"
     if err.status == 409:
         return (f"create {what}: already exists; cancel it first (ddpkit cancel "
@@ -255,49 +235,59 @@ def _cluster(cluster: Cluster | None) -> Cluster:
 
 def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str = "job.yaml",
            cluster: Cluster | None = None) -> str:
-    """Create every rendered object (server-side dry run when asked); return the handle.
+    """Apply every rendered object (server-side dry run when asked); return the handle.
 
-    Objects are created in render order (ConfigMap, Service, workload). If one fails, the ones
-    created by this call are deleted again: nothing half-submitted stays behind. Then the
-    ConfigMap and Service get the workload as their owner, so Kubernetes deletes them with it
-    (on cancel, or after ttlSecondsAfterFinished) and the same job can be submitted again.
+    A job is a run, not a desired state: if its workload already exists, submit refuses (cancel
+    it first) rather than re-applying onto a running or finished job. Objects are applied in
+    render order (ConfigMap, Service, workload). If one fails, the ones this call applied are
+    deleted again: nothing half-submitted stays behind. Then the ConfigMap and Service are
+    applied once more with the workload as their owner, so Kubernetes deletes them with it (on
+    cancel, or after ttlSecondsAfterFinished) and the same job can be submitted again.
     """
-    from deploy.render.k8s import parse_objects, render_k8s
+    from deploy.render.k8s import render_objects
 
     flavor = flavor or job.k8s.flavor
-    objects = parse_objects(render_k8s(job, flavor=flavor, source=source))
+    objects = render_objects(job, flavor=flavor)
     cluster = _cluster(cluster)
-    created: list[tuple[dict, dict]] = []
+    workload = objects[-1]
+    kind, ns, name = workload["kind"], job.k8s.namespace, job.name
+    try:
+        cluster.get(kind, ns, name)
+    except ApiError as err:
+        if err.status != 404:
+            raise RuntimeFailure(explain(err, kind, ns, name, "get")) from None
+    else:
+        raise RuntimeFailure(f"create {kind} {ns}/{name}: already exists; cancel it first "
+                             f"(ddpkit cancel k8s://{ns}/{flavor}/{name}) or rename the job")
+    applied: list[tuple[dict, dict]] = []
     for obj in objects:
         meta = obj["metadata"]
         try:
-            answer = cluster.create(obj, dry_run=dry_run)
+            answer = cluster.apply(obj, dry_run=dry_run)
         except ApiError as err:
-            _roll_back(cluster, [o for o, _ in created])
+            _roll_back(cluster, [o for o, _ in applied])
             raise RuntimeFailure(explain(err, obj["kind"], meta["namespace"], meta["name"], "create")) from None
         if not dry_run:
-            created.append((obj, answer))
-    handle = Handle(job.k8s.namespace, flavor, job.name)
+            applied.append((obj, answer))
+    handle = Handle(ns, flavor, name)
     if dry_run:
         return f"{handle} (dry run: the server accepted every object)"
-    workload, answer = created[-1]
-    uid = (answer.get("metadata") or {}).get("uid")
+    uid = (applied[-1][1].get("metadata") or {}).get("uid")
     if uid:
         # no blockOwnerDeletion: setting it needs rights on the owner's finalizers, which
         # many users lack; garbage collection deletes the dependents either way
-        owner = {"apiVersion": workload["apiVersion"], "kind": workload["kind"],
-                 "name": workload["metadata"]["name"], "uid": uid}
-        for obj, _ in created[:-1]:
+        owner = {"apiVersion": workload["apiVersion"], "kind": kind, "name": name, "uid": uid}
+        for obj, _ in applied[:-1]:
+            owned = {**obj, "metadata": {**obj["metadata"], "ownerReferences": [owner]}}
             try:
-                cluster.patch(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"],
-                              {"metadata": {"ownerReferences": [owner]}})
+                cluster.apply(owned, dry_run=False)
             except ApiError:
                 pass  # the job runs either way; `ddpkit cancel` deletes it explicitly
     return str(handle)
 
 
-def _roll_back(cluster: Cluster, created: list[dict]) -> None:
-    for obj in reversed(created):
+def _roll_back(cluster: Cluster, applied: list[dict]) -> None:
+    for obj in reversed(applied):
         try:
             cluster.delete(obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         except ApiError:
@@ -316,50 +306,15 @@ def status(handle: str, *, cluster: Cluster | None = None) -> str:
     return status_from(h.kind, _get(_cluster(cluster), h))
 
 
-def _true(obj: dict) -> list[str]:
-    """Types of the conditions that hold, in the order the controller wrote them."""
-    conditions = (obj.get("status") or {}).get("conditions") or []
-    return [c.get("type", "") for c in conditions if str(c.get("status")) == "True"]
-
-
 def status_from(kind: str, obj: dict) -> str:
-    """One of STATES from a workload object's status (per flavor)."""
+    """One of STATES from a workload object: CANCELLED while it is being deleted, else what
+    its flavor reads from the conditions."""
     if (obj.get("metadata") or {}).get("deletionTimestamp"):
         return "CANCELLED"
-    true = _true(obj)
-    st = obj.get("status") or {}
-    if kind == "PyTorchJob":
-        # Conditions Created, Running, Restarting, Succeeded, Failed, Suspended: the last that
-        # holds is the current one.
-        for cond, state in (("Succeeded", "SUCCEEDED"), ("Failed", "FAILED")):
-            if cond in true:
-                return state
-        last = true[-1] if true else ""
-        return {"Running": "RUNNING", "Restarting": "RESTARTING"}.get(last, "PENDING")
-    if kind == "Job":
-        if "Complete" in true or "SuccessCriteriaMet" in true:
-            return "SUCCEEDED"
-        if "Failed" in true or "FailureTarget" in true:
-            return "FAILED"
-        if "Suspended" in true:
-            return "PENDING"
-        if st.get("active"):
-            return "RESTARTING" if st.get("failed") and not st.get("ready") else "RUNNING"
-        return "RESTARTING" if st.get("failed") else "PENDING"
-    if kind in ("JobSet", "TrainJob"):
-        if "Completed" in true or "Complete" in true:
-            return "SUCCEEDED"
-        if "Failed" in true:
-            return "FAILED"
-        if "Suspended" in true:
-            return "PENDING"
-        jobs = st.get("replicatedJobsStatus") or st.get("jobsStatus") or []
-        active = sum(int(j.get("active", 0) or 0) for j in jobs)
-        ready = sum(int(j.get("ready", 0) or 0) for j in jobs)
-        if int(st.get("restarts", 0) or 0) > 0 and not ready:
-            return "RESTARTING"
-        return "RUNNING" if active or ready else "PENDING"
-    raise UserError(f"{kind}: not a kind ddpkit submits")
+    module = flavor_of_kind(kind)
+    if module is None:
+        raise UserError(f"{kind}: not a kind ddpkit submits")
+    return module.state(obj)
 
 
 def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
@@ -390,31 +345,12 @@ def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
 # Logs
 
 
-def _pod_keys(pod: dict) -> dict[str, str]:
-    meta = pod.get("metadata") or {}
-    return {**(meta.get("annotations") or {}), **(meta.get("labels") or {})}
-
-
-def node_rank(flavor: str, pod: dict, *, has_master: bool = True) -> int | None:
-    """The node rank a pod runs: PyTorchJob Master is 0 and worker i is i+1 (elastic jobs
-    have no Master: worker i is i); JobSet, TrainJob and Job: the completion index."""
-    keys = _pod_keys(pod)
-    if flavor == "pytorchjob":
-        index = str(keys.get(PYTORCHJOB_REPLICA_INDEX, ""))
-        if not index.isdigit():
-            return None
-        is_worker = str(keys.get(PYTORCHJOB_REPLICA_TYPE, "")).lower() == "worker"
-        return int(index) + (1 if is_worker and has_master else 0)
-    index = str(keys.get(COMPLETION_INDEX_KEY, ""))
-    return int(index) if index.isdigit() else None
-
-
 def pods_by_rank(flavor: str, pods: list[dict]) -> dict[int, dict]:
     """The newest pod of each node rank (a restarted node leaves older pods behind)."""
-    has_master = any(str(_pod_keys(p).get(PYTORCHJOB_REPLICA_TYPE, "")).lower() == "master" for p in pods)
+    module = flavor_module(flavor)
     ranks: dict[int, dict] = {}
     for pod in pods:
-        rank = node_rank(flavor, pod, has_master=has_master)
+        rank = module.node_rank(pod, pods)
         if rank is None:
             continue
         stamp = str(pod["metadata"].get("creationTimestamp", ""))
@@ -442,7 +378,7 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
                              f"see `ddpkit status {h}`")
     pod = ranks[rank]["metadata"]["name"]
     try:
-        for chunk in cluster.log(h.namespace, pod, CONTAINER_NAME[h.flavor], follow):
+        for chunk in cluster.log(h.namespace, pod, flavor_module(h.flavor).CONTAINER, follow):
             out.write(chunk)
             out.flush()
     except ApiError as err:

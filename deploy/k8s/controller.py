@@ -1,0 +1,157 @@
+"""What Kubernetes controllers make of a workload object: its pods (names, hostnames, DNS names,
+labels, annotations, the env the controller injects, init containers) and what happens after
+a pod fails. The flavor modules describe their controller with these pieces; `ddpkit run
+--docker` runs the result, and the conformance test compares it with the pods the real
+controllers create on the testbed.
+
+Env precedence is the kubelet's: a container's `env` list is read in order and a later entry of
+the same name wins. Each flavor says where the controller puts its variables (the training
+operator appends them after the container's own, Trainer v2 upserts them, the Job controller
+appends JOB_COMPLETION_INDEX unless the container already sets it).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from deploy.errors import UserError
+from deploy.k8s.names import COMPLETION_INDEX_KEY
+
+CLUSTER_DOMAIN = "cluster.local"
+
+
+@dataclass
+class Pod:
+    """One pod as the controllers would create it. `template` is the pod template with
+    everything the controller changes applied: its containers' env lists are final."""
+
+    name: str
+    index: int                      # node rank: what the log prefix shows
+    namespace: str
+    hostname: str
+    subdomain: str | None
+    template: dict                  # pod template (metadata + spec), a private copy
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    dns_names: list[str] = field(default_factory=list)
+
+    @property
+    def spec(self) -> dict:
+        return self.template.get("spec") or {}
+
+
+@dataclass
+class Restarts:
+    """What the workload's controller does after a pod fails: restart that pod (`pod`), every
+    pod (`gang`) or nothing, at most `limit` times in all."""
+
+    scope: str = "none"
+    limit: int = 0
+    retryable: tuple[int, int] = (1, 255)  # exit codes that may be retried
+    source: str = "no restarts"
+
+    def allows(self, rc: int, used: int) -> bool:
+        return (self.scope != "none" and used < self.limit
+                and self.retryable[0] <= rc <= self.retryable[1])
+
+
+def env(name: str, value: object) -> dict:
+    return {"name": name, "value": str(value)}
+
+
+def completion_index_env(name: str) -> dict:
+    """`name` as a fieldRef to the completion-index annotation of an Indexed Job's pod."""
+    return {"name": name, "valueFrom": {"fieldRef": {
+        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}}
+
+
+def append_env(container: dict, items: list[dict]) -> None:
+    """Append (a later entry of the same name wins in the kubelet)."""
+    container["env"] = [*(container.get("env") or []), *copy.deepcopy(items)]
+
+
+def upsert_env(container: dict, items: list[dict]) -> None:
+    """Replace an entry of the same name in place, else append (Trainer's apply.UpsertEnvVars)."""
+    current = list(container.get("env") or [])
+    for item in items:
+        at = next((i for i, e in enumerate(current) if e.get("name") == item["name"]), None)
+        if at is None:
+            current.append(copy.deepcopy(item))
+        else:
+            current[at] = copy.deepcopy(item)
+    container["env"] = current
+
+
+def service_names(name: str, namespace: str) -> list[str]:
+    """What cluster DNS serves for `name` (a Service, or `<hostname>.<subdomain>`), as a pod in
+    `namespace` may write it: short, namespaced, `.svc` and fully qualified."""
+    return [name, f"{name}.{namespace}", f"{name}.{namespace}.svc",
+            f"{name}.{namespace}.svc.{CLUSTER_DOMAIN}"]
+
+
+def template_labels(template: dict) -> dict:
+    return dict((template.get("metadata") or {}).get("labels") or {})
+
+
+def template_annotations(template: dict) -> dict:
+    return dict((template.get("metadata") or {}).get("annotations") or {})
+
+
+def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
+                     labels: dict[str, str], annotations: dict[str, str],
+                     subdomain: str | None) -> list[Pod]:
+    """An Indexed Job's pods (kubernetes pkg/controller/job/job_controller.go and
+    indexed_job_utils.go): pod `i` gets hostname `<job>-<i>`, the completion-index annotation and
+    label, the `batch.kubernetes.io/job-name` label, and JOB_COMPLETION_INDEX appended to every
+    container that does not set it (addCompletionIndexEnvVariable)."""
+    if job_spec.get("completionMode") != "Indexed":
+        raise UserError(f"Job {job_name}: completionMode must be Indexed (pods need stable "
+                        "hostnames and JOB_COMPLETION_INDEX)")
+    if job_spec.get("suspend"):
+        raise UserError(f"Job {job_name}: suspended (spec.suspend); on a cluster no pod starts "
+                        "until it is resumed (e.g. admitted by Kueue), and --docker cannot do that")
+    template = job_spec["template"]
+    count = int(job_spec.get("parallelism", 1))
+    completions = int(job_spec.get("completions", count))
+    if completions != count:
+        raise UserError(f"Job {job_name}: parallelism {count} != completions {completions}: "
+                        "some nodes would never start together with the others")
+    pods = []
+    for i in range(count):
+        hostname = f"{job_name}-{i}"
+        tpl = copy.deepcopy(template)
+        for c in [*(tpl["spec"].get("initContainers") or []), *tpl["spec"].get("containers", [])]:
+            if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in c.get("env") or []):
+                append_env(c, [completion_index_env("JOB_COMPLETION_INDEX")])
+        pod = Pod(name=hostname, index=first_index + i, namespace=namespace, hostname=hostname,
+                  subdomain=subdomain or tpl["spec"].get("subdomain"), template=tpl,
+                  labels={**template_labels(template), **labels,
+                          "batch.kubernetes.io/job-name": job_name, "job-name": job_name,
+                          COMPLETION_INDEX_KEY: str(i)},
+                  annotations={**template_annotations(template), **annotations,
+                               COMPLETION_INDEX_KEY: str(i)})
+        tpl.setdefault("metadata", {})["labels"] = dict(pod.labels)
+        tpl["metadata"]["annotations"] = dict(pod.annotations)
+        pods.append(pod)
+    return pods
+
+
+def merge_pod_template(base: dict, patch: dict) -> None:
+    """Strategic-merge-like: metadata maps merged, containers merged by name, lists of named
+    things (volumes, initContainers) merged by name, other fields replaced."""
+    for key in ("labels", "annotations"):
+        if (patch.get("metadata") or {}).get(key):
+            base.setdefault("metadata", {}).setdefault(key, {}).update(patch["metadata"][key])
+    bspec, pspec = base.setdefault("spec", {}), patch.get("spec") or {}
+    for key, value in pspec.items():
+        if key in ("containers", "initContainers", "volumes"):
+            items = bspec.setdefault(key, [])
+            for new in value:
+                old = next((i for i in items if i.get("name") == new.get("name")), None)
+                if old is None:
+                    items.append(copy.deepcopy(new))
+                else:
+                    old.update(copy.deepcopy(new))
+        else:
+            bspec[key] = copy.deepcopy(value)

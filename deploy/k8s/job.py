@@ -1,0 +1,125 @@
+"""Flavor `job`: an Indexed Job (`batch/v1`) and a headless Service; needs no operator.
+
+Pods are `<name>-<index>` (hostname) in the Service's subdomain, so node 0 is
+`<name>-0.<name>:29500`, named by ddpkit in DDPKIT_MASTER_ADDR. Restarts: one failed pod stops
+every node's rendezvous (the others fail their collectives and exit too), so `restarts: N`
+allows N failures of the whole job: `backoffLimit` = N x nodes, counted over every pod of the
+Job (kubernetes pkg/controller/job). Pods are `Never`-restarted: the Job controller replaces a
+failed pod with a new one (same index, same hostname).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from deploy.k8s import pod as podlib
+from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, service_names
+from deploy.k8s.names import COMPLETION_INDEX_KEY, pod_selector
+from deploy.problems import Problem
+
+if TYPE_CHECKING:
+    from deploy.spec import JobSpec
+
+NAME = "job"
+KIND = "Job"
+API_VERSION = "batch/v1"
+PLURAL = "jobs"
+CONTAINER = "trainer"
+INSTALLS = "nothing (built into Kubernetes)"
+#: Rendezvous port (torchrun's default), where ddpkit names the master itself.
+RDZV_PORT = 29500
+
+
+def check(job: JobSpec) -> list[Problem]:
+    return podlib.common_refusals(job, NAME)
+
+
+def master_endpoint(job: JobSpec) -> tuple[str, int]:
+    return f"{job.name}-0.{job.name}", RDZV_PORT
+
+
+def backoff_limit(job: JobSpec) -> int:
+    return job.restarts * job.nodes.max
+
+
+def objects(job: JobSpec) -> list[dict]:
+    env = podlib.container_env(job, max_restarts=0, master=master_endpoint(job))
+    main = podlib.container(job, CONTAINER, env, [{"name": "rdzv", "containerPort": RDZV_PORT}])
+    template = podlib.pod_template(job, main, restart_policy="Never", subdomain=job.name)
+    service = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": podlib.metadata(job, job.name, podlib.labels(job)),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": pod_selector(job.name),
+                 "ports": [{"name": "rdzv", "port": RDZV_PORT, "targetPort": RDZV_PORT}]},
+    }
+    spec: dict = {"completionMode": "Indexed", "completions": job.nodes.max,
+                  "parallelism": job.nodes.max, "backoffLimit": backoff_limit(job)}
+    if job.time_limit is not None:
+        spec["activeDeadlineSeconds"] = job.time_limit
+    if job.k8s.ttl_after_finished is not None:
+        spec["ttlSecondsAfterFinished"] = job.k8s.ttl_after_finished
+    spec["template"] = template
+    workload = {"apiVersion": API_VERSION, "kind": KIND, "metadata": podlib.workload_metadata(job),
+                "spec": spec}
+    return [service, workload]
+
+
+def state(obj: dict) -> str:
+    """Job conditions (kubernetes pkg/apis/batch/types.go): Complete / SuccessCriteriaMet,
+    Failed / FailureTarget, Suspended; between them the pod counts tell running from
+    restarting (a pod failed and the replacement is not ready yet)."""
+    true = podlib.true_conditions(obj)
+    st = obj.get("status") or {}
+    if "Complete" in true or "SuccessCriteriaMet" in true:
+        return "SUCCEEDED"
+    if "Failed" in true or "FailureTarget" in true:
+        return "FAILED"
+    if "Suspended" in true:
+        return "PENDING"
+    if st.get("active"):
+        return "RESTARTING" if st.get("failed") and not st.get("ready") else "RUNNING"
+    return "RESTARTING" if st.get("failed") else "PENDING"
+
+
+def node_rank(pod: dict, pods: list[dict]) -> int | None:
+    """The completion index (annotation, and label since Kubernetes 1.28)."""
+    return podlib.completion_index(pod)
+
+
+def pods(obj: dict, objects: list[dict]) -> list[Pod]:
+    """DNS names only through a headless Service of the manifest whose name is the pod
+    subdomain and whose selector matches the pod's labels (as cluster DNS)."""
+    meta = obj["metadata"]
+    namespace = meta.get("namespace", "default")
+    found = indexed_job_pods(meta["name"], namespace, obj.get("spec") or {}, first_index=0,
+                             labels={}, annotations={}, subdomain=None)
+    for p in found:
+        if p.subdomain and _headless_service(objects, p.subdomain, namespace, p.labels):
+            p.dns_names = service_names(f"{p.hostname}.{p.subdomain}", namespace)
+    return found
+
+
+def _headless_service(objects: list[dict], name: str, namespace: str, labels: dict) -> bool:
+    for obj in objects:
+        if obj.get("kind") != "Service" or obj["metadata"].get("name") != name:
+            continue
+        if obj["metadata"].get("namespace", "default") != namespace:
+            continue
+        spec = obj.get("spec") or {}
+        selector = spec.get("selector") or {}
+        if spec.get("clusterIP") == "None" and selector and all(
+                labels.get(k) == v for k, v in selector.items()):
+            return True
+    return False
+
+
+def restarts(obj: dict, objects: list[dict]) -> Restarts:
+    """A failed pod is replaced (restartPolicy Never) or restarted (OnFailure), at most
+    spec.backoffLimit times over all pods (default 6)."""
+    limit = (obj.get("spec") or {}).get("backoffLimit")
+    limit = 6 if limit is None else int(limit)
+    return Restarts("pod", limit, (1, 255), f"backoffLimit {limit}")
+
+
+__all__ = ["COMPLETION_INDEX_KEY"]

@@ -1,0 +1,205 @@
+"""Flavor `trainjob`: a Kubeflow Trainer v2 TrainJob (`trainer.kubeflow.org/v1alpha1`).
+
+The pods come from the ClusterTrainingRuntime `k8s.runtime` (default `torch-distributed`:
+replicated job `node`, container `node`); Trainer turns the TrainJob into a JobSet of that name.
+What `spec.trainer` cannot say (volumes, /dev/shm, pod metadata, scheduling) goes in
+`runtimePatches` (manager `ddpkit`). The torch plugin gives PET_* (node 0 is
+`<name>-node-0-0.<name>:29500`). Restarts: the runtime owns the JobSet's failure policy
+(`torch-distributed` has none: a failed pod fails the TrainJob), so `restarts: N` is torchrun's
+`--max-restarts N` inside each pod (DDPKIT_MAX_RESTARTS).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+from deploy.errors import UserError
+from deploy.k8s import jobset
+from deploy.k8s import pod as podlib
+from deploy.k8s.controller import (
+    Pod,
+    Restarts,
+    completion_index_env,
+    env,
+    merge_pod_template,
+    upsert_env,
+)
+from deploy.problems import Problem
+
+if TYPE_CHECKING:
+    from deploy.spec import JobSpec
+
+NAME = "trainjob"
+KIND = "TrainJob"
+API_VERSION = "trainer.kubeflow.org/v1alpha1"
+PLURAL = "trainjobs"
+INSTALLS = "Kubeflow Trainer (v2) and its ClusterTrainingRuntimes"
+#: pkg/constants/constants.go: the replicated job and container `node`, ContainerTrainerPort.
+NODE = "node"
+CONTAINER = NODE
+PORT = 29500
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+#: Our entry in spec.runtimePatches (a list-map keyed by manager). Trainer's webhook requires a
+#: domain-prefixed path (validation.IsDomainPrefixedPath, pkg/runtime/framework/plugins/jobset/
+#: jobset.go:176); the server-side apply field manager stays `ddpkit`.
+PATCH_MANAGER = "ddpkit.io/render"
+
+
+def check(job: JobSpec) -> list[Problem]:
+    problems = podlib.common_refusals(job, NAME)
+    k8s = job.k8s
+    # Trainer v2.3 runtimePatches: pod metadata, nodeSelector, tolerations, serviceAccount,
+    # imagePullSecrets, terminationGracePeriodSeconds, volumes and container env/mounts.
+    for field, value in (("priority_class", k8s.priority_class), ("scheduler_name", k8s.scheduler_name),
+                         ("ttl_after_finished", k8s.ttl_after_finished)):
+        if value is not None:
+            problems.append(Problem(
+                f"k8s.{field}", "a TrainJob cannot set it (Trainer v2.3 runtimePatches have no such "
+                "field)", f"set it in the ClusterTrainingRuntime {k8s.runtime!r} or use another flavor"))
+    if job.image_pull_policy != "IfNotPresent":
+        problems.append(Problem(
+            "image_pull_policy", "a TrainJob cannot set imagePullPolicy",
+            "leave it IfNotPresent (set it in the runtime) or use another flavor"))
+    return problems
+
+
+def master_endpoint(job: JobSpec) -> tuple[str, int]:
+    return f"{job.name}-{NODE}-0-0.{job.name}", PORT
+
+
+def objects(job: JobSpec) -> list[dict]:
+    k8s = job.k8s
+    env_ = podlib.container_env(job, max_restarts=job.restarts, master=None)
+    volumes, mounts = podlib.volumes_and_mounts(job)
+    spec: dict = {"runtimeRef": {"name": k8s.runtime}}
+    if job.time_limit is not None:
+        spec["activeDeadlineSeconds"] = job.time_limit
+    spec["trainer"] = {"image": job.image, "command": podlib.command(job),
+                       "numNodes": job.nodes.max, "numProcPerNode": job.nproc_per_node,
+                       "resourcesPerNode": podlib.container_resources(job), "env": env_}
+    pod_spec: dict = {"terminationGracePeriodSeconds": k8s.termination_grace}
+    if k8s.service_account:
+        pod_spec["serviceAccountName"] = k8s.service_account
+    if k8s.node_selector:
+        pod_spec["nodeSelector"] = dict(k8s.node_selector)
+    if k8s.tolerations:
+        pod_spec["tolerations"] = podlib.tolerations(job)
+    if k8s.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
+    pod_spec["containers"] = [{"name": CONTAINER, "volumeMounts": mounts}]
+    pod_spec["volumes"] = volumes
+    template = {"metadata": podlib.pod_metadata(job), "spec": pod_spec}
+    spec["runtimePatches"] = [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
+        "replicatedJobs": [{"name": NODE, "template": {"spec": {"template": template}}}]}}}}]
+    return [{"apiVersion": API_VERSION, "kind": KIND, "metadata": podlib.workload_metadata(job),
+             "spec": spec}]
+
+
+def state(obj: dict) -> str:
+    """TrainJob conditions (trainjob_types.go): Complete, Failed, Suspended; otherwise the
+    JobSet's replicated job counts in status.jobsStatus."""
+    true = podlib.true_conditions(obj)
+    st = obj.get("status") or {}
+    if "Complete" in true or "Completed" in true:
+        return "SUCCEEDED"
+    if "Failed" in true:
+        return "FAILED"
+    if "Suspended" in true:
+        return "PENDING"
+    jobs = st.get("jobsStatus") or []
+    active = sum(int(j.get("active", 0) or 0) for j in jobs)
+    ready = sum(int(j.get("ready", 0) or 0) for j in jobs)
+    return "RUNNING" if active or ready else "PENDING"
+
+
+def node_rank(pod: dict, pods: list[dict]) -> int | None:
+    """PET_NODE_RANK is the completion index of the `node` Job."""
+    return podlib.completion_index(pod)
+
+
+#: The upstream `torch-distributed` ClusterTrainingRuntime (kubeflow/trainer v2.3.0,
+#: manifests/base/runtimes/torch_distributed.yaml), reduced to what shapes a pod. Clusters
+#: install it; a manifest may also carry its own runtime, which then wins.
+TORCH_DISTRIBUTED_RUNTIME = {
+    "metadata": {"name": "torch-distributed"},
+    "spec": {"template": {"spec": {"replicatedJobs": [{
+        "name": NODE,
+        "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                     "spec": {"template": {
+                         "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                         "spec": {"containers": [{"name": NODE}]},
+                     }}},
+    }]}}},
+}
+
+
+def find_runtime(ref: dict, objects: list[dict]) -> dict:
+    kind = ref.get("kind", "ClusterTrainingRuntime")
+    for obj in objects:
+        if obj.get("kind") == kind and obj["metadata"].get("name") == ref.get("name"):
+            return obj
+    if ref.get("name") == TORCH_DISTRIBUTED_RUNTIME["metadata"]["name"] and kind == "ClusterTrainingRuntime":
+        return TORCH_DISTRIBUTED_RUNTIME
+    raise UserError(f"TrainJob runtimeRef {kind}/{ref.get('name')}: unknown runtime; --docker "
+                    "knows `torch-distributed` or a runtime included in the manifest")
+
+
+def pods(obj: dict, objects: list[dict]) -> list[Pod]:
+    """A JobSet named after the TrainJob from its runtime, with spec.runtimePatches merged in
+    and spec.trainer's image, command, args and resourcesPerNode on the `node` container;
+    then the torch plugin (pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy)
+    upserts spec.trainer.env, then PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (fieldRef to the
+    completion index), PET_MASTER_ADDR `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT 29500
+    (an entry of the same name is replaced where it stands: PET_* always win) and adds port
+    29500."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    name = meta["name"]
+    if spec.get("suspend"):
+        raise UserError(f"TrainJob {name}: suspended (spec.suspend); on a cluster no pod starts "
+                        "until it is resumed (e.g. admitted by Kueue), and --docker cannot do that")
+    trainer = spec.get("trainer") or {}
+    runtime = find_runtime(spec.get("runtimeRef") or {}, objects)
+    nodes = int(trainer.get("numNodes", 1))
+    nproc = trainer.get("numProcPerNode", "auto")
+    pet = [env("PET_NNODES", nodes), env("PET_NPROC_PER_NODE", nproc),
+           completion_index_env("PET_NODE_RANK"),
+           env("PET_MASTER_ADDR", f"{name}-{NODE}-0-0.{name}"), env("PET_MASTER_PORT", PORT)]
+    patches = [p.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
+               for p in spec.get("runtimePatches") or []]
+
+    def override(rjob_name: str, job_spec: dict) -> None:
+        for patch in patches:
+            for prj in patch.get("replicatedJobs") or []:
+                if prj.get("name") == rjob_name:
+                    merge_pod_template(job_spec["template"],
+                                       prj.get("template", {}).get("spec", {}).get("template", {}))
+        if rjob_name != NODE:
+            return
+        pod_spec = job_spec["template"].setdefault("spec", {})
+        job_spec["parallelism"] = job_spec["completions"] = nodes
+        job_spec.setdefault("completionMode", "Indexed")
+        container = next((c for c in pod_spec.get("containers", []) if c.get("name") == NODE), None)
+        if container is None:
+            raise UserError(f"TrainJob {name}: the runtime has no `{NODE}` container")
+        for key in ("image", "command", "args"):
+            if key in trainer:
+                container[key] = copy.deepcopy(trainer[key])
+        if "resourcesPerNode" in trainer:
+            container["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+        upsert_env(container, trainer.get("env") or [])
+        upsert_env(container, pet)
+        ports = container.setdefault("ports", [])
+        if not any(p.get("containerPort") == PORT for p in ports):
+            ports.append({"containerPort": PORT})
+
+    js = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
+          "spec": copy.deepcopy(runtime["spec"]["template"]["spec"])}
+    return [p for p in jobset.pods(js, objects, override=override)
+            if p.labels.get(jobset.REPLICATED_JOB_NAME_KEY) == NODE]
+
+
+def restarts(obj: dict, objects: list[dict]) -> Restarts:
+    """The runtime JobSet's failurePolicy.maxRestarts recreates every pod (default 0)."""
+    runtime = find_runtime((obj.get("spec") or {}).get("runtimeRef") or {}, objects)
+    return jobset.restarts({"spec": runtime["spec"]["template"]["spec"]}, objects)
