@@ -18,7 +18,7 @@ from pathlib import Path
 
 from deploy import __version__
 from deploy.errors import RuntimeFailure, UserError
-from deploy.k8s_names import FLAVOR_KIND
+from deploy.k8s.names import FLAVOR_KIND
 
 STARTER = Path(__file__).with_name("starter.yaml")
 

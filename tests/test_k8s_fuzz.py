@@ -17,7 +17,7 @@ from deploy import lint
 from deploy.errors import UserError
 from deploy.render import k8s
 from deploy.spec import parse_job, reserved_env_reason
-from deploy.submit.docker import controller_pods
+from deploy.submit.docker import controller_pods, resolve_env
 from tests.crds import crd_dir
 
 NAME = st.from_regex(r"\A[a-z]([a-z0-9-]{0,16}[a-z0-9])?\Z")
@@ -118,7 +118,9 @@ def test_any_valid_job_renders_to_objects_that_pass_lint(spec, crds):
         assert yaml.safe_load(objects[0]["data"]["job.yaml"]) == spec.model_dump(mode="json")
         for pod in controller_pods(objects):
             template = pod.template
-            env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+            # what the process sees after the kubelet's $(VAR) expansion: exactly what was written
+            env = resolve_env(pod, template["spec"]["containers"][0], objects,
+                              {s.name: "secret" for s in spec.secret_env})
             assert all(env[k] == v for k, v in spec.env.items())
             assert all(template["metadata"]["annotations"][k] == v for k, v in spec.k8s.annotations.items())
     assert rendered >= 1  # pytorchjob expresses every valid job
