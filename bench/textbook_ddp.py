@@ -17,12 +17,15 @@ import sys
 import time
 
 T0 = float(os.environ.get("DDPKIT_LAUNCH_T0") or time.time())
+MARKS = {"worker started": time.time() - T0}  # timestamps for bench/launch_time.py
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset  # noqa: E402
+
+MARKS["torch imported"] = time.time() - T0
 
 
 def main() -> None:
@@ -31,6 +34,7 @@ def main() -> None:
     torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    MARKS["process group"] = time.time() - T0
 
     g = torch.Generator().manual_seed(1234)
     templates = torch.randn(10, 3, 32, 32, generator=g)
@@ -49,6 +53,7 @@ def main() -> None:
     loader = DataLoader(dataset, batch_size=64, sampler=sampler)
     loss_fn = nn.CrossEntropyLoss()
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    MARKS["data, model, DDP, optimizer"] = time.time() - T0
 
     losses, stamps, step, first_step_s = [], [], 0, None
     epoch = 0
@@ -64,6 +69,7 @@ def main() -> None:
             stamps.append(time.perf_counter())
             if first_step_s is None:
                 first_step_s = time.time() - T0
+                MARKS["first step"] = first_step_s
             if step >= max_steps:
                 break
         epoch += 1
@@ -77,7 +83,7 @@ def main() -> None:
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"losses": losses, "samples_per_s": steady, "first_step_s": first_step_s,
-                       "world_size": world, "params_sha256": h.hexdigest()}, f)
+                       "world_size": world, "params_sha256": h.hexdigest(), "launch_marks": MARKS}, f)
     dist.destroy_process_group()
 
 

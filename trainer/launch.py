@@ -440,7 +440,7 @@ def supervise(argv: list[str], env: dict[str, str]) -> int:
 
     stop_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     stop_file = os.path.join(stop_dir, "stopped")
-    env = {**env, "DDPKIT_STOP_FILE": stop_file}
+    env = {**env, "DDPKIT_STOP_FILE": stop_file, "DDPKIT_TORCHRUN_T0": repr(time.time())}  # a launch mark
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     stopped: list[int] = []

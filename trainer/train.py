@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
+
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG, EXIT_STOPPED = 0, 1, 2, 143
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
 STEADY_AFTER_STEPS = 20  # samples_per_s excludes the first steps (allocation, DDP bucket rebuild)
@@ -281,6 +283,7 @@ class Trainer:
             )
             wrapped = self.ddp
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
+        self.marks["DDP"] = time.time()
 
     # -- checkpoints --------------------------------------------------------------------
     def rng_state(self) -> dict[str, Any]:
@@ -487,6 +490,7 @@ class Trainer:
                 if first_step_s is None:
                     self.sync()
                     first_step_s = time.time() - self.t0
+                    self.marks["first step"] = self.t0 + first_step_s
                     if self.is_main:
                         log.info("first step %.2fs after launch (%s)", first_step_s, ", ".join(
                             f"{k} {v - self.t0:.2f}s" for k, v in self.marks.items()))
@@ -574,6 +578,7 @@ class Trainer:
             **(last_eval or {}),
             "wall_s": time.time() - self.t0,
             "first_step_s": first_step_s,
+            "launch_marks": {k: round(v - self.t0, 4) for k, v in self.marks.items()},
             "device": str(self.device),
             "hostnames": sorted({r["hostname"] for r in ranks}),
             "ranks": ranks,
@@ -622,6 +627,8 @@ def run(job: Any, denv: Any, t0: float) -> int:
     t_start = time.time()
     import torch
 
+    t_torch = time.time()
+
     from trainer.dist import pick_device, process_group
 
     cfg = job.train
@@ -633,7 +640,11 @@ def run(job: Any, denv: Any, t0: float) -> int:
     device = pick_device(denv, cfg.device)
     stop = StopRequest()
     stop.install()
-    marks = {"trainer started": t_start}
+    # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the
+    # time to the first step goes, node shim and torchrun included.
+    marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
+    if os.environ.get("DDPKIT_TORCHRUN_T0"):
+        marks = {"torchrun started": float(os.environ["DDPKIT_TORCHRUN_T0"]), **marks}
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
         trainer = Trainer(job, denv, device, stop, t0)
