@@ -37,6 +37,7 @@ from deploy.k8s.names import (
     DNS1123_SUBDOMAIN,
     FLAVOR_KIND,
     JOB_FILE_DIR,
+    KUEUE_QUEUE_LABEL,
     LABEL_VALUE,
 )
 from deploy.problems import Problem, Problems
@@ -264,6 +265,9 @@ class EmptyDir(Strict):
     size_limit: Quantity | None = Field(None, description="Size limit as a quantity.")
 
 
+VOLUME_SOURCES = ("claim", "host_path", "nfs", "empty_dir", "secret", "config_map")
+
+
 class Volume(Strict):
     """A volume mounted into every node: exactly one of claim, host_path, nfs, empty_dir."""
 
@@ -276,6 +280,10 @@ class Volume(Strict):
                                   "Slurm/Docker source directory).")
     nfs: NFS | None = Field(None, description="NFS export: `{server, path}`.")
     empty_dir: EmptyDir | None = Field(None, description="Scratch space: `{medium, size_limit}`.")
+    secret: K8sName | None = Field(None, description="Kubernetes Secret mounted as files "
+                                   "(Kubernetes only; always read-only).")
+    config_map: K8sName | None = Field(None, description="Kubernetes ConfigMap mounted as files "
+                                       "(Kubernetes only; always read-only).")
 
     @field_validator("mount", "host_path")
     @classmethod
@@ -286,10 +294,10 @@ class Volume(Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> Volume:
-        sources = [k for k in ("claim", "host_path", "nfs", "empty_dir") if getattr(self, k) is not None]
+        sources = [k for k in VOLUME_SOURCES if getattr(self, k) is not None]
         if len(sources) != 1:
             got = ", ".join(sources) or "none"
-            raise ValueError(f"set exactly one of claim, host_path, nfs, empty_dir (got {got})")
+            raise ValueError(f"set exactly one of {', '.join(VOLUME_SOURCES)} (got {got})")
         reason = RESERVED_MOUNTS.get(self.mount.rstrip("/") or "/")
         if reason:
             raise ValueError(f"mount {self.mount} is reserved: {reason}")
@@ -297,7 +305,7 @@ class Volume(Strict):
 
     @property
     def source(self) -> str:
-        return next(k for k in ("claim", "host_path", "nfs", "empty_dir") if getattr(self, k) is not None)
+        return next(k for k in VOLUME_SOURCES if getattr(self, k) is not None)
 
 
 class Toleration(Strict):
@@ -312,7 +320,87 @@ class Toleration(Strict):
     def _exists_has_no_value(self) -> Toleration:
         if self.operator == "Exists" and self.value:
             raise ValueError("operator Exists takes no value; remove value or use Equal")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            # kubernetes pkg/apis/core/validation/validation.go ValidateTolerations:
+            # "must be 'NoExecute' when `tolerationSeconds` is set"
+            raise Problems([Problem("toleration_seconds", "applies only with effect NoExecute (the "
+                                    "API server refuses it otherwise)",
+                                    "set effect: NoExecute or remove toleration_seconds")])
         return self
+
+
+class Container(Strict):
+    """An extra container of every pod (init container or sidecar)."""
+
+    name: VolumeName = Field(description="Container name (DNS-1123 label).")
+    image: ImageRef = Field(description="Its image.")
+    command: list[str] = Field(default_factory=list, description="Its argv (empty: the image's entrypoint).")
+    args: list[str] = Field(default_factory=list, description="Arguments after the command.")
+    env: dict[str, EnvValue] = Field(default_factory=dict, description="Its environment (strings).")
+
+
+class Spread(Strict):
+    """One topologySpreadConstraint over the job's pods."""
+
+    topology_key: str = Field(description="Node label to spread over, e.g. `topology.kubernetes.io/zone`.")
+    max_skew: int = Field(1, ge=1, description="Largest allowed difference in pods between domains.")
+    when_unsatisfiable: Literal["DoNotSchedule", "ScheduleAnyway"] = Field(
+        "DoNotSchedule", description="What the scheduler does when it cannot meet max_skew.")
+
+
+#: Kubernetes 1.34 PodSpec fields (k8s.io/api core/v1 types.go), the keys `k8s.pod_patch.spec` may use.
+POD_SPEC_FIELDS = (
+    "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers",
+    "dnsConfig", "dnsPolicy", "enableServiceLinks", "ephemeralContainers", "hostAliases",
+    "hostIPC", "hostNetwork", "hostPID", "hostUsers", "hostname", "hostnameOverride",
+    "imagePullSecrets", "initContainers", "nodeName", "nodeSelector", "os", "overhead",
+    "preemptionPolicy", "priority", "priorityClassName", "readinessGates", "resourceClaims",
+    "resources", "restartPolicy", "runtimeClassName", "schedulerName", "schedulingGates",
+    "securityContext", "serviceAccount", "serviceAccountName", "setHostnameAsFQDN",
+    "shareProcessNamespace", "subdomain", "terminationGracePeriodSeconds", "tolerations",
+    "topologySpreadConstraints", "volumes")
+#: What ddpkit sets itself, and the field that sets it.
+POD_SPEC_OWNED = {"restartPolicy": "restarts", "subdomain": "k8s.flavor", "hostname": "k8s.flavor",
+                  "activeDeadlineSeconds": "time_limit"}
+
+
+def pod_patch_problems(patch: Any) -> list[Problem]:
+    """`k8s.pod_patch`: a pod template fragment (metadata.labels/annotations, spec fields)."""
+    if not isinstance(patch, dict):
+        return [Problem("", "must be a mapping with `metadata` and/or `spec`")]
+    problems = []
+    for key in patch:
+        if key not in ("metadata", "spec"):
+            problems.append(Problem(str(key), "a pod template has only metadata and spec",
+                                    "put pod fields under spec:"))
+    meta = patch.get("metadata")
+    if meta is not None:
+        if not isinstance(meta, dict):
+            problems.append(Problem("metadata", "must be a mapping"))
+        else:
+            for key in meta:
+                if key not in ("labels", "annotations"):
+                    problems.append(Problem(f"metadata.{key}", "only labels and annotations of a pod "
+                                            "template can be patched"))
+    spec = patch.get("spec")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            problems.append(Problem("spec", "must be a mapping of PodSpec fields"))
+        else:
+            for key in spec:
+                if key not in POD_SPEC_FIELDS:
+                    close = difflib.get_close_matches(str(key), POD_SPEC_FIELDS, n=1)
+                    problems.append(Problem(f"spec.{key}", "not a PodSpec field",
+                                            f"did you mean '{close[0]}'?" if close else
+                                            "see `kubectl explain pod.spec`"))
+                elif key in POD_SPEC_OWNED:
+                    problems.append(Problem(f"spec.{key}", "ddpkit sets it",
+                                            f"set {POD_SPEC_OWNED[key]} instead"))
+            for i, c in enumerate(spec.get("containers") or []):
+                if not isinstance(c, dict) or not c.get("name"):
+                    problems.append(Problem(f"spec.containers.{i}", "each container patch names its "
+                                            "container (`name: trainer` is the training container)"))
+    return problems
 
 
 class K8sSection(Strict):
@@ -339,7 +427,89 @@ class K8sSection(Strict):
         "None", description="PyTorchJob runPolicy.cleanPodPolicy.")
     runtime: K8sName = Field("torch-distributed", description="TrainJob ClusterTrainingRuntime name.")
     termination_grace: Seconds = Field(
-        120, description="Pod terminationGracePeriodSeconds: time for the SIGTERM checkpoint.")
+        120, description="Pod terminationGracePeriodSeconds: time for the SIGTERM checkpoint. With "
+        "a time_limit the job is stopped this long before the limit, so the checkpoint is written by then.")
+    extra_resources: dict[str, Quantity] = Field(
+        default_factory=dict, description="More resources per node, requests = limits: "
+        "`{rdma/ib: \"1\", hugepages-2Mi: 1Gi, ephemeral-storage: 100Gi}`.")
+    capabilities: list[str] = Field(
+        default_factory=list, description="Linux capabilities added to the training container "
+        "(e.g. `IPC_LOCK` for RDMA).")
+    fs_group: int | None = Field(None, ge=0, description="Pod securityContext.fsGroup: volumes "
+                                 "(a PVC) become writable by this group (the image runs as uid/gid 1000).")
+    run_as_user: int | None = Field(None, ge=0, description="Pod securityContext.runAsUser.")
+    run_as_group: int | None = Field(None, ge=0, description="Pod securityContext.runAsGroup.")
+    host_network: bool = Field(False, description="Pods use the node's network (hostNetwork, "
+                               "dnsPolicy ClusterFirstWithHostNet).")
+    one_pod_per_node: bool = Field(False, description="Never two pods of the job on one node "
+                                   "(required podAntiAffinity on kubernetes.io/hostname).")
+    topology_spread: list[Spread] = Field(default_factory=list, description="Spread the pods "
+                                          "over node topology domains (topologySpreadConstraints).")
+    init_containers: list[Container] = Field(default_factory=list, description="Containers run "
+                                             "to completion before the trainer (they mount the job's volumes).")
+    sidecars: list[Container] = Field(default_factory=list, description="Containers running beside "
+                                      "the trainer for the pod's life (native sidecars: Kubernetes 1.29+).")
+    job_annotations: dict[str, str] = Field(default_factory=dict, description="Annotations on "
+                                            "the workload object (PyTorchJob, TrainJob, JobSet, Job).")
+    pod_patch: dict[str, Any] = Field(
+        default_factory=dict, description="Anything else, merged into every pod template last, "
+        "strategic-merge style: mappings merge, `null` removes a key, lists of named things "
+        "(containers, initContainers, volumes, env, volumeMounts, ports, imagePullSecrets) merge by "
+        "name, other lists are replaced; `containers: [{name: trainer, ...}]` is the training container.")
+
+    @field_validator("pod_patch", mode="before")
+    @classmethod
+    def _pod_patch(cls, v: Any) -> Any:
+        problems = pod_patch_problems(v)
+        if problems:
+            raise Problems(problems)
+        return v
+
+    @field_validator("extra_resources")
+    @classmethod
+    def _extra_resources(cls, v: dict[str, str]) -> dict[str, str]:
+        problems = []
+        for key in v:
+            if key in ("cpu", "memory"):
+                problems.append(Problem(key, "set by resources.cpus_per_node / resources.memory",
+                                        "set it there"))
+            elif not QUALIFIED_NAME.match(key):
+                problems.append(Problem(key, "not a resource name", "e.g. rdma/ib, hugepages-2Mi, "
+                                        "ephemeral-storage"))
+        if problems:
+            raise Problems(problems)
+        return v
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capabilities(cls, v: list[str]) -> list[str]:
+        for cap in v:
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]*", cap) or cap.startswith("CAP_"):
+                raise ValueError(f"{cap!r} is not a capability name as Kubernetes writes it "
+                                 "(IPC_LOCK, SYS_NICE: upper case, without CAP_)")
+        return v
+
+    @model_validator(mode="after")
+    def _names_and_queue(self) -> K8sSection:
+        problems = []
+        for key in ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by"):
+            if key in self.labels:
+                problems.append(Problem(f"labels.{key}", "ddpkit selects the job's pods by this "
+                                        "label (the headless Service, `ddpkit logs`); overriding it "
+                                        "breaks their DNS names", "remove it"))
+        queue = self.labels.get(KUEUE_QUEUE_LABEL)
+        if queue is not None and queue != self.queue:
+            problems.append(Problem(f"labels.{KUEUE_QUEUE_LABEL}", f"contradicts k8s.queue "
+                                    f"({self.queue!r})", "set the queue with k8s.queue only"))
+        names = [c.name for c in [*self.init_containers, *self.sidecars]]
+        for i, name in enumerate(names):
+            if name in names[:i] or name in ("trainer", "pytorch", "node", "init-pytorch"):
+                problems.append(Problem("init_containers" if i < len(self.init_containers) else "sidecars",
+                                        f"container name {name} is used twice or taken by ddpkit "
+                                        "or an operator", "rename it"))
+        if problems:
+            raise Problems(problems)
+        return self
 
     @field_validator("labels", "node_selector")
     @classmethod
@@ -352,7 +522,7 @@ class K8sSection(Strict):
                                  "(letters, digits, '-', '_', '.', at most 63 chars)")
         return v
 
-    @field_validator("annotations")
+    @field_validator("annotations", "job_annotations")
     @classmethod
     def _annotations(cls, v: dict[str, str]) -> dict[str, str]:
         for key in v:

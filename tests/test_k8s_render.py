@@ -227,7 +227,7 @@ def test_pytorchjob_has_one_master_and_nodes_minus_one_workers_named_pytorch():
     # one failed node makes all 4 restart (their collectives fail), and the operator sums
     # the restarts of every pod: restarts x nodes
     assert pj["spec"]["runPolicy"] == {"cleanPodPolicy": "None", "backoffLimit": 8,
-                                       "activeDeadlineSeconds": 7200}
+                                       "activeDeadlineSeconds": 7200 - 120}  # grace before the limit
     assert "restartPolicy" not in rspec["template"]["spec"]  # the replica's decides
 
 
@@ -265,7 +265,7 @@ def test_trainjob_refers_to_the_runtime_and_sets_nodes_and_processes():
     assert spec["runtimeRef"] == {"name": "my-torch"}
     assert spec["trainer"]["numNodes"] == 3 and spec["trainer"]["numProcPerNode"] == 2
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 2
-    assert spec["trainer"]["image"] == "img:1" and spec["activeDeadlineSeconds"] == 3600
+    assert spec["trainer"]["image"] == "img:1" and spec["activeDeadlineSeconds"] == 3600 - 120
     assert spec["runtimePatches"][0]["manager"] == "ddpkit.io/render"
 
 
@@ -421,3 +421,106 @@ def test_dollar_var_means_what_it_means_on_slurm_literal(flavor):
                 env[item["name"]] = expand(item["value"], env)
         assert {k: env[k] for k in written} == written
         assert [expand(a, env) for a in container(template)["command"]] == ["echo", "$(A)", "$$(A)"]
+
+
+# ---- what real clusters need beyond the basics (issue 10 item 6) ------------------------------
+
+#: Every typed field of item 6 at once (also the testbed's dry-run job: tests/test_k8s_conformance.py).
+CLUSTER_FIELDS = {
+    "resources": {"cpus_per_node": 1, "memory": "2Gi"},
+    "volumes": [{"name": "data", "claim": "imagenet", "mount": "/data"},
+                {"name": "creds", "secret": "s3-creds", "mount": "/etc/creds"},
+                {"name": "conf", "config_map": "site-conf", "mount": "/etc/site"}],
+    "k8s": {
+        "extra_resources": {"rdma/ib": "1", "hugepages-2Mi": "1Gi", "ephemeral-storage": "10Gi"},
+        "capabilities": ["IPC_LOCK"], "fs_group": 1000, "run_as_user": 1000, "run_as_group": 1000,
+        "host_network": True, "one_pod_per_node": True,
+        "topology_spread": [{"topology_key": "topology.kubernetes.io/zone"}],
+        "init_containers": [{"name": "fetch", "image": "busybox:1.36", "command": ["sh", "-c", "true"]}],
+        "sidecars": [{"name": "metrics", "image": "busybox:1.36", "command": ["sleep", "inf"],
+                      "env": {"PORT": "9100"}}],
+        "job_annotations": {"team.example.com/owner": "ml"},
+        "pod_patch": {"metadata": {"labels": {"extra": "yes"}},
+                      "spec": {"dnsConfig": {"options": [{"name": "ndots", "value": "2"}]},
+                               "containers": [{"name": "trainer",
+                                               "env": [{"name": "NCCL_IB_HCA", "value": "mlx5"}]}]}},
+    },
+}
+
+
+def cluster_job(**extra):
+    data = {"name": "demo", "image": "img:1", "nodes": 2, **CLUSTER_FIELDS,
+            "k8s": {**CLUSTER_FIELDS["k8s"], **extra}}
+    return parse_job(data)
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "jobset", "job"])
+def test_cluster_fields_reach_every_pod_template(flavor):
+    for tpl in pods(objects(cluster_job(), flavor)):
+        spec, c = tpl["spec"], container(tpl)
+        assert c["resources"]["limits"]["rdma/ib"] == "1" == c["resources"]["requests"]["rdma/ib"]
+        assert c["resources"]["limits"]["hugepages-2Mi"] == "1Gi"
+        assert c["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+        assert spec["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+        assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert anti["topologyKey"] == "kubernetes.io/hostname"
+        assert anti["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "demo"
+        assert spec["topologySpreadConstraints"][0]["whenUnsatisfiable"] == "DoNotSchedule"
+        inits = {i["name"]: i for i in spec["initContainers"]}
+        assert "restartPolicy" not in inits["fetch"] and inits["metrics"]["restartPolicy"] == "Always"
+        assert inits["metrics"]["env"][0] == {"name": "PORT", "value": "9100"}
+        assert inits["fetch"]["volumeMounts"] == c["volumeMounts"]  # the job's volumes
+        vols = {v["name"]: v for v in spec["volumes"]}
+        assert vols["creds"]["secret"] == {"secretName": "s3-creds"}
+        assert vols["conf"]["configMap"] == {"name": "site-conf"}
+        # pod_patch: merged last, by name, `trainer` = the training container
+        assert tpl["metadata"]["labels"]["extra"] == "yes"
+        assert spec["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
+        assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in c["env"]
+        assert c["env"][0]["name"] == "DDPKIT_JOB_FILE"  # merged into, not replaced
+    assert workload(objects(cluster_job(), flavor))["metadata"]["annotations"] == {
+        "team.example.com/owner": "ml"}
+
+
+def test_cluster_fields_a_trainjob_can_carry_go_into_its_runtime_patch():
+    spec = cluster_job(host_network=False, topology_spread=[], init_containers=[], sidecars=[],
+                       pod_patch={"spec": {"containers": [{"name": "trainer", "env": [
+                           {"name": "NCCL_IB_HCA", "value": "mlx5"}]}]}})
+    tj = workload(objects(spec, "trainjob"))
+    patch = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    pod = patch["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == 1000 and "podAntiAffinity" in pod["affinity"]
+    assert pod["containers"][0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    assert pod["containers"][0]["env"] == [{"name": "NCCL_IB_HCA", "value": "mlx5"}]
+    assert tj["spec"]["trainer"]["resourcesPerNode"]["limits"]["rdma/ib"] == "1"
+    assert tj["metadata"]["annotations"] == {"team.example.com/owner": "ml"}
+
+
+def test_a_trainjob_refuses_what_its_runtime_patch_cannot_say():
+    with pytest.raises(UserError) as err:
+        k8s.render_k8s(cluster_job(), flavor="trainjob")
+    fields = {p.split(": ")[1] for p in err.value.problems}
+    assert {"k8s.host_network", "k8s.topology_spread", "k8s.init_containers", "k8s.sidecars",
+            "k8s.pod_patch.spec.dnsConfig"} <= fields
+
+
+def test_pod_patch_null_removes_and_unnamed_lists_replace():
+    spec = job(k8s={"pod_patch": {"metadata": {"annotations": {"linkerd.io/inject": None}},
+                                  "spec": {"terminationGracePeriodSeconds": None,
+                                           "tolerations": [{"operator": "Exists"}]}}},
+               nodes=1)
+    tpl = pods(objects(spec, "job"))[0]
+    assert "linkerd.io/inject" not in tpl["metadata"]["annotations"]
+    assert "terminationGracePeriodSeconds" not in tpl["spec"]
+    assert tpl["spec"]["tolerations"] == [{"operator": "Exists"}]
+
+
+def test_time_limit_stops_pods_one_grace_period_early_with_the_stop_grace_in_env():
+    spec = job(time_limit="1h", k8s={"termination_grace": "5m"})
+    for flavor in ("pytorchjob", "jobset", "job"):
+        text = k8s.render_k8s(spec, flavor=flavor)
+        assert "activeDeadlineSeconds: 3300" in text
+        for tpl in pods(objects(spec, flavor)):
+            assert env_of(tpl)["DDPKIT_STOP_GRACE_S"]["value"] == "300"
+            assert tpl["spec"]["terminationGracePeriodSeconds"] == 300

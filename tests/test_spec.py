@@ -55,7 +55,7 @@ RULES = [
     ("secret env names are valid", {"secret_env": [{"name": "WORLD_SIZE", "secret": "s", "key": "k"}]}, "WORLD_SIZE is set by ddpkit"),
     ("secret names are DNS names", {"secret_env": [{"name": "A", "secret": "My_Secret", "key": "k"}]}, "is not a valid Secret name"),
     ("secret env does not repeat env", {"env": {"A": "1"}, "secret_env": [{"name": "A", "secret": "s", "key": "k"}]}, "secret_env.0.name: A is set twice"),
-    ("a volume has exactly one source", {"volumes": [{"name": "d", "mount": "/d", "claim": "c", "host_path": "/x"}]}, "set exactly one of claim, host_path, nfs, empty_dir (got claim, host_path)"),
+    ("a volume has exactly one source", {"volumes": [{"name": "d", "mount": "/d", "claim": "c", "host_path": "/x"}]}, "set exactly one of claim, host_path, nfs, empty_dir, secret, config_map (got claim, host_path)"),
     ("a volume has a source", {"volumes": [{"name": "d", "mount": "/d"}]}, "(got none)"),
     ("mount paths are absolute", {"volumes": [{"name": "d", "mount": "d", "claim": "c"}]}, "must be an absolute path"),
     ("/dev/shm is reserved", {"volumes": [{"name": "d", "mount": "/dev/shm", "empty_dir": {}}]}, "mount /dev/shm is reserved: set resources.shm instead"),

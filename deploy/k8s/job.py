@@ -55,8 +55,8 @@ def objects(job: JobSpec) -> list[dict]:
     }
     spec: dict = {"completionMode": "Indexed", "completions": job.nodes.max,
                   "parallelism": job.nodes.max, "backoffLimit": backoff_limit(job)}
-    if job.time_limit is not None:
-        spec["activeDeadlineSeconds"] = job.time_limit
+    if podlib.deadline(job) is not None:
+        spec["activeDeadlineSeconds"] = podlib.deadline(job)
     if job.k8s.ttl_after_finished is not None:
         spec["ttlSecondsAfterFinished"] = job.k8s.ttl_after_finished
     spec["template"] = template

@@ -64,8 +64,8 @@ def objects(job: JobSpec) -> list[dict]:
                       # JobSet restarts the whole set (failurePolicy); a failed pod fails its
                       # Job at once.
                       "backoffLimit": 0}
-    if job.time_limit is not None:
-        job_spec["activeDeadlineSeconds"] = job.time_limit
+    if podlib.deadline(job) is not None:
+        job_spec["activeDeadlineSeconds"] = podlib.deadline(job)
     job_spec["template"] = podlib.pod_template(job, main, restart_policy="Never")
     spec: dict = {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
                   "failurePolicy": {"maxRestarts": job.restarts}}

@@ -23,6 +23,7 @@ from deploy.k8s.names import (
     KUEUE_QUEUE_LABEL,
     common_labels,
     configmap_name,
+    pod_selector,
 )
 from deploy.problems import Problem
 
@@ -59,7 +60,7 @@ def metadata(job: JobSpec, name: str, labels_: dict[str, str], annotations: dict
 
 
 def workload_metadata(job: JobSpec) -> dict:
-    return metadata(job, job.name, workload_labels(job), getattr(job.k8s, "job_annotations", None))
+    return metadata(job, job.name, workload_labels(job), job.k8s.job_annotations)
 
 
 def configmap(job: JobSpec) -> dict:
@@ -90,6 +91,7 @@ def container_env(job: JobSpec, *, max_restarts: int, master: tuple[str, int] | 
         {"name": "DDPKIT_NPROC_PER_NODE", "value": str(job.nproc_per_node)},
         {"name": "DDPKIT_MAX_RESTARTS", "value": str(max_restarts)},
         {"name": "DDPKIT_LAUNCHER", "value": "torchrun"},
+        *stop_grace_env(job),
     ]
     if master is not None:
         env += [{"name": "DDPKIT_MASTER_ADDR", "value": master[0]},
@@ -113,7 +115,7 @@ def container_resources(job: JobSpec) -> dict:
         amounts["memory"] = job.resources.memory
     if job.gpus_per_node:
         amounts[job.gpu_resource] = job.gpus_per_node
-    amounts.update(getattr(job.k8s, "extra_resources", None) or {})
+    amounts.update(job.k8s.extra_resources)
     return {"limits": dict(amounts), "requests": dict(amounts)} if amounts else {}
 
 
@@ -138,9 +140,9 @@ def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
         elif vol.nfs is not None:
             source = {"nfs": {"server": vol.nfs.server, "path": vol.nfs.path,
                               "readOnly": vol.read_only}}
-        elif getattr(vol, "secret", None) is not None:
+        elif vol.secret is not None:
             source = {"secret": {"secretName": vol.secret}}
-        elif getattr(vol, "config_map", None) is not None:
+        elif vol.config_map is not None:
             source = {"configMap": {"name": vol.config_map}}
         else:
             empty: dict[str, Any] = {}
@@ -171,7 +173,63 @@ def container(job: JobSpec, name: str, env: list[dict], ports: list[dict] | None
     out["env"] = env
     out["resources"] = container_resources(job)
     out["volumeMounts"] = mounts
+    security = container_security(job)
+    if security:
+        out["securityContext"] = security
     return out
+
+
+def container_security(job: JobSpec) -> dict:
+    """The training container's securityContext: added capabilities (IPC_LOCK for RDMA...)."""
+    return {"capabilities": {"add": list(job.k8s.capabilities)}} if job.k8s.capabilities else {}
+
+
+def pod_security(job: JobSpec) -> dict:
+    """The pod's securityContext: fsGroup (a PVC writable by the image's user), user, group."""
+    k8s = job.k8s
+    out = {"runAsUser": k8s.run_as_user, "runAsGroup": k8s.run_as_group, "fsGroup": k8s.fs_group}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def stop_grace_env(job: JobSpec) -> list[dict]:
+    """DDPKIT_STOP_GRACE_S: the seconds between SIGTERM and SIGKILL (the pod's grace period);
+    trainer.launch gives them to torchrun as --shutdown-timeout."""
+    return [{"name": "DDPKIT_STOP_GRACE_S", "value": str(job.k8s.termination_grace)}]
+
+
+def extra_containers(job: JobSpec) -> list[dict]:
+    """Init containers, then sidecars (init containers that keep running: restartPolicy Always,
+    Kubernetes 1.29+); each mounts the job's volumes like the trainer."""
+    _, mounts = volumes_and_mounts(job)
+    out = []
+    for c, sidecar in [*((c, False) for c in job.k8s.init_containers), *((c, True) for c in job.k8s.sidecars)]:
+        item: dict[str, Any] = {"name": c.name, "image": c.image, "imagePullPolicy": job.image_pull_policy}
+        if sidecar:
+            item["restartPolicy"] = "Always"
+        if c.command:
+            item["command"] = [literal(a) for a in c.command]
+        if c.args:
+            item["args"] = [literal(a) for a in c.args]
+        if c.env:
+            item["env"] = [{"name": k, "value": literal(v)} for k, v in c.env.items()]
+        item["volumeMounts"] = mounts
+        out.append(item)
+    return out
+
+
+def affinity(job: JobSpec) -> dict:
+    if not job.k8s.one_pod_per_node:
+        return {}
+    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": pod_selector(job.name)},
+         "topologyKey": "kubernetes.io/hostname"}]}}
+
+
+def topology_spread(job: JobSpec) -> list[dict]:
+    return [{"maxSkew": s.max_skew, "topologyKey": s.topology_key,
+             "whenUnsatisfiable": s.when_unsatisfiable,
+             "labelSelector": {"matchLabels": pod_selector(job.name)}}
+            for s in job.k8s.topology_spread]
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,13 +268,124 @@ def pod_template(job: JobSpec, main: dict, *, restart_policy: str, subdomain: st
         spec["tolerations"] = tolerations(job)
     if k8s.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
+    if k8s.host_network:
+        spec["hostNetwork"] = True
+        spec["dnsPolicy"] = "ClusterFirstWithHostNet"  # else the pod cannot resolve its peers
+    if pod_security(job):
+        spec["securityContext"] = pod_security(job)
+    if affinity(job):
+        spec["affinity"] = affinity(job)
+    if k8s.topology_spread:
+        spec["topologySpreadConstraints"] = topology_spread(job)
+    if extra_containers(job):
+        spec["initContainers"] = extra_containers(job)
     spec["containers"] = [main]
     spec["volumes"] = volumes_and_mounts(job)[0]
-    return {"metadata": pod_metadata(job), "spec": spec}
+    return apply_pod_patch({"metadata": pod_metadata(job), "spec": spec}, job.k8s.pod_patch, main["name"])
+
+
+# --------------------------------------------------------------------------------------------
+# k8s.pod_patch
+
+#: Lists merged by a key (Kubernetes' patchMergeKey for these PodSpec/Container fields).
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name",
+              "volumes": "name", "env": "name", "volumeMounts": "mountPath",
+              "ports": "containerPort", "imagePullSecrets": "name", "hostAliases": "ip",
+              "resourceClaims": "name", "readinessGates": "conditionType",
+              "schedulingGates": "name", "topologySpreadConstraints": "topologyKey"}
+#: What `containers[].name` may say for the training container, whatever the flavor calls it.
+TRAINER_ALIAS = "trainer"
+
+
+def strategic_merge(base: Any, patch: Any, key: str | None = None) -> Any:
+    """Merge `patch` into `base` the way a strategic merge patch of a pod template does for
+    the common cases: mappings merge recursively, `None` removes a key, lists of named things
+    (MERGE_KEYS) merge item by item on their key, other lists and scalars replace."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for k, v in patch.items():
+            if v is None:
+                out.pop(k, None)
+            elif k in out:
+                out[k] = strategic_merge(out[k], v, k)
+            else:
+                out[k] = strategic_merge({}, v, k) if isinstance(v, dict) else _copy(v)
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        field = MERGE_KEYS[key]
+        out = [dict(i) if isinstance(i, dict) else i for i in base]
+        for item in patch:
+            at = next((n for n, old in enumerate(out)
+                       if isinstance(old, dict) and isinstance(item, dict) and old.get(field) == item.get(field)), None)
+            if at is None:
+                out.append(_copy(item))
+            else:
+                out[at] = strategic_merge(out[at], item, key)
+        return out
+    return _copy(patch)
+
+
+def _copy(value: Any) -> Any:
+    import copy
+
+    return copy.deepcopy(value)
+
+
+def apply_pod_patch(template: dict, patch: dict, trainer_name: str) -> dict:
+    """`k8s.pod_patch` merged into a pod template; `name: trainer` in containers means the
+    training container."""
+    if not patch:
+        return template
+    patch = _copy(patch)
+    for c in (patch.get("spec") or {}).get("containers") or []:
+        if isinstance(c, dict) and c.get("name") == TRAINER_ALIAS:
+            c["name"] = trainer_name
+    return strategic_merge(template, patch)
+
+
+def patch_problems(job: JobSpec, trainer_name: str) -> list[Problem]:
+    """A container patch that names no container of the pod would add a container without an
+    image: the API server refuses it, so say which names exist."""
+    problems = []
+    names = {trainer_name}
+    for i, c in enumerate((job.k8s.pod_patch.get("spec") or {}).get("containers") or []):
+        name = trainer_name if c.get("name") == TRAINER_ALIAS else c.get("name")
+        if name not in names and "image" not in c:
+            problems.append(Problem(f"k8s.pod_patch.spec.containers.{i}.name",
+                                    f"no container {c.get('name')!r} in the pod (it has "
+                                    f"{', '.join(sorted(names))}) and no image for a new one",
+                                    f"name: {TRAINER_ALIAS} patches the training container"))
+    return problems
 
 
 # --------------------------------------------------------------------------------------------
 # What flavors without an operator-specific field cannot express
+
+
+def common_checks(job: JobSpec) -> list[Problem]:
+    """What every flavor refuses: Kubernetes-only facts of the job file that cannot work."""
+    problems: list[Problem] = []
+    k8s = job.k8s
+    if job.time_limit is not None and job.time_limit <= k8s.termination_grace:
+        problems.append(Problem("time_limit", f"{job.time_limit}s leaves no time to train: pods "
+                                f"are stopped k8s.termination_grace ({k8s.termination_grace}s) "
+                                "before the limit so their checkpoint is written by then",
+                                "raise time_limit or lower k8s.termination_grace"))
+    if job.gpu_resource in k8s.extra_resources:
+        problems.append(Problem(f"k8s.extra_resources.{job.gpu_resource}", "set by gpus_per_node",
+                                "set gpus_per_node instead"))
+    if any(r.startswith("hugepages-") for r in k8s.extra_resources) and (
+            job.resources.memory is None and job.resources.cpus_per_node is None):
+        problems.append(Problem("k8s.extra_resources", "hugepages need a CPU or memory request "
+                                "beside them (the API server refuses them alone)",
+                                "set resources.memory or resources.cpus_per_node"))
+    return problems
+
+
+def deadline(job: JobSpec) -> int | None:
+    """activeDeadlineSeconds: the time limit minus the grace period, so the SIGTERM checkpoint
+    is written by the limit (as Slurm's --signal before --time)."""
+    return None if job.time_limit is None else job.time_limit - job.k8s.termination_grace
 
 
 def common_refusals(job: JobSpec, flavor: str) -> list[Problem]:

@@ -86,8 +86,8 @@ def objects(job: JobSpec) -> list[dict]:
     run_policy: dict = {"cleanPodPolicy": k8s.clean_pod_policy, "backoffLimit": backoff_limit(job)}
     if k8s.ttl_after_finished is not None:
         run_policy["ttlSecondsAfterFinished"] = k8s.ttl_after_finished
-    if job.time_limit is not None:
-        run_policy["activeDeadlineSeconds"] = job.time_limit
+    if podlib.deadline(job) is not None:
+        run_policy["activeDeadlineSeconds"] = podlib.deadline(job)
     if k8s.gang:
         policy: dict = {"minAvailable": job.nodes.min}
         if k8s.priority_class:

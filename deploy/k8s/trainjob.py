@@ -44,6 +44,12 @@ ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 #: domain-prefixed path (validation.IsDomainPrefixedPath, pkg/runtime/framework/plugins/jobset/
 #: jobset.go:176); the server-side apply field manager stays `ddpkit`.
 PATCH_MANAGER = "ddpkit.io/render"
+#: What a runtimePatch may set on the pod and its containers (the TrainJob CRD v2.3 schema).
+RUNTIME_PATCH_POD_FIELDS = ("affinity", "containers", "imagePullSecrets", "initContainers",
+                            "nodeSelector", "schedulingGates", "securityContext",
+                            "serviceAccountName", "terminationGracePeriodSeconds", "tolerations",
+                            "volumes")
+RUNTIME_PATCH_CONTAINER_FIELDS = ("env", "name", "securityContext", "volumeMounts")
 
 
 def check(job: JobSpec) -> list[Problem]:
@@ -61,6 +67,26 @@ def check(job: JobSpec) -> list[Problem]:
         problems.append(Problem(
             "image_pull_policy", "a TrainJob cannot set imagePullPolicy",
             "leave it IfNotPresent (set it in the runtime) or use another flavor"))
+    for field, value in (("host_network", k8s.host_network), ("topology_spread", k8s.topology_spread),
+                         ("init_containers", k8s.init_containers), ("sidecars", k8s.sidecars)):
+        if value:
+            problems.append(Problem(
+                f"k8s.{field}", "a TrainJob cannot set it (Trainer v2.3 runtimePatches have no "
+                "such field; initContainers there may only patch the runtime's own)",
+                f"set it in the ClusterTrainingRuntime {k8s.runtime!r} or use another flavor"))
+    spec = k8s.pod_patch.get("spec") or {}
+    for key in spec:
+        if key not in RUNTIME_PATCH_POD_FIELDS:
+            problems.append(Problem(f"k8s.pod_patch.spec.{key}", "a TrainJob's runtimePatches cannot "
+                                    f"set it (only {', '.join(RUNTIME_PATCH_POD_FIELDS)})",
+                                    "set it in the runtime or use another flavor"))
+    for i, c in enumerate([*(spec.get("containers") or []), *(spec.get("initContainers") or [])]):
+        for key in c if isinstance(c, dict) else ():
+            if key not in RUNTIME_PATCH_CONTAINER_FIELDS:
+                problems.append(Problem(f"k8s.pod_patch.spec.containers.{i}.{key}", "a TrainJob's "
+                                        "runtimePatches cannot set it (only "
+                                        f"{', '.join(RUNTIME_PATCH_CONTAINER_FIELDS)})",
+                                        "set it in the runtime or use another flavor"))
     return problems
 
 
@@ -73,8 +99,8 @@ def objects(job: JobSpec) -> list[dict]:
     env_ = podlib.container_env(job, max_restarts=job.restarts, master=None)
     volumes, mounts = podlib.volumes_and_mounts(job)
     spec: dict = {"runtimeRef": {"name": k8s.runtime}}
-    if job.time_limit is not None:
-        spec["activeDeadlineSeconds"] = job.time_limit
+    if podlib.deadline(job) is not None:
+        spec["activeDeadlineSeconds"] = podlib.deadline(job)
     spec["trainer"] = {"image": job.image, "command": podlib.command(job),
                        "numNodes": job.nodes.max, "numProcPerNode": job.nproc_per_node,
                        "resourcesPerNode": podlib.container_resources(job), "env": env_}
@@ -87,9 +113,17 @@ def objects(job: JobSpec) -> list[dict]:
         pod_spec["tolerations"] = podlib.tolerations(job)
     if k8s.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
-    pod_spec["containers"] = [{"name": CONTAINER, "volumeMounts": mounts}]
+    if podlib.pod_security(job):
+        pod_spec["securityContext"] = podlib.pod_security(job)
+    if podlib.affinity(job):
+        pod_spec["affinity"] = podlib.affinity(job)
+    main: dict = {"name": CONTAINER, "volumeMounts": mounts}
+    if podlib.container_security(job):
+        main["securityContext"] = podlib.container_security(job)
+    pod_spec["containers"] = [main]
     pod_spec["volumes"] = volumes
-    template = {"metadata": podlib.pod_metadata(job), "spec": pod_spec}
+    template = podlib.apply_pod_patch({"metadata": podlib.pod_metadata(job), "spec": pod_spec},
+                                      k8s.pod_patch, CONTAINER)
     spec["runtimePatches"] = [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
         "replicatedJobs": [{"name": NODE, "template": {"spec": {"template": template}}}]}}}}]
     return [{"apiVersion": API_VERSION, "kind": KIND, "metadata": podlib.workload_metadata(job),

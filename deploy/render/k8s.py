@@ -32,7 +32,8 @@ def check(job: JobSpec, flavor: str) -> list[Problem]:
     (deploy/problems.py: what `ddpkit validate` and the renderer report)."""
     if flavor not in FLAVORS:
         return [Problem("k8s.flavor", f"{flavor!r} is not a flavor", f"use one of {', '.join(FLAVORS)}")]
-    return flavor_module(flavor).check(job)
+    module = flavor_module(flavor)
+    return [*podlib.common_checks(job), *podlib.patch_problems(job, module.CONTAINER), *module.check(job)]
 
 
 def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
