@@ -33,8 +33,8 @@ from bench_common import REPO, Result, is_root, load_average, results_dir  # noq
 SCRIPTS = [
     ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "200", "--repeats", "3"],
      ["--steps", "30", "--repeats", "1"], 420),
-    ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "3"], ["--steps", "10", "--repeats", "1"], 300),
-    ("step_profile", "step_profile.py", ["--steps", "80", "--repeats", "3"], ["--steps", "8", "--repeats", "1"], 420),
+    ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "10", "--repeats", "1"], 300),
+    ("step_profile", "step_profile.py", ["--steps", "80", "--repeats", "2"], ["--steps", "8", "--repeats", "1"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "1"], 240),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "1", "--small"], 240),
     ("render_speed", "render_speed.py", ["--repeats", "15"], ["--repeats", "2"], 300),

@@ -201,7 +201,11 @@ def cmd_lint(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    path = _module("trainer.plot", "`ddpkit plot`").plot_run(args.run_dir)
+    plot = _module("trainer.plot", "`ddpkit plot`")
+    try:
+        path = plot.plot_runs(args.run_dir, args.output)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from None
     print(path)
     return 0
 
@@ -310,9 +314,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--k8s-version", metavar="X.Y",
                    help="Kubernetes version of the core schemas (default: the newest bundled)")
 
-    p = _command(sub, "plot", cmd_plot, "plot loss and throughput of a run directory",
-                 "ddpkit plot runs/quickstart")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p = _command(sub, "plot", cmd_plot, "plot loss and throughput of one or more run directories",
+                 "ddpkit plot runs/quickstart runs/quickstart-lr01 -o compare.png")
+    p.add_argument("run_dir", metavar="RUN_DIR", nargs="+", help="run directories (several: overlaid)")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="PNG to write (default: RUN_DIR/metrics.png for one run, runs-compared.png for several)")
 
     p = _command(sub, "image", cmd_image, "build the training image (Docker, BuildKit)",
                  "ddpkit image build --offline --base-image debian-bookworm")

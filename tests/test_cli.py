@@ -101,3 +101,23 @@ def test_readme_reference_matches_the_model():
 
     readme = (REPO / "README.md").read_text()
     assert reference() in readme, "README's job-file reference is stale: run `make docs`"
+
+
+def test_plot_overlays_several_runs_and_a_missing_run_is_one_line(tmp_path):
+    import json
+
+    for name, lr in (("a", 0.1), ("b", 0.01)):
+        d = tmp_path / "runs" / name
+        d.mkdir(parents=True)
+        lines = [{"step": s, "epoch": 0, "loss": 2.3 - lr * s, "lr": lr, "samples_per_s": 1000.0 + s} for s in range(1, 30)]
+        lines += [{"eval": True, "step": 29, "epoch": 0, "eval_loss": 2.0},
+                  {"summary": True, "world_size": 2, "samples_per_s": 1010.0}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    result = ddpkit("plot", "runs/a", "runs/b", "-o", "both.png", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "both.png" and (tmp_path / "both.png").stat().st_size > 5000
+    one = ddpkit("plot", "runs/a", cwd=tmp_path)
+    assert one.returncode == 0 and (tmp_path / "runs" / "a" / "metrics.png").exists()
+    missing = ddpkit("plot", "runs/a", "runs/nope", cwd=tmp_path)
+    assert missing.returncode == 2 and "runs/nope/metrics.jsonl does not exist" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr

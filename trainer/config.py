@@ -178,6 +178,12 @@ class TrainConfig(BaseModel):
     bucket_cap_mb: float = Field(
         25.0, gt=0, le=4096, description="DDP gradient bucket size in MiB."
     )
+    ddp_comm_hook: Literal["none", "fp16", "bf16"] = Field(
+        "none",
+        description="Compress gradients for the all-reduce (DDP communication hook): `fp16` or "
+        "`bf16` halve the bytes sent, at some precision; bf16 needs NCCL (a GPU). Worth it when "
+        "the network, not compute, bounds the step (bench/step_profile.py measures it).",
+    )
     find_unused_parameters: bool = Field(
         False, description="DDP `find_unused_parameters` (only for models that skip parameters)."
     )

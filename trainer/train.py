@@ -282,6 +282,15 @@ class Trainer:
                 find_unused_parameters=cfg.find_unused_parameters,
             )
             wrapped = self.ddp
+            if cfg.ddp_comm_hook != "none":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
+                try:
+                    self.ddp.register_comm_hook(None, hook[cfg.ddp_comm_hook])
+                except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
+                    raise ValueError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
+                                     f"({str(e).splitlines()[0]}); use fp16 or none") from None
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.marks["DDP"] = time.time()
 

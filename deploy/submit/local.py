@@ -108,6 +108,17 @@ def format_summary(s: dict) -> str:
     return "\n".join(f"  {k:<11} {v}" for k, v in rows)
 
 
+def show_output(proc: subprocess.Popen) -> None:
+    """Stream the trainer's stdout as it comes, less its `ddpkit-summary {json}` line (a line for
+    programs reading logs; the readable summary is printed from metrics.jsonl at the end)."""
+    assert proc.stdout is not None
+    out = sys.stdout.buffer
+    for raw in proc.stdout:
+        if not raw.startswith(b"ddpkit-summary "):
+            out.write(raw)
+            out.flush()
+
+
 def run_local(job, job_path: str, nproc: int | None = None) -> int:
     """Train `job` as `nproc` local processes through `trainer.launch`; return its exit code."""
     nproc = nproc if nproc is not None else job.nproc_per_node
@@ -123,13 +134,17 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     what = job.script or job.module or f"{job.name} ({job_path})"
     print(f"ddpkit: training {what} as {nproc} local processes; run dir {run_dir}",
           file=sys.stderr, flush=True)
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], env=env, start_new_session=True)
+    own_code = job.script is not None or job.module is not None  # its output as it is, unbuffered
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], env=env, start_new_session=True,
+                            stdout=None if own_code else subprocess.PIPE)
 
     def forward(signum: int, frame: object) -> None:
         proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
+        if not own_code:
+            show_output(proc)
         rc = proc.wait()
     finally:
         for s, handler in previous.items():
