@@ -1,0 +1,190 @@
+"""The flavor modules against the real controllers on the Kubernetes testbed.
+
+1. Conformance of `run --docker`'s emulation (`deploy.k8s.<flavor>.pods`): for every flavor, the
+   pods the real training-operator, JobSet, Trainer and Job controllers create for a rendered job
+   are compared with the pods the emulation plans: hostname, subdomain, init containers, the
+   training container's env (names, order and values: the kubelet's precedence is the order),
+   and the labels and annotations the controllers set (the ones fieldRefs read). The pods only
+   have to exist, not to run: the image need not be on the node.
+2. The API server accepts every typed cluster field (issue 10 item 6): a job file using all of
+   them is applied with `--dry-run=server` for every flavor (webhooks included).
+
+Needs the testbed (`ddpkit testbed k8s up`, root); runs with CI=true or DDPKIT_K8S_E2E=1, like
+tests/test_k8s_e2e.py, and leaves a testbed up that was up before.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from deploy.k8s import FLAVORS
+from deploy.k8s import flavor as flavor_module
+from deploy.render.k8s import render_k8s, render_objects
+from deploy.spec import parse_job
+from deploy.submit.docker import controller_pods
+from tests.conftest import IN_CI, REPO, ddpkit, require
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+#: Label/annotation prefixes the controllers own: every such key on a live pod must be planned.
+CONTROLLER_PREFIXES = ("training.kubeflow.org/", "jobset.sigs.k8s.io/", "batch.kubernetes.io/",
+                       "trainer.kubeflow.org/")
+#: Keys whose values the emulation cannot know (UIDs of objects the cluster created).
+UNKNOWABLE = {"jobset.sigs.k8s.io/jobset-uid", "batch.kubernetes.io/controller-uid", "controller-uid"}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require(IN_CI or os.environ.get("DDPKIT_K8S_E2E") == "1",
+            "real-Kubernetes tests run with CI=true or DDPKIT_K8S_E2E=1 (root: they start a cluster)")
+    require(os.geteuid() == 0, "the Kubernetes testbed needs root (network, cgroups, daemons)")
+    try:
+        from deploy.testbed import k8s as testbed
+    except ImportError:
+        testbed = None
+    require(testbed is not None, "the Kubernetes testbed (deploy/testbed/k8s.py) is not in this checkout")
+    lock = open(f"{testbed.testbed_dir()}.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    was_up = testbed.status(quiet=True)
+    if not was_up:
+        testbed.up()
+    env = testbed.client_env()
+    env["PYTHONPATH"] = str(REPO)
+    env["KUBECTL"] = testbed.kubectl()
+    yield env
+    if not was_up:
+        testbed.down()
+    lock.close()
+
+
+def kubectl(cluster, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([cluster["KUBECTL"], *args], env=cluster, capture_output=True, text=True,
+                          input=input, timeout=180)
+    if check:
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc
+
+
+def small_job(name: str, flavor: str, **fields) -> dict:
+    return {"name": name, "image": "ddpkit:conformance", "image_pull_policy": "Never",
+            "nodes": 2, "procs_per_node": 2, "restarts": 1,
+            "resources": {"cpus_per_node": 0.1, "memory": "256Mi", "shm": "64Mi"},
+            "env": {"OMP_NUM_THREADS": "1"},
+            "k8s": {"flavor": flavor}, **fields}
+
+
+def live_pods(cluster, name: str, count: int, timeout: float = 180) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = kubectl(cluster, "get", "pods", "-l", f"app.kubernetes.io/instance={name}", "-o", "json")
+        pods = json.loads(out.stdout)["items"]
+        if len(pods) >= count:
+            return pods
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}: {len(pods)} of {count} pods after {timeout}s\n"
+                        + kubectl(cluster, "get", "events", check=False).stdout[-3000:])
+        time.sleep(1)
+
+
+def env_list(container: dict) -> list[tuple]:
+    return [(e["name"], e.get("value"), json.dumps(e.get("valueFrom"), sort_keys=True))
+            for e in container.get("env") or []]
+
+
+def training_container(spec: dict, name: str) -> dict:
+    return next(c for c in spec["containers"] if c["name"] == name)
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_the_emulated_pods_are_the_pods_the_real_controllers_create(cluster, tmp_path, flavor):
+    name = f"conf-{flavor}"
+    job = parse_job(small_job(name, flavor))
+    module = flavor_module(flavor)
+    planned = controller_pods(render_objects(job, flavor=flavor))
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(small_job(name, flavor)))
+    ddpkit("cancel", f"k8s://default/{flavor}/{name}", env=cluster)  # a leftover of an earlier run
+    submitted = ddpkit("submit", "k8s", str(path), env=cluster)
+    assert submitted.returncode == 0, submitted.stderr
+    try:
+        live = live_pods(cluster, name, len(planned))
+        by_rank = {module.node_rank(p, live): p for p in live}
+        assert sorted(by_rank) == [p.index for p in planned]
+        for want in planned:
+            got = by_rank[want.index]
+            spec = got["spec"]
+            where = f"{flavor} node {want.index} ({got['metadata']['name']})"
+            assert (spec.get("hostname") or got["metadata"]["name"]) == want.hostname, where
+            assert spec.get("subdomain") == want.subdomain, where
+            assert [c["name"] for c in spec.get("initContainers") or []] == \
+                [c["name"] for c in want.spec.get("initContainers") or []], where
+            assert env_list(training_container(spec, module.CONTAINER)) == \
+                env_list(training_container(want.spec, module.CONTAINER)), where
+            for kind in ("labels", "annotations"):
+                have = got["metadata"].get(kind) or {}
+                planned_keys = getattr(want, kind)
+                for key, value in planned_keys.items():
+                    if key not in UNKNOWABLE:
+                        assert have.get(key) == value, f"{where}: {kind} {key}"
+                extra = {k for k in have if k.startswith(CONTROLLER_PREFIXES) and k not in planned_keys
+                         and k not in UNKNOWABLE}
+                assert not extra, f"{where}: {kind} the emulation does not plan: {sorted(extra)}"
+    finally:
+        ddpkit("cancel", f"k8s://default/{flavor}/{name}", env=cluster)
+
+
+def cluster_fields_job(flavor: str) -> dict:
+    from tests.test_k8s_render import CLUSTER_FIELDS
+
+    k8s = {**CLUSTER_FIELDS["k8s"], "flavor": flavor}
+    if flavor == "trainjob":  # what Trainer v2.3's runtimePatches cannot say (refused offline)
+        for field in ("host_network", "topology_spread", "init_containers", "sidecars"):
+            k8s.pop(field)
+        k8s["pod_patch"] = {"spec": {"containers": [{"name": "trainer", "env": [
+            {"name": "NCCL_IB_HCA", "value": "mlx5"}]}]}}
+    return {"name": f"fields-{flavor}", "image": "img:1", "nodes": 2, **CLUSTER_FIELDS, "k8s": k8s}
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_the_api_server_accepts_every_cluster_field(cluster, flavor):
+    text = render_k8s(parse_job(cluster_fields_job(flavor)), flavor=flavor)
+    proc = kubectl(cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                   input=text, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_api_server_refuses_what_ddpkit_refuses_offline(cluster):
+    """tolerationSeconds without NoExecute: refused by the job model (tests/test_refusals.py);
+    here the same toleration, written into a pod by hand, is refused by the API server too."""
+    text = render_k8s(parse_job({"name": "tol", "image": "img:1", "k8s": {"flavor": "job"}}), flavor="job")
+    objects = [o for o in yaml.safe_load_all(text) if o]
+    objects[-1]["spec"]["template"]["spec"]["tolerations"] = [
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 60}]
+    proc = kubectl(cluster, "apply", "--dry-run=server", "-f", "-",
+                   input=yaml.safe_dump_all(objects), check=False)
+    assert proc.returncode != 0 and "tolerationSeconds" in proc.stderr + proc.stdout
+
+
+def test_submit_is_server_side_apply_with_field_manager_ddpkit(cluster, tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(small_job("conf-ssa", "job")))
+    ddpkit("cancel", "k8s://default/job/conf-ssa", env=cluster)
+    assert ddpkit("submit", "k8s", str(path), env=cluster).returncode == 0
+    try:
+        job = json.loads(kubectl(cluster, "get", "job", "conf-ssa", "-o", "json",
+                                 "--show-managed-fields").stdout)
+        managers = {(m["manager"], m["operation"]) for m in job["metadata"]["managedFields"]}
+        assert ("ddpkit", "Apply") in managers
+        again = ddpkit("submit", "k8s", str(path), env=cluster)
+        assert again.returncode == 1 and "already exists; cancel it first" in again.stderr
+    finally:
+        assert ddpkit("cancel", "k8s://default/job/conf-ssa", env=cluster).returncode == 0
+    gone = kubectl(cluster, "get", "job", "conf-ssa", check=False)
+    assert gone.returncode != 0 or "deletionTimestamp" in gone.stdout  # foreground deletion
