@@ -7,6 +7,7 @@ SIGTERM to every rank, damaged files in the checkpoint directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer_util import REPO, launch_env, records, summary, wait_for
+from tests.trainer_util import REPO, launch_env, records, run, start, summary, wait_for, write_job
+from trainer import checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +36,24 @@ def worker_pids(run_id: str) -> dict[int, int]:
         if env.get(b"DDPKIT_RUN_ID") == run_id.encode() and b"RANK" in env:
             found[int(env[b"RANK"])] = int(pid)
     return found
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(p))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
 
 
 def logged_steps(run_dir: Path) -> list[int]:
@@ -97,3 +117,101 @@ def test_kill_9_of_one_rank_restarts_the_group_and_resumes_bit_for_bit(tmp_path)
     assert b["status"] == "completed" and b["steps"] == a["steps"] == 60
     assert b["resumed_from_step"] == resumed_at
     assert b["final_params_sha256"] == a["final_params_sha256"] is not None
+
+
+# -- checkpoints cut off mid-save, damaged checkpoints ---------------------------------------
+TRAIN = {"max_steps": 30, "epochs": 2, "data_samples": 2048}  # 16 steps per epoch
+CKPT = {"every_steps": 10, "keep": 3}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("whole")
+    result = run(write_job(tmp, "whole", TRAIN, CKPT), tmp)
+    assert result.returncode == 0, result.stdout[-3000:]
+    return summary(tmp / "runs" / "whole")
+
+
+@pytest.mark.parametrize("point", ["before-publish", "mid-publish"])
+def test_a_crash_while_publishing_a_checkpoint_keeps_the_previous_one(tmp_path, uninterrupted, point):
+    """SIGKILL of the saving rank after the files are written but before they are published,
+    and between the two renames: the previous checkpoint is intact and the rerun resumes from
+    it to the uninterrupted run's parameters."""
+    job = write_job(tmp_path, "cut", TRAIN, CKPT)
+    ckpt_dir = tmp_path / "runs" / "cut" / "checkpoints"
+    first = run(job, tmp_path, DDPKIT_FAULT_CRASH=f"20:{point}")
+    assert first.returncode != 0 and f"killing this process at {point}" in first.stdout, first.stdout[-3000:]
+    assert [s for s, _ in checkpoint.checkpoints(ckpt_dir)] == [10]
+    assert checkpoint.verify(ckpt_dir / "ckpt-000000010.pt") is None
+    assert checkpoint.newest_valid(ckpt_dir) == ckpt_dir / "ckpt-000000010.pt"
+    leftovers = sorted(p.name for p in ckpt_dir.iterdir() if "000000020" in p.name)
+    assert leftovers, "the crash happened after the new files were written"
+
+    second = run(job, tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:]
+    s = summary(tmp_path / "runs" / "cut")
+    assert s["resumed_from_step"] == 10 and s["steps"] == 30
+    assert s["final_params_sha256"] == uninterrupted["final_params_sha256"] is not None
+    assert not [p.name for p in ckpt_dir.iterdir() if ".tmp-" in p.name]  # the next save cleaned up
+
+
+def test_a_corrupted_newest_checkpoint_is_named_and_the_previous_one_used(tmp_path, uninterrupted):
+    job = write_job(tmp_path, "flip", TRAIN, CKPT)
+    ckpt_dir = tmp_path / "runs" / "flip" / "checkpoints"
+    first = run(job, tmp_path, DDPKIT_STOP_AT_STEP="25")
+    assert first.returncode == 143, first.stdout[-3000:]
+    assert [s for s, _ in checkpoint.checkpoints(ckpt_dir)] == [26, 20, 10]
+    newest = ckpt_dir / "ckpt-000000026.pt"
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit in the middle: torch.load would not notice
+    newest.write_bytes(bytes(data))
+
+    second = run(job, tmp_path)
+    assert second.returncode == 0, second.stdout[-3000:]
+    warning = [line for line in second.stdout.splitlines() if "is unusable" in line]
+    assert len(warning) == 1 and str(newest.relative_to(tmp_path)) in warning[0], second.stdout[-3000:]
+    assert "checksum mismatch" in warning[0] and "trying the previous one" in warning[0]
+    s = summary(tmp_path / "runs" / "flip")
+    assert s["resumed_from_step"] == 20 and s["final_params_sha256"] == uninterrupted["final_params_sha256"]
+
+
+# -- SIGTERM to every process (Kubernetes eviction, Slurm time limit) -------------------------
+def sigterm_everything(proc: subprocess.Popen, run_dir: Path, steps: int) -> str:
+    """After `steps` logged steps, SIGTERM the launcher, torchrun and every worker at once."""
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) >= steps, 180, f"{steps} training steps")
+        for pid in descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=180)
+    finally:
+        proc.kill()
+    return out
+
+
+def test_sigterm_to_every_rank_waits_for_a_slow_checkpoint_and_exits_143(tmp_path):
+    """A stop checkpoint that takes longer than torchrun's default 30 s shutdown timeout but
+    less than the grace period is written, and the node exits 143 (retryable)."""
+    job = write_job(tmp_path, "slow", {"max_steps": 500, "epochs": 50, "data_samples": 1024},
+                    {"every_steps": 100000})
+    run_dir = tmp_path / "runs" / "slow"
+    proc = start(job, tmp_path, DDPKIT_STOP_GRACE_S="90", DDPKIT_FAULT_SAVE_DELAY_S="35")
+    out = sigterm_everything(proc, run_dir, 3)
+    assert proc.returncode == 143, out[-3000:]
+    s = summary(run_dir)
+    assert s["status"] == "stopped" and f"stopped after the checkpoint of step {s['steps']}: exit 143" in out
+    assert [step for step, _ in checkpoint.checkpoints(run_dir / "checkpoints")] == [s["steps"]]
+    assert "forcefully exiting" not in out
+
+
+def test_sigterm_without_time_to_checkpoint_exits_137_not_143(tmp_path):
+    """The grace period ends before the checkpoint is written: torchrun kills the workers, and
+    the exit code says nothing was saved (137, still retryable) instead of 143."""
+    job = write_job(tmp_path, "short", {"max_steps": 500, "epochs": 50, "data_samples": 1024},
+                    {"every_steps": 100000})
+    run_dir = tmp_path / "runs" / "short"
+    proc = start(job, tmp_path, DDPKIT_STOP_GRACE_S="3", DDPKIT_FAULT_SAVE_DELAY_S="60")
+    out = sigterm_everything(proc, run_dir, 3)
+    assert proc.returncode == 137, out[-3000:]
+    assert "before a checkpoint was written" in out and "exit 137" in out
+    assert checkpoint.checkpoints(run_dir / "checkpoints") == []

@@ -31,7 +31,8 @@ def torchrun(nnodes, nproc, endpoint, run_id, is_host, restarts="0"):
     return [PY, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", nproc,
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
             "--rdzv-conf", conf, "--max-restarts", restarts,
-            "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2", *WORKER[1:]]
+            "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+            "--shutdown-timeout", "120", *WORKER[1:]]
 
 
 # context, env in, argv out, env out (a subset), variables that must be gone, node waits for
@@ -119,6 +120,8 @@ def test_torchrun_gets_a_fresh_worker_store_per_restart_unless_the_node_says_oth
     a restarted group would read the dead attempt's addresses. tests/test_faults.py kills a rank."""
     assert plan_launch({}, python=PY).env[FRESH_STORE_VAR] == "1"
     assert FRESH_STORE_VAR not in plan_launch(CASES[0][1], python=PY).env  # a user's torchrun: theirs
+    grace = plan_launch({"DDPKIT_STOP_GRACE_S": "300"}, python=PY).argv
+    assert grace[grace.index("--shutdown-timeout") + 1] == "300"  # torchrun waits the target's grace
     kept = plan_launch({FRESH_STORE_VAR: "0"}, python=PY)
     assert kept.env[FRESH_STORE_VAR] == "0" and any(FRESH_STORE_VAR in n for n in kept.notes)
 

@@ -1,10 +1,17 @@
 """Atomic, verified checkpoints; resume from the newest valid one; the FINISHED marker.
 
 A checkpoint is two files: `ckpt-<step>.pt` (a plain `torch.save` file, loadable by hand) and
-`ckpt-<step>.pt.sha256`. Both are written to temporary names, fsynced and renamed, checksum
-first, so a `.pt` name only ever appears complete. On resume a checkpoint whose checksum is
-missing or wrong, or which does not load, is skipped with a warning and the previous one used:
-a torch zip file does not notice a flipped byte in the middle by itself.
+`ckpt-<step>.pt.sha256`. Both are written to temporary names and fsynced, then published by
+renaming, checksum first, so a `.pt` name only ever appears complete. A crash before the
+renames leaves only temporary files (removed by the next save); a crash between the two renames
+leaves a checksum without its `.pt`, which names no checkpoint. On resume a checkpoint whose
+checksum is missing or wrong, or which does not load, is skipped with a warning naming it and
+the previous one used: a torch zip file does not notice a flipped byte in the middle by itself.
+
+Fault injection for tests (like `DDPKIT_STOP_AT_STEP`): `DDPKIT_FAULT_CRASH=STEP:POINT` kills
+the saving process with SIGKILL at POINT (`before-publish`: both files written, nothing renamed;
+`mid-publish`: checksum renamed, `.pt` not) of the save of STEP; `DDPKIT_FAULT_SAVE_DELAY_S=S`
+makes every save take S seconds longer (before publishing).
 
 `AsyncSaver` (`checkpoint.async_save: true`) does the same save in a background thread from a
 copy of the state in host memory, so training blocks only for the copy.
@@ -19,7 +26,9 @@ import json
 import logging
 import os
 import re
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +48,35 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_tmp(path: Path, data: bytes) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return tmp
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    os.replace(_write_tmp(path, data), path)
+
+
+def _fault(step: int, point: str) -> None:
+    """Tests only: die here when DDPKIT_FAULT_CRASH says `STEP:POINT`."""
+    if os.environ.get("DDPKIT_FAULT_CRASH") == f"{step}:{point}":
+        log.warning("DDPKIT_FAULT_CRASH: killing this process at %s of the checkpoint of step %d", point, step)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def remove_leftovers(directory: str | Path) -> None:
+    """Temporary files of saves that never published, and checksums without their `.pt`."""
+    d = Path(directory)
+    if not d.is_dir():
+        return
+    for name in os.listdir(d):
+        orphan = name.endswith(".pt.sha256") and not (d / name[: -len(".sha256")]).exists()
+        if orphan or (name.startswith(".ckpt-") and ".tmp-" in name):
+            (d / name).unlink(missing_ok=True)
 
 
 def checkpoints(directory: str | Path) -> list[tuple[int, Path]]:
@@ -65,8 +96,16 @@ def save(directory: str | Path, step: int, state: dict[str, Any], keep: int) -> 
     torch.save(state, buf)
     data = buf.getvalue()
     path = d / f"ckpt-{step:09d}.pt"
-    _write_atomic(path.with_name(path.name + ".sha256"), (hashlib.sha256(data).hexdigest() + "\n").encode())
-    _write_atomic(path, data)
+    sums = path.with_name(path.name + ".sha256")
+    remove_leftovers(d)
+    tmp_data = _write_tmp(path, data)
+    tmp_sums = _write_tmp(sums, (hashlib.sha256(data).hexdigest() + "\n").encode())
+    if os.environ.get("DDPKIT_FAULT_SAVE_DELAY_S"):
+        time.sleep(float(os.environ["DDPKIT_FAULT_SAVE_DELAY_S"]))
+    _fault(step, "before-publish")
+    os.replace(tmp_sums, sums)
+    _fault(step, "mid-publish")
+    os.replace(tmp_data, path)
     _fsync_dir(d)
     for _, old in checkpoints(d)[keep:]:
         old.unlink(missing_ok=True)

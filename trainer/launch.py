@@ -18,8 +18,15 @@ bounded backoff (DNS answering is not enough), then fail with a message naming h
 torchrun runs as a supervised child rather than by exec: torchrun exits 1 after forwarding
 SIGTERM to its workers, which would turn a clean preemption (workers checkpoint and exit 143)
 into a permanent failure for Kubeflow's ExitCode policy. The shim forwards SIGTERM, SIGINT,
-SIGHUP and SIGUSR2 (torchrun is told to forward USR2 too) and exits 143 when a stop signal
-arrived and training did not complete. Modes without torchrun exec the trainer directly.
+SIGHUP and SIGUSR2 (torchrun is told to forward USR2 too). Exit codes after a stop: 143 only
+when the workers wrote their stop checkpoint (they say so through `DDPKIT_STOP_FILE`), 137 when
+a stop signal arrived but no checkpoint was written (killed mid-step or mid-save, or stopped
+before training began); both are retryable (Kubeflow's ExitCode policy: 128-255; the sbatch
+script requeues on any failure after its signal). torchrun waits `DDPKIT_STOP_GRACE_S`
+(the target's grace period: terminationGracePeriodSeconds, the Slurm signal lead; default
+120 s) for the workers' stop checkpoint before it kills them (`--shutdown-timeout`; torch's
+default of 30 s would cut off a slow step or save whatever the grace period). Modes without
+torchrun exec the trainer directly.
 
 Restarts need a fresh worker store (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`). Since torch 2.4
 the c10d rendezvous handler shares its own TCPStore with the workers, and in torch 2.13 it
@@ -54,7 +61,9 @@ from trainer.config import TRAINER_ENTRY
 Env = Mapping[str, str]
 Source = str | Callable[[Env], "str | None"]
 
-EXIT_STOPPED = 143
+EXIT_STOPPED = 143  # stopped by a signal after writing a checkpoint
+EXIT_STOPPED_UNSAVED = 137  # stopped by a signal, no checkpoint of that moment (like SIGKILL)
+DEFAULT_STOP_GRACE_S = 120  # Kubernetes' terminationGracePeriodSeconds default in ddpkit
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
 TRAINER = list(TRAINER_ENTRY)
@@ -367,6 +376,10 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         _resolve(env, ("DDPKIT_MAX_RESTARTS", "PET_MAX_RESTARTS", const("0")), "max restarts", notes) or "0",
         "max restarts",
     )
+    grace = _int(_resolve(env, ("DDPKIT_STOP_GRACE_S", const(str(DEFAULT_STOP_GRACE_S))), "stop grace",
+                          notes) or "", "DDPKIT_STOP_GRACE_S")
+    if grace < 1:
+        raise LaunchError(f"DDPKIT_STOP_GRACE_S={grace} must be at least 1 second")
     # Node 0 hosts the store whatever its hostname resolves to (no guessing by name); where
     # the rank is unknown and HOSTNAME too, torch's own hostname match decides.
     is_host = None
@@ -387,6 +400,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--rdzv-conf", conf,
         "--max-restarts", str(restarts),
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+        "--shutdown-timeout", str(grace),
         *entry,
     ]  # fmt: skip
     return NodePlan(
@@ -429,12 +443,12 @@ def _die_with_parent() -> None:
         pass
 
 
-def supervise(argv: list[str], env: dict[str, str]) -> int:
-    """Run torchrun as a child, forward stop signals, map a stopped run to 143.
+def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print) -> int:
+    """Run torchrun as a child, forward stop signals, map a stopped run to 143 or 137.
 
-    A stopped run is one where this shim got a stop signal, or where a worker reports (by
-    touching `DDPKIT_STOP_FILE`) that it checkpointed and exited 143 on a stop request that
-    reached it some other way; torchrun itself exits 1 in both cases.
+    143: a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was complete on every rank
+    (whichever way the stop request reached it); torchrun itself exits 1 then. 137: this shim
+    got a stop signal and no checkpoint was written.
     """
     import tempfile
 
@@ -453,12 +467,23 @@ def supervise(argv: list[str], env: dict[str, str]) -> int:
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
     rc = proc.wait()
-    worker_stopped = os.path.exists(stop_file)
+    try:
+        saved = open(stop_file).read().strip() or "?"
+    except OSError:
+        saved = None
     with contextlib.suppress(OSError):
         os.unlink(stop_file)
+    with contextlib.suppress(OSError):
         os.rmdir(stop_dir)
-    if (stopped or worker_stopped) and rc != 0:
+    if rc == 0:
+        return 0
+    if saved is not None:
+        log(f"stopped after the checkpoint of step {saved}: exit {EXIT_STOPPED}")
         return EXIT_STOPPED
+    if stopped:
+        log(f"stopped by {signal.Signals(stopped[0]).name} before a checkpoint was written "
+            f"(torchrun exit {rc}): exit {EXIT_STOPPED_UNSAVED}; a restart resumes from the previous one")
+        return EXIT_STOPPED_UNSAVED
     return 128 - rc if rc < 0 else rc  # torchrun killed by a signal: the shell's 128+N
 
 
@@ -492,10 +517,10 @@ def main() -> int:
         return EXIT_BAD_CONFIG
     for note in plan.notes:
         log(note)
-    # Until torchrun or the trainer owns the signals: a stop while waiting is a clean, retryable
-    # exit (and a Python PID 1 would otherwise ignore SIGTERM).
+    # Until torchrun or the trainer owns the signals: a stop while waiting is a retryable exit
+    # with nothing saved (and a Python PID 1 would otherwise ignore SIGTERM).
     for name in ("SIGTERM", "SIGUSR2"):
-        signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(EXIT_STOPPED))
+        signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(EXIT_STOPPED_UNSAVED))
     log(f"context {plan.context}, node rank {plan.node_rank}, mode {plan.mode}: {' '.join(plan.argv[1:])}")
     if plan.wait_for:
         try:
@@ -504,7 +529,7 @@ def main() -> int:
             log(str(e))
             return EXIT_FAILURE
     if plan.mode == "torchrun":
-        return supervise(plan.argv, plan.env)
+        return supervise(plan.argv, plan.env, log)
     sys.stdout.flush()
     os.execve(plan.argv[0], plan.argv, plan.env)
     return EXIT_FAILURE  # not reached

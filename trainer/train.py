@@ -538,6 +538,9 @@ class Trainer:
             self.save(final=True)
         else:
             self.finish_saves()
+        if stopped and os.environ.get("DDPKIT_STOP_FILE"):
+            # the save (or finish_saves) returned after its barrier: complete on every rank.
+            Path(os.environ["DDPKIT_STOP_FILE"]).write_text(f"{self.step}\n")  # trainer.launch: 143
         if stopped:
             status = "stopped"
             signame = signal.Signals(self.stop.signum).name if self.stop.signum else "DDPKIT_STOP_AT_STEP"
@@ -607,8 +610,6 @@ class Trainer:
                     log.info("plot %s", plot_run(self.run_dir))
                 except Exception as e:  # a plot must never fail a finished training run
                     log.warning("could not write the plot: %s", e)
-        if stopped and os.environ.get("DDPKIT_STOP_FILE"):
-            Path(os.environ["DDPKIT_STOP_FILE"]).touch()  # tells trainer.launch: 143, not a crash
         return EXIT_STOPPED if stopped else EXIT_OK
 
 

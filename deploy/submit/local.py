@@ -159,6 +159,9 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     if rc == 143:
         print(f"ddpkit: stopped after a checkpoint; run the same command again to resume "
               f"(checkpoints in {summary.get('checkpoint_dir') if summary else run_dir})", file=sys.stderr)
+    elif rc == 137:
+        print("ddpkit: stopped before a checkpoint could be written; run the same command again "
+              "to resume from the previous checkpoint", file=sys.stderr)
     elif rc == 0 and summary is None:
         print("ddpkit: nothing to train (the job had already finished); delete the FINISHED "
               "marker in its checkpoint directory to train further", file=sys.stderr)
