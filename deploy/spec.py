@@ -689,6 +689,10 @@ class JobSpec(Strict):
     script: Script = None
     module: Module = None
     args: Args = Field(default_factory=list)
+    preflight: bool = Field(False, description="Check the distributed setup before training on "
+                            "every node (`python -m trainer.preflight`: master reachable, world "
+                            "layout, backend for the device, an all-reduce with a bandwidth figure); "
+                            "one verdict line per node, and no training when a check fails.")
     restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
                           "torchrun `--max-restarts`, backoffLimit, Slurm requeues.")
     time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "

@@ -215,3 +215,26 @@ def test_sigterm_without_time_to_checkpoint_exits_137_not_143(tmp_path):
     assert proc.returncode == 137, out[-3000:]
     assert "before a checkpoint was written" in out and "exit 137" in out
     assert checkpoint.checkpoints(run_dir / "checkpoints") == []
+
+
+# -- resume with another world size ------------------------------------------------------------
+def test_a_checkpoint_of_another_world_size_is_refused_with_the_reason(tmp_path):
+    """2 ranks checkpoint; 3 ranks would repeat or skip samples (per-rank data position) and
+    change the global batch: the trainer refuses on every rank with one line, trains nothing."""
+    job = write_job(tmp_path, "resize", {"max_steps": 20, "epochs": 2, "data_samples": 2048}, {"every_steps": 5})
+    first = run(job, tmp_path, DDPKIT_STOP_AT_STEP="6")
+    assert first.returncode == 143, first.stdout[-3000:]
+    run_dir = tmp_path / "runs" / "resize"
+    n = len(records(run_dir))
+
+    bigger = run(job, tmp_path, nproc=3)
+    assert bigger.returncode != 0, bigger.stdout[-3000:]
+    why = [line for line in bigger.stdout.splitlines() if line.startswith("ddpkit: checkpoint ")]
+    assert len(why) == 3, bigger.stdout[-3000:]  # one line per rank, no traceback
+    assert "ckpt-000000007.pt (step 7) was written by 2 ranks, this run has 3" in why[0]
+    assert "repeat or skip samples" in why[0] and "run with 2 ranks" in why[0]
+    assert f'File "{REPO / "trainer"}' not in bigger.stdout  # no trainer traceback (torchrun prints its own)
+    assert len(records(run_dir)) == n  # nothing trained, nothing appended
+
+    same = run(job, tmp_path)  # the original world size resumes as before
+    assert same.returncode == 0 and summary(run_dir)["resumed_from_step"] == 7

@@ -224,6 +224,7 @@ class JobSections(BaseModel):
     args: Args = []
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
+    preflight: bool = False  # run trainer.preflight's checks before the entry (JobSpec.preflight)
 
     @model_validator(mode="after")
     def _entry(self) -> JobSections:
@@ -260,6 +261,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
         "checkpoint": doc.get("checkpoint") or {},
         **{k: doc[k] for k in ("script", "module", "args") if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
+        "preflight": bool(doc.get("preflight")),
     })
 
 

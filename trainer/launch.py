@@ -67,6 +67,7 @@ DEFAULT_STOP_GRACE_S = 120  # Kubernetes' terminationGracePeriodSeconds default 
 EXIT_FAILURE = 1
 EXIT_BAD_CONFIG = 2
 TRAINER = list(TRAINER_ENTRY)
+PREFLIGHT = ["-m", "trainer.preflight"]
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # Variables that describe one worker; stale copies in a node's environment are dropped.
@@ -410,20 +411,28 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
 
 
 # -- doing it ---------------------------------------------------------------------------
-def wait_for_master(host: str, port: int, timeout_s: float, log: Callable[[str], None] = print) -> None:
-    """Return once `host:port` accepts a TCP connection; `LaunchError` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_master(host: str, port: int, timeout_s: float, log: Callable[[str], None] = print) -> float:
+    """Seconds until `host:port` accepted a TCP connection; `LaunchError` after `timeout_s`.
+
+    The error says which way it failed: the host never resolved (DNS), nothing listened on the
+    port (connection refused), or no answer at all (unreachable, filtered)."""
+    start = time.monotonic()
+    deadline = start + timeout_s
     delay, last, announced = 0.2, "", False
     while True:
         remaining = deadline - time.monotonic()
         try:
             with socket.create_connection((host, port), timeout=max(0.1, min(5.0, remaining))):
-                return
-        except OSError as e:  # refused, unresolvable yet, unreachable, timed out
-            last = f"{type(e).__name__}: {e}"
+                return time.monotonic() - start
+        except socket.gaierror as e:
+            last, why = f"{type(e).__name__}: {e}", f"host {host!r} does not resolve (DNS)"
+        except ConnectionRefusedError as e:
+            last, why = f"{type(e).__name__}: {e}", f"port {port} closed on {host} (nothing listens)"
+        except OSError as e:  # unreachable, timed out
+            last, why = f"{type(e).__name__}: {e}", "no answer"
         if remaining <= 0:
             raise LaunchError(
-                f"master {host}:{port} not reachable after {timeout_s:.0f}s ({last}); check that "
+                f"master {host}:{port} not reachable after {timeout_s:.0f}s: {why} ({last}); check that "
                 "node 0 started and the address and port are right (train.timeout_s sets the wait)"
             )
         if not announced:
@@ -494,7 +503,7 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
 
-    run_id, timeout_s, entry, script = None, 600, None, None
+    run_id, timeout_s, entry, script, preflight = None, 600, None, None, False
     if env.get("DDPKIT_JOB_FILE"):
         from pydantic import ValidationError
 
@@ -506,6 +515,11 @@ def main() -> int:
             log(f"bad job file {env['DDPKIT_JOB_FILE']}: {error_line(e)}")
             return EXIT_BAD_CONFIG
         run_id, timeout_s, entry, script = sections.name, sections.train.timeout_s, sections.entry, sections.script
+        preflight = sections.preflight
+    if env.get("DDPKIT_PREFLIGHT_ONLY") == "1":  # `python -m trainer.preflight` on a node
+        entry, script, preflight = list(PREFLIGHT), None, False
+    elif preflight:  # `preflight: true`: each worker checks, then runs the real entry
+        entry = [*PREFLIGHT, "--then", *(entry or TRAINER)]
     if script is not None and not os.path.isfile(script):
         log(f"script {script}: no such file in {os.getcwd()}; the image, a volume or the working "
             "directory must hold it on every node (a relative path is relative to the working directory)")
@@ -524,10 +538,12 @@ def main() -> int:
     log(f"context {plan.context}, node rank {plan.node_rank}, mode {plan.mode}: {' '.join(plan.argv[1:])}")
     if plan.wait_for:
         try:
-            wait_for_master(*plan.wait_for, timeout_s=timeout_s, log=log)
+            took = wait_for_master(*plan.wait_for, timeout_s=timeout_s, log=log)
         except LaunchError as e:
             log(str(e))
             return EXIT_FAILURE
+        if preflight or entry == PREFLIGHT:
+            log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         return supervise(plan.argv, plan.env, log)
     sys.stdout.flush()

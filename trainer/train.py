@@ -113,6 +113,20 @@ def params_sha256(module: Any) -> str:
     return h.hexdigest()
 
 
+def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: Path) -> str:
+    """Why a checkpoint of another world size is not resumed (one line).
+
+    The data position is saved per rank (each rank's shard of the sampler), the global batch is
+    ranks x batch_size x grad_accum and the LR schedule is laid out in steps of that batch: with
+    another rank count a resumed run would repeat or skip samples and stretch the schedule.
+    Refusing is honest; resuming exactly would need a global sample position.
+    """
+    return (f"checkpoint {path} (step {state['step']}) was written by {state['world_size']} ranks, this run "
+            f"has {world}: resuming would repeat or skip samples (the data position is per rank) and "
+            f"change the global batch and the LR schedule; run with {state['world_size']} ranks "
+            f"(nodes x processes per node), or start afresh with another checkpoint.dir (or delete {ckpt_dir})")
+
+
 def run_directory(cfg: Any, job_name: str) -> Path:
     return Path(cfg.output_dir) / (os.environ.get("DDPKIT_RUN_ID") or job_name)
 
@@ -366,26 +380,22 @@ class Trainer:
             state = checkpoint.load(Path(path))
         else:
             state = self.broadcast(checkpoint.load(Path(path)) if self.is_main else None)
+        if state["world_size"] != self.world:
+            raise ValueError(world_size_refusal(path, state, self.world, self.ckpt_dir))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step, self.epoch, self.micro = state["step"], state["epoch"], state["micro_batches_done"]
-        if state["world_size"] == self.world:
-            rng = state["rng"][self.rank]
-            self.torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            import numpy as np
+        rng = state["rng"][self.rank]
+        self.torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        import numpy as np
 
-            np.random.set_state(rng["numpy"])
-            if "cuda" in rng and self.device.type == "cuda":
-                self.torch.cuda.set_rng_state(rng["cuda"], self.device)
-        elif self.is_main:
-            log.warning(
-                "checkpoint was written by %d ranks, now %d: data order and RNG streams differ "
-                "from an uninterrupted run", state["world_size"], self.world,
-            )
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and self.device.type == "cuda":
+            self.torch.cuda.set_rng_state(rng["cuda"], self.device)
         changed = [k for k in ("model", "model_args", "data", "data_samples", "batch_size", "grad_accum", "seed")
                    if state.get("train", {}).get(k) != getattr(self.cfg, k)]
         if changed and self.is_main:

@@ -1,0 +1,232 @@
+"""Preflight: is this node's distributed setup sound? One verdict line per node.
+
+    python -m trainer.preflight            # on every node, like `python -m trainer.launch`
+
+and `preflight: true` in a job file runs the same checks before training on every target (the
+launcher runs each worker as `python -m trainer.preflight --then <entry>`: the checks, then the
+real entry in the same process).
+
+What is checked, and the failure line for each way it can go wrong:
+- the master: `trainer.launch` resolves and TCP-connects the rendezvous endpoint before
+  torchrun starts (`wait_for_master`: "master host ... does not resolve", "... port closed");
+  each worker then reaches the worker store at MASTER_ADDR:MASTER_PORT (connect time reported);
+- the world layout: WORLD_SIZE against what the job asked for (`DDPKIT_NNODES` x
+  `DDPKIT_NPROC_PER_NODE`): "world size 2, but the job asks for 3 (1 node x 3 processes)";
+- the backend for the device: `train.device: cuda` with no GPU visible, or ranks that disagree
+  on cuda/cpu (and so on nccl/gloo), named by host and rank;
+- an all-reduce: the sum must be exact; its time gives a bus bandwidth figure
+  (2 (n-1)/n x bytes / seconds, as nccl-tests report it);
+- the transport: gloo's TCP interface; with NCCL the network NCCL chose (IB, Socket, ...) from
+  its own INIT/NET log (`NCCL_DEBUG_FILE`).
+
+The checks run on their own gloo/NCCL process group objects over a prefixed store, not on the
+default group, so the training that follows in the same process starts clean.
+Exit codes: 0 all good, 1 a check failed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import os
+import runpy
+import socket
+import sys
+import tempfile
+import time
+from typing import Any
+
+EXIT_OK, EXIT_FAILED = 0, 1
+PREFIX = "ddpkit-preflight"
+
+
+class PreflightError(Exception):
+    """One line: what is wrong and what to do."""
+
+
+def expected_world(env: dict[str, str]) -> tuple[int, int, int, int] | None:
+    """(min world, max world, nnodes min, nproc) from the launch contract, if it is set."""
+    nnodes, nproc = env.get("DDPKIT_NNODES"), env.get("DDPKIT_NPROC_PER_NODE")
+    if not nnodes or not nproc or not nproc.isdigit():
+        return None
+    lo, _, hi = nnodes.partition(":")
+    if not lo.isdigit() or not (hi or lo).isdigit():
+        return None
+    return int(lo) * int(nproc), int(hi or lo) * int(nproc), int(lo), int(nproc)
+
+
+def check_world(world: int, env: dict[str, str]) -> None:
+    want = expected_world(env)
+    if want is None:
+        return
+    lo, hi, nodes, nproc = want
+    if not lo <= world <= hi or world % nproc:
+        asked = (f"{lo}" if lo == hi else f"{lo}..{hi}") + f" ({env['DDPKIT_NNODES']} node(s) x {nproc} processes)"
+        raise PreflightError(
+            f"world size {world}, but the job asks for {asked}: the launcher that started the workers "
+            "disagrees with the job file (start through `python -m trainer.launch`, or fix nodes/procs_per_node)")
+
+
+def device_of(want: str) -> tuple[str, str]:
+    """(device type, backend) this rank would train on; PreflightError when it cannot."""
+    import torch
+
+    has_cuda = torch.cuda.is_available()
+    if want == "cuda" and not has_cuda:
+        raise PreflightError(
+            f"train.device is cuda (backend nccl) but no CUDA device is visible on {socket.gethostname()} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): request GPUs "
+            "(gpus_per_node) or use train.device auto/cpu (gloo)")
+    return ("cuda", "nccl") if want in ("auto", "cuda") and has_cuda else ("cpu", "gloo")
+
+
+def nccl_network(log_dir: str) -> str:
+    """The network NCCL says it uses (`NET/IB`, `NET/Socket`, ...) from its INIT/NET log."""
+    found: list[str] = []
+    for path in glob.glob(os.path.join(log_dir, "nccl.*")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                if "Using network" in line:
+                    found.append(line.split("Using network", 1)[1].strip())
+                elif "NET/" in line and " : Using " in line:
+                    found.append(line.split("NET/", 1)[1].strip())
+    return "; ".join(dict.fromkeys(found)) or "unknown (NCCL logged no network line)"
+
+
+def run_checks(env: dict[str, str], want_device: str, timeout_s: int) -> dict[str, Any]:
+    """This rank's part: store, layout, backend, all-reduce. Returns the node's facts."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    check_world(world, env)
+    kind, backend = device_of(want_device)
+    nccl_logs = None
+    if backend == "nccl":  # NCCL reads these once, at its first communicator in the process
+        nccl_logs = tempfile.mkdtemp(prefix="ddpkit-preflight-nccl-")
+        os.environ.setdefault("NCCL_DEBUG", "INFO")
+        os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+        os.environ.setdefault("NCCL_DEBUG_FILE", os.path.join(nccl_logs, "nccl.%h.%p"))
+    t = time.perf_counter()
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent_store,
+                              timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=True,
+                              wait_for_workers=False)
+    except Exception as e:  # noqa: BLE001  (RuntimeError/DistNetworkError: message is the point)
+        raise PreflightError(f"worker store {addr}:{port} not reachable: {str(e).splitlines()[0]}") from None
+    store_ms = (time.perf_counter() - t) * 1000
+    store = dist.PrefixStore(f"{PREFIX}/{env.get('TORCHELASTIC_RUN_ID', '')}/"
+                             f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        pg = dist.ProcessGroupNCCL(store, rank, world, opts)
+    else:
+        pg = dist.ProcessGroupGloo(store, rank, world, timeout)
+    # Layout: every rank's host, local rank and device, through the store (no pickling on pg).
+    me = f"{socket.gethostname()}|{local_rank}|{kind}|{backend}"
+    store.set(f"layout/{rank}", me)
+    layout = [store.get(f"layout/{r}").decode().split("|") for r in range(world)]
+    kinds = {r: row[2] for r, row in enumerate(layout)}
+    if len(set(kinds.values())) > 1:
+        odd = [f"rank {r} on {layout[r][0]}: {k}" for r, k in kinds.items() if k != kinds[0]]
+        raise PreflightError(f"ranks disagree on the device (rank 0: {kinds[0]}; {', '.join(odd)}): one backend "
+                             "needs one device kind everywhere; give every node the same GPUs or use train.device cpu")
+    # All-reduce: exact sum first, then timed rounds for a bandwidth figure.
+    probe = torch.full((4,), float(rank + 1), device=device)
+    pg.allreduce([probe]).wait()
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    want_sum = world * (world + 1) / 2
+    if probe.tolist() != [want_sum] * 4:
+        raise PreflightError(f"all-reduce gave {probe.tolist()[0]}, expected {want_sum}: the {backend} transport corrupts data")
+    nbytes = (64 << 20) if kind == "cuda" else (8 << 20)
+    buf = torch.ones(nbytes // 4, device=device)
+    pg.allreduce([buf]).wait()  # warm-up (connections, buffers)
+    rounds = 5
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(rounds):
+        pg.allreduce([buf]).wait()
+    if kind == "cuda":
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - t) / rounds
+    busbw = (2 * (world - 1) / world * nbytes / seconds / 1e9) if world > 1 else None
+    if backend == "nccl":
+        transport = f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, network {nccl_network(nccl_logs)}"
+    else:
+        transport = f"gloo TCP (interface {os.environ.get('GLOO_SOCKET_IFNAME') or 'default route'})"
+    hosts: dict[str, list[int]] = {}
+    for r, row in enumerate(layout):
+        hosts.setdefault(row[0], []).append(r)
+    # Everyone waits until every rank is done before the objects go away.
+    store.add("done", 1)
+    deadline = time.monotonic() + timeout_s
+    while int(store.add("done", 0)) < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+    del pg
+    return {"store_ms": store_ms, "world": world, "nodes": len(hosts), "hosts": hosts, "device": str(device),
+            "backend": backend, "transport": transport, "allreduce_mib": nbytes >> 20,
+            "allreduce_ms": seconds * 1000, "busbw_gbs": busbw}
+
+
+def verdict_ok(node: str, facts: dict[str, Any], env: dict[str, str]) -> str:
+    here = facts["hosts"].get(socket.gethostname(), [])
+    bw = f"{facts['busbw_gbs']:.2f} GB/s bus bandwidth" if facts["busbw_gbs"] is not None else "1 rank, no traffic"
+    return (f"ddpkit preflight: node {node} ({socket.gethostname()}): OK: store {env['MASTER_ADDR']}:"
+            f"{env['MASTER_PORT']} in {facts['store_ms']:.0f} ms; world {facts['world']} on {facts['nodes']} "
+            f"host(s), ranks {here[0]}-{here[-1]} here; {facts['backend']} on {facts['device']}, "
+            f"{facts['transport']}; all-reduce {facts['allreduce_mib']} MiB {facts['allreduce_ms']:.1f} ms, {bw}")
+
+
+def worker(then: list[str]) -> int:
+    """Inside a worker (RANK etc. set): the checks; then `then` (an entry) in this process."""
+    from trainer.config import load_job_sections
+
+    env = dict(os.environ)
+    node = env.get("GROUP_RANK") or env.get("SLURM_NODEID") or "?"
+    try:
+        sections = load_job_sections()
+        facts = run_checks(env, sections.train.device, min(sections.train.timeout_s, 300))
+    except PreflightError as e:
+        print(f"ddpkit preflight: node {node} ({socket.gethostname()}) rank {env.get('RANK')}: FAILED: {e}",
+              file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    if env.get("LOCAL_RANK", "0") == "0":
+        print(verdict_ok(node, facts, env), flush=True)
+    if not then:
+        return EXIT_OK
+    # The entry: `-m module args...` or `script args...`, as torchrun would have run it.
+    if then[0] == "-m":
+        sys.argv = [then[1], *then[2:]]
+        runpy.run_module(then[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(then)
+        runpy.run_path(then[0], run_name="__main__")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    then = argv[argv.index("--then") + 1:] if "--then" in argv else []
+    # A worker: under torchrun, or a Slurm task the launcher turned into one. (A PyTorchJob pod
+    # has RANK and MASTER_ADDR too, but for the node: that is the launcher's business.)
+    if os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("DDPKIT_CONTEXT") == "slurm-srun":
+        return worker(then)
+    # On a node: the launcher, with the checks as the worker entry.
+    os.environ["DDPKIT_PREFLIGHT_ONLY"] = "1"
+    from trainer.launch import main as launch_main
+
+    return launch_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
