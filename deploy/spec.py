@@ -42,7 +42,15 @@ from deploy.k8s.names import (
 )
 from deploy.problems import Problem, Problems
 from deploy.yamlfile import Dumper, load_scalar, load_yaml, read_text
-from trainer.config import Args, CheckpointConfig, Module, Script, TrainConfig, entry_problems
+from trainer.config import (
+    Args,
+    CheckpointConfig,
+    Module,
+    Script,
+    TorchrunArgs,
+    TrainConfig,
+    entry_problems,
+)
 
 # --------------------------------------------------------------------------------------------
 # Names and reserved variables
@@ -693,6 +701,7 @@ class JobSpec(Strict):
                             "every node (`python -m trainer.preflight`: master reachable, world "
                             "layout, backend for the device, an all-reduce with a bandwidth figure); "
                             "one verdict line per node, and no training when a check fails.")
+    torchrun_args: TorchrunArgs = Field(default_factory=list)
     restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
                           "torchrun `--max-restarts`, backoffLimit, Slurm requeues.")
     time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "

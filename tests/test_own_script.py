@@ -150,3 +150,31 @@ def test_a_module_runs_in_srun_mode_as_the_slurm_tasks(tmp_path):
     sums = checksums("".join(outs))
     assert sorted(sums) == [0, 1] and len(set(sums.values())) == 1
     assert Path(tmp_path / "out" / "params-rank1.sha256").read_text().strip() == sums[0]
+
+
+# -- extra torchrun options (torchrun_args) ----------------------------------------------------
+
+
+def test_torchrun_args_go_before_the_program_and_the_launchers_own_are_refused(tmp_path):
+    job = parse_job({**BASE, "script": "train.py", "torchrun_args": ["--monitor-interval=1", "--local-ranks-filter=0"]})
+    assert job.torchrun_args == ["--monitor-interval=1", "--local-ranks-filter=0"]
+    env = {"DDPKIT_NNODES": "1", "DDPKIT_NPROC_PER_NODE": "2", "DDPKIT_MASTER_ADDR": "h",
+           "DDPKIT_MASTER_PORT": "29500", "JOB_COMPLETION_INDEX": "0"}
+    argv = plan_launch(env, entry=["train.py"], torchrun_args=job.torchrun_args).argv
+    assert argv[-3:] == ["--monitor-interval=1", "--local-ranks-filter=0", "train.py"]
+    for option, owner in (("--nnodes=2", "nodes"), ("--rdzv-endpoint=x:1", "the target"),
+                          ("--max_restarts=3", "restarts")):
+        with pytest.raises(UserError, match=f"torchrun_args: {option.split('=')[0]}: the launcher sets it from {owner}"):
+            parse_job({**BASE, "torchrun_args": [option]})
+
+
+@pytest.mark.slow
+def test_ddpkit_run_local_passes_torchrun_args_to_torchrun(tmp_path):
+    """torchrun's own --log-dir (an option the launcher never sets) creates its log directory."""
+    result = ddpkit("run", str(EXAMPLE), "--local", "--set", f"script={SCRIPT}",
+                    "--set", "args=[--epochs, '1', --samples, '256', --out, out]",
+                    "--set", f"torchrun_args=[--log-dir={tmp_path / 'tlogs'}]", cwd=tmp_path,
+                    env={"OMP_NUM_THREADS": "1"}, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"--log-dir={tmp_path / 'tlogs'}" in result.stderr
+    assert any((tmp_path / "tlogs").rglob("*")), "torchrun wrote no logs under --log-dir"

@@ -53,6 +53,42 @@ def _arg(value: Any) -> Any:
     return str(value) if isinstance(value, (int, float)) else value
 
 
+#: torchrun options the launcher derives itself (trainer.launch.plan_launch), with the field that
+#: sets each; `torchrun_args` may not repeat them.
+LAUNCHER_TORCHRUN_OPTIONS = {
+    "--nnodes": "nodes", "--nproc-per-node": "gpus_per_node / procs_per_node",
+    "--nproc_per_node": "gpus_per_node / procs_per_node", "--node-rank": "the scheduler",
+    "--node_rank": "the scheduler", "--rdzv-backend": "the launcher (c10d)",
+    "--rdzv_backend": "the launcher (c10d)", "--rdzv-endpoint": "the target (node 0)",
+    "--rdzv_endpoint": "the target (node 0)", "--rdzv-id": "name", "--rdzv_id": "name",
+    "--rdzv-conf": "train.timeout_s", "--rdzv_conf": "train.timeout_s",
+    "--max-restarts": "restarts", "--max_restarts": "restarts", "--master-addr": "the target",
+    "--master_addr": "the target", "--master-port": "the target", "--master_port": "the target",
+    "--standalone": "nodes", "--signals-to-handle": "the launcher",
+    "--signals_to_handle": "the launcher", "--shutdown-timeout": "k8s.termination_grace (DDPKIT_STOP_GRACE_S)",
+    "--shutdown_timeout": "k8s.termination_grace (DDPKIT_STOP_GRACE_S)", "-m": "module", "--module": "module",
+    "--no-python": "script", "--no_python": "script",
+}
+
+
+def _torchrun_args(value: list[str]) -> list[str]:
+    for arg in value:
+        option = arg.split("=", 1)[0]
+        if option in LAUNCHER_TORCHRUN_OPTIONS:
+            raise ValueError(f"{option}: the launcher sets it from {LAUNCHER_TORCHRUN_OPTIONS[option]}; "
+                             "set that instead")
+        if not arg.startswith("-"):
+            raise ValueError(f"{arg!r}: give options (`--monitor-interval=1`, `--log-dir=/out`), "
+                             "each with its value after '='; the program is `script` or `module`")
+    return value
+
+
+TorchrunArgs = Annotated[list[Annotated[str, BeforeValidator(_arg)]], AfterValidator(_torchrun_args), Field(
+    description="Extra torchrun options, each `--option=value` (`--monitor-interval=1`, "
+    "`--local-addr=...`, `--log-dir=...`), put before the program on every node; the options the "
+    "launcher derives (`--nnodes`, `--rdzv-*`, `--max-restarts`, ...) are refused.")]
+
+
 Script = Annotated[str | None, AfterValidator(_script), Field(
     description="Your own torchrun script, started instead of the built-in trainer by the same "
     "launcher (env contract, master wait, restarts, port choice, signals): each node runs "
@@ -222,6 +258,7 @@ class JobSections(BaseModel):
     script: Script = None
     module: Module = None
     args: Args = []
+    torchrun_args: TorchrunArgs = []
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
     preflight: bool = False  # run trainer.preflight's checks before the entry (JobSpec.preflight)
@@ -259,7 +296,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
         "name": str(doc.get("name") or "ddpkit"),
         "train": doc.get("train") or {},
         "checkpoint": doc.get("checkpoint") or {},
-        **{k: doc[k] for k in ("script", "module", "args") if doc.get(k) is not None},
+        **{k: doc[k] for k in ("script", "module", "args", "torchrun_args") if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
         "preflight": bool(doc.get("preflight")),
     })

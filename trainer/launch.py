@@ -311,11 +311,12 @@ def detect_context(env: Env) -> Context:
 
 
 def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = None, timeout_s: int = 600,
-                entry: list[str] | None = None) -> NodePlan:
+                entry: list[str] | None = None, torchrun_args: list[str] = ()) -> NodePlan:
     """Pure: the environment of a node in, the command and environment to start out.
 
     `entry` is what each worker runs after `python` (torchrun takes the same words): the
     trainer (`-m trainer.train`, the default), or the job's own `script ARGS` / `-m module ARGS`.
+    `torchrun_args` (the job's `torchrun_args`) go before it, after the launcher's own options.
     """
     entry = list(entry or TRAINER)
     ctx = detect_context(env)
@@ -402,6 +403,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--max-restarts", str(restarts),
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
         "--shutdown-timeout", str(grace),
+        *torchrun_args,
         *entry,
     ]  # fmt: skip
     return NodePlan(
@@ -503,7 +505,7 @@ def main() -> int:
     def log(msg: str) -> None:
         print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
 
-    run_id, timeout_s, entry, script, preflight = None, 600, None, None, False
+    run_id, timeout_s, entry, script, preflight, torchrun_args = None, 600, None, None, False, []
     if env.get("DDPKIT_JOB_FILE"):
         from pydantic import ValidationError
 
@@ -515,7 +517,7 @@ def main() -> int:
             log(f"bad job file {env['DDPKIT_JOB_FILE']}: {error_line(e)}")
             return EXIT_BAD_CONFIG
         run_id, timeout_s, entry, script = sections.name, sections.train.timeout_s, sections.entry, sections.script
-        preflight = sections.preflight
+        preflight, torchrun_args = sections.preflight, sections.torchrun_args
     if env.get("DDPKIT_PREFLIGHT_ONLY") == "1":  # `python -m trainer.preflight` on a node
         entry, script, preflight = list(PREFLIGHT), None, False
     elif preflight:  # `preflight: true`: each worker checks, then runs the real entry
@@ -525,7 +527,7 @@ def main() -> int:
             "directory must hold it on every node (a relative path is relative to the working directory)")
         return EXIT_BAD_CONFIG
     try:
-        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s, entry=entry)
+        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s, entry=entry, torchrun_args=torchrun_args)
     except LaunchError as e:
         log(str(e))
         return EXIT_BAD_CONFIG
