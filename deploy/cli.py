@@ -333,10 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "testbed", cmd_testbed, "a real local cluster to try jobs on (root)",
                  "sudo ddpkit testbed slurm up")
-    p.add_argument("kind", choices=["slurm", "docker"], metavar="KIND",
-                   help="slurm (2-node cluster) or docker (dockerd + a debootstrap base image)")
+    p.add_argument("kind", choices=["slurm", "docker", "k8s"], metavar="KIND",
+                   help="slurm (2-node cluster), docker (dockerd + a debootstrap base image) or "
+                        "k8s (a one-node Kubernetes with the Kubeflow and JobSet controllers)")
     p.add_argument("action", choices=["up", "down", "status", "env"], metavar="ACTION",
-                   help="up, down, status, or env (prints the PATH line for its client wrappers)")
+                   help="up, down, status, or env (prints the lines that point clients at it: "
+                        "PATH, and KUBECONFIG for k8s)")
     return parser
 
 

@@ -10,6 +10,10 @@
 #
 #   k8s/kind/e2e.sh                       # job pytorchjob jobset trainjob
 #   FLAVORS="job" k8s/kind/e2e.sh         # the zero-operator path only
+#   CLUSTER=existing IMAGE=ddpkit:0.1 k8s/kind/e2e.sh
+#       # any cluster your kubeconfig points at (e.g. `ddpkit testbed k8s`), with the operators
+#       # installed and IMAGE already on its nodes: no kind, no docker, no installs
+# EXTRA_SETS="--set resources.cpus_per_node=0.5" adds overrides to every render.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -37,18 +41,30 @@ log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'e2e: %s\n' "$*" >&2; exit 1; }
 ddpkit() { (cd "$REPO" && "${DDPKIT[@]}" "$@"); }
 
-for tool in docker kind kubectl; do
-  command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed (this check needs docker, kind and kubectl)"
-done
+EXISTING=0
+[[ "$CLUSTER" == existing ]] && EXISTING=1
+if (( EXISTING )); then
+  command -v kubectl >/dev/null 2>&1 || die "kubectl is not installed"
+  kubectl version >/dev/null || die "kubectl cannot reach the cluster (check KUBECONFIG)"
+else
+  for tool in docker kind kubectl; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool is not installed (this check needs docker, kind and kubectl)"
+  done
+fi
 
 cleanup() {
-  if [[ "$KEEP" != 1 ]]; then
+  if [[ "$KEEP" != 1 ]] && (( ! EXISTING )); then
     log "deleting kind cluster $CLUSTER (KEEP=1 keeps it)"
     kind delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
   fi
 }
 trap cleanup EXIT
 
+wants() { [[ " $FLAVORS " == *" $1 "* ]]; }
+
+if (( EXISTING )); then
+  log "using the cluster of the current kubeconfig context; $IMAGE must be on its nodes"
+else
 if ! kind get clusters 2>/dev/null | grep -qx "$CLUSTER"; then
   log "creating kind cluster $CLUSTER"
   kind create cluster --name "$CLUSTER" --config "$HERE/cluster.yaml" --wait 180s
@@ -60,8 +76,6 @@ log "building $IMAGE and loading it into the cluster"
 # local base, e.g. on a machine that cannot pull the official PyTorch image)
 ddpkit image build --tag "$IMAGE" ${BASE_IMAGE:+--base-image "$BASE_IMAGE"}
 kind load docker-image "$IMAGE" --name "$CLUSTER"
-
-wants() { [[ " $FLAVORS " == *" $1 "* ]]; }
 
 if wants pytorchjob; then
   log "installing the Kubeflow training operator $TRAINING_OPERATOR_REF"
@@ -78,6 +92,7 @@ elif wants jobset; then
   kubectl apply --server-side -f "https://github.com/kubernetes-sigs/jobset/releases/download/$JOBSET_REF/manifests.yaml"
   kubectl -n jobset-system wait --for=condition=Available deployment --all --timeout=300s
 fi
+fi  # EXISTING
 
 log "saving the CRDs this cluster serves to $OUT/crds"
 mkdir -p "$OUT/crds"
@@ -90,6 +105,8 @@ done
 # A small CPU job that fits on a laptop's kind nodes.
 SETS=(--set "image=$IMAGE" --set "k8s.namespace=$NAMESPACE"
       --set "resources.cpus_per_node=0.5" --set "resources.memory=2Gi" --set "resources.shm=256Mi")
+# shellcheck disable=SC2206  # EXTRA_SETS is a list of words by design
+SETS+=(${EXTRA_SETS:-})
 
 failed=()
 for flavor in $FLAVORS; do

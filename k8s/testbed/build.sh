@@ -78,30 +78,46 @@ etcd() {   # server/v3's go.mod replaces its siblings with ../ paths: wrap it to
     -o "$out/etcd" go.etcd.io/etcd/server/v3
 }
 
-containerd() {
-  local v=$1 out=$2 p=github.com/containerd/containerd/v2
-  GOBIN=$out go install -trimpath -tags no_btrfs,no_devmapper,no_zfs \
-    -ldflags "-s -w -X $p/version.Version=v$v" \
-    "$p/cmd/containerd@v$v" "$p/cmd/containerd-shim-runc-v2@v$v" "$p/cmd/ctr@v$v"
+containerd() {   # its go.mod has exclude directives, which `go install pkg@version` refuses: wrap it
+  local v=$1 out=$2 p=github.com/containerd/containerd/v2 mod e
+  go mod init ddpkit.local/containerd >/dev/null 2>&1
+  mod=$(go mod download -json "$p@v$v" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+  sed -n '/^exclude (/,/^)/s#^[[:space:]]*\([a-z][^ ]*\) \(v[^ ]*\)$#\1@\2#p' "$mod" |
+    while read -r e; do go mod edit -exclude="$e"; done
+  go get "$p/cmd/containerd@v$v" "$p/cmd/containerd-shim-runc-v2@v$v" "$p/cmd/ctr@v$v" >/dev/null
+  go build -trimpath -tags no_btrfs,no_devmapper,no_zfs -ldflags "-s -w -X $p/version.Version=v$v" \
+    -o "$out/" "$p/cmd/containerd" "$p/cmd/containerd-shim-runc-v2" "$p/cmd/ctr"
 }
 
 coredns() {
   GOBIN=$2 go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$1"
 }
 
+# copy_manifests MODULE@VERSION OUT DIR...: the controller's own upstream manifests (CRDs,
+# RBAC, webhook configurations, kustomizations) next to its binary, for cluster.sh
+copy_manifests() {
+  local src; src=$(go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  local out=$2/../manifests d; shift 2
+  for d in "$@"; do mkdir -p "$out/$(dirname "$d")"; cp -r "$src/$d" "$out/$d"; done
+  chmod -R u+w "$out"
+}
+
 training_operator() {
   GOBIN=$2 go install -trimpath -ldflags "-s -w" \
     "github.com/kubeflow/training-operator/cmd/training-operator.v1@v$1"
+  copy_manifests "github.com/kubeflow/training-operator@v$1" "$2" manifests
 }
 
 jobset() {
   GOBIN=$2 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/jobset/cmd/jobset@v$1" 2>/dev/null \
     || GOBIN=$2 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/jobset@v$1"
+  copy_manifests "sigs.k8s.io/jobset@v$1" "$2" config
 }
 
 trainer() {
   GOBIN=$2 go install -trimpath -ldflags "-s -w" \
     "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$1"
+  copy_manifests "github.com/kubeflow/trainer/v2@v$1" "$2" manifests
 }
 
 start=$SECONDS
@@ -116,6 +132,9 @@ for d in kubernetes-$KUBERNETES_VERSION etcd-$ETCD_VERSION containerd-$CONTAINER
          coredns-$COREDNS_VERSION training-operator-$TRAINING_OPERATOR_VERSION \
          jobset-$JOBSET_VERSION trainer-$TRAINER_VERSION; do
   ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
+  if [[ -d $CACHE/$d/manifests ]]; then
+    mkdir -p "$CACHE/manifests"; ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/${d%-*}"
+  fi
 done
 log "all built or cached in $((SECONDS - start)) s; $(du -sh "$CACHE" --exclude=go-build | cut -f1) of binaries"
 echo "$CACHE/bin"

@@ -1,0 +1,385 @@
+"""`ddpkit testbed k8s up|down|status|env`: a real one-node Kubernetes cluster on this machine.
+
+The Go binaries come from `k8s/testbed/build.sh` (compiled once from the upstream Go modules,
+cached by version in /var/cache/ddpkit/k8s); `k8s/testbed/cluster.sh` starts them as host
+processes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, containerd, kubelet,
+CoreDNS, training-operator, JobSet, Trainer). This module installs Debian's runc, CNI plugins,
+iptables and busybox when missing, builds the binaries when the cache lacks them, runs the
+script, and holds the two steps the script hands to Python:
+
+- `_images`: the sandbox ("pause") image, made from the static `pause` binary compiled from the
+  Kubernetes release's own build/pause/linux/pause.c, and a busybox image (Debian's
+  busybox-static) for training-operator's PyTorchJob init container, both written as
+  docker-archive tarballs here and imported into containerd (no registry anywhere).
+- `_manifests`: the controllers' CRDs, RBAC and webhook configurations rendered with
+  `kubectl kustomize` from their own upstream kustomizations, changed only where a host process
+  needs it: Deployments and Services dropped, each webhook's `service` reference replaced by a
+  `url` on loopback (plus our CA as caBundle for JobSet and Trainer; training-operator's own
+  cert rotator injects its CA).
+
+`load_image(tag)` imports an image from the Docker engine (`docker save`) into the cluster's
+containerd, like `kind load docker-image`; `up` does it for ddpkit's default training image when
+Docker has it. Needs root.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from deploy.errors import RuntimeFailure, UserError
+from deploy.testbed import apt_install
+
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent
+PACKAGES = ["runc", "containernetworking-plugins", "iptables", "busybox-static", "curl", "openssl"]
+# files those packages provide that the testbed uses
+NEEDED_FILES = ["/usr/sbin/runc", "/usr/lib/cni/bridge", "/usr/lib/cni/host-local",
+                "/usr/lib/cni/loopback", "/bin/busybox"]
+NEEDED_COMMANDS = ["iptables", "curl", "openssl"]
+PAUSE_IMAGE = "ddpkit-pause:3.10"
+BUSYBOX_IMAGE = "ddpkit-busybox:1"
+#: images imported from Docker by `up` when Docker has them (ddpkit's default training image)
+DEFAULT_IMAGES = ["ddpkit:0.1"]
+NODE = "ddpkit-k8s-node"
+WEBHOOK_HOST = {
+    # (service namespace, service name) -> (host, port, our CA as caBundle?)
+    ("kubeflow", "training-operator"): ("training-operator.kubeflow.svc", 19443, False),
+    ("jobset-system", "jobset-webhook-service"): ("127.0.0.1", 19444, True),
+    ("kubeflow-system", "kubeflow-trainer-controller-manager"): ("127.0.0.1", 19445, True),
+}
+#: upstream kustomization per controller: (component, path inside its manifests copy)
+KUSTOMIZATIONS = [
+    ("training-operator", "manifests/overlays/standalone"),
+    ("jobset", "config/default"),
+    ("trainer", "manifests/overlays/manager"),
+]
+DROP_KINDS = {"Deployment", "Service"}
+
+
+def scripts_dir() -> Path:
+    for candidate in (_PACKAGE_DIR / "_templates" / "k8s" / "testbed",
+                      _PACKAGE_DIR.parent / "k8s" / "testbed"):
+        if (candidate / "cluster.sh").is_file():
+            return candidate
+    raise RuntimeFailure("k8s/testbed/cluster.sh is missing; reinstall ddpkit")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DDPKIT_K8S_CACHE", "/var/cache/ddpkit/k8s"))
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "bin"
+
+
+def testbed_dir() -> Path:
+    return Path(os.environ.get("DDPKIT_K8S_TESTBED_DIR", "/var/lib/ddpkit-k8s-testbed"))
+
+
+def kubeconfig() -> Path:
+    return testbed_dir() / "kubeconfig" / "admin.kubeconfig"
+
+
+def kubectl() -> str:
+    return str(bin_dir() / "kubectl")
+
+
+def client_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's) with KUBECONFIG set and the testbed's kubectl first."""
+    env = dict(os.environ if env is None else env)
+    env["KUBECONFIG"] = str(kubeconfig())
+    env["PATH"] = f"{bin_dir()}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise UserError("ddpkit testbed k8s needs root (network, cgroups, daemons): run it with sudo")
+
+
+def ensure_packages() -> None:
+    missing = [f for f in NEEDED_FILES if not Path(f).exists()]
+    missing += [c for c in NEEDED_COMMANDS if shutil.which(c) is None]
+    if missing:
+        apt_install(PACKAGES)
+
+
+def ensure_binaries() -> None:
+    """Build the Go binaries unless build.sh's cache already has all of them."""
+    needed = ["kube-apiserver", "kubelet", "kubectl", "etcd", "containerd", "coredns",
+              "training-operator.v1", "jobset", "trainer-controller-manager", "pause"]
+    if all((bin_dir() / b).exists() for b in needed) and (cache_dir() / "manifests").is_dir():
+        return
+    if shutil.which("go") is None:
+        raise RuntimeFailure(f"the Kubernetes binaries are not in {bin_dir()} and there is no Go "
+                             "toolchain to build them (Go >= 1.26: see k8s/testbed/README.md)")
+    print("testbed: building the Kubernetes testbed binaries (once; tens of minutes on 2 cores)",
+          file=sys.stderr)
+    if subprocess.run(["bash", str(scripts_dir() / "build.sh")]).returncode != 0:
+        raise RuntimeFailure("k8s/testbed/build.sh failed (see above)")
+
+
+def _script(action: str, *, quiet: bool = False) -> int:
+    env = dict(os.environ, DDPKIT_PYTHON=sys.executable,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(_PACKAGE_DIR.parent),
+                                                        os.environ.get("PYTHONPATH")])))
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.run(["bash", str(scripts_dir() / "cluster.sh"), action], stdout=out,
+                          stderr=out, env=env).returncode
+
+
+def up() -> None:
+    """Bring the cluster up (a no-op when it is already healthy)."""
+    _require_root()
+    ensure_packages()
+    ensure_binaries()
+    if _script("up") != 0:
+        raise RuntimeFailure("the Kubernetes testbed did not come up (component logs above)")
+    for tag in DEFAULT_IMAGES:
+        if _docker_image_id(tag):
+            load_image(tag)
+
+
+def down() -> None:
+    _require_root()
+    if _script("down") != 0:
+        raise RuntimeFailure("the Kubernetes testbed was not removed completely (see above)")
+
+
+def status(*, quiet: bool = False) -> bool:
+    _require_root()
+    return _script("status", quiet=quiet) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# images without a registry
+
+
+def _ctr(*args: str, **kw) -> subprocess.CompletedProcess:
+    address = os.environ.get("DDPKIT_K8S_CTR_ADDRESS",
+                             str(testbed_dir() / "containerd" / "containerd.sock"))
+    return subprocess.run([str(bin_dir() / "ctr"), "--address", address, "-n", "k8s.io", *args],
+                          capture_output=True, **kw)
+
+
+def containerd_images() -> set[str]:
+    out = _ctr("images", "ls", "-q", text=True)
+    return set(out.stdout.split()) if out.returncode == 0 else set()
+
+
+def _normalized(tag: str) -> str:
+    """How containerd names a short Docker reference: ddpkit:0.1 -> docker.io/library/ddpkit:0.1."""
+    name = tag if ":" in tag.rsplit("/", 1)[-1] else f"{tag}:latest"
+    first = name.split("/", 1)[0]
+    if "/" not in name:
+        return f"docker.io/library/{name}"
+    if "." not in first and ":" not in first and first != "localhost":
+        return f"docker.io/{name}"
+    return name
+
+
+def docker_archive(tag: str, files: dict[str, bytes | str], entrypoint: list[str]) -> bytes:
+    """A one-layer image as `docker save` writes it. `files` maps an absolute path in the
+    image to its content (bytes, mode 0755) or to a symlink target (str)."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        dirs = sorted({str(Path(p).parent).lstrip("/") for p in files} - {""})
+        for d in dirs:
+            info = tarfile.TarInfo(d)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(info)
+        for path, content in sorted(files.items()):
+            info = tarfile.TarInfo(path.lstrip("/"))
+            if isinstance(content, str):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, content, 0o777
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(content), 0o755
+                tar.addfile(info, io.BytesIO(content))
+    layer_bytes = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+    }, sort_keys=True).encode()
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    layer_name = diff_id.split(":")[1] + "/layer.tar"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [tag], "Layers": [layer_name]}]).encode()
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in ((config_name, config), (layer_name, layer_bytes),
+                           ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _import(archive: bytes) -> None:
+    imported = _ctr("images", "import", "--no-unpack=false", "-", input=archive)
+    if imported.returncode != 0:
+        imported = _ctr("images", "import", "-", input=archive)
+    if imported.returncode != 0:
+        raise RuntimeFailure(f"ctr images import failed: {imported.stderr.decode().strip()}")
+
+
+def base_images() -> None:
+    """Import the pause and busybox images unless containerd already has them."""
+    have = containerd_images()
+    if _normalized(PAUSE_IMAGE) not in have:
+        pause = (bin_dir() / "pause").read_bytes()
+        _import(docker_archive(PAUSE_IMAGE, {"/pause": pause}, ["/pause"]))
+    if _normalized(BUSYBOX_IMAGE) not in have:
+        busybox = Path("/bin/busybox").read_bytes()
+        files: dict[str, bytes | str] = {"/bin/busybox": busybox}
+        for applet in ("sh", "seq", "nslookup", "sleep", "hostname", "cat", "echo", "ls", "wget"):
+            files[f"/bin/{applet}"] = "busybox"
+        _import(docker_archive(BUSYBOX_IMAGE, files, ["/bin/sh"]))
+
+
+def _docker_image_id(tag: str) -> str:
+    try:
+        from deploy.image import docker
+
+        out = docker("image", "inspect", "--format", "{{.Id}}", tag, check=False, timeout=30)
+    except (RuntimeFailure, OSError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def load_image(tag: str) -> None:
+    """Import a Docker image into the cluster's containerd (`kind load docker-image`); skipped
+    when the same image (by Docker's ID) was imported before."""
+    image_id = _docker_image_id(tag)
+    if not image_id:
+        raise RuntimeFailure(f"Docker has no image {tag!r}: build it first (ddpkit image build)")
+    stamps = Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / "loaded"
+    stamp = stamps / hashlib.sha256(tag.encode()).hexdigest()
+    if stamp.exists() and stamp.read_text() == image_id and _normalized(tag) in containerd_images():
+        return
+    from deploy.image import docker_binary, docker_env
+
+    print(f"testbed: loading {tag} into the cluster's containerd", file=sys.stderr)
+    save = subprocess.Popen([docker_binary(), "save", tag], stdout=subprocess.PIPE, env=docker_env())
+    address = str(testbed_dir() / "containerd" / "containerd.sock")
+    imported = subprocess.run([str(bin_dir() / "ctr"), "--address", address, "-n", "k8s.io",
+                               "images", "import", "-"], stdin=save.stdout, capture_output=True,
+                              text=True)
+    save.wait()
+    if save.returncode != 0 or imported.returncode != 0:
+        raise RuntimeFailure(f"loading {tag} failed: {imported.stderr.strip()}")
+    stamps.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(image_id)
+
+
+# --------------------------------------------------------------------------------------------
+# upstream manifests, adapted for controllers running as host processes
+
+
+def manifests_dir(component: str) -> Path:
+    return cache_dir() / "manifests" / component
+
+
+def _kustomize(component: str, path: str) -> list[dict]:
+    import yaml
+
+    root = manifests_dir(component)
+    target = root / path
+    if component == "trainer":
+        # The manager overlay pulls JobSet's release manifests from the network
+        # (third-party/jobset); JobSet is installed from its own module here instead.
+        text = (target / "kustomization.yaml").read_text()
+        kept = [line for line in text.splitlines() if "third-party/jobset" not in line]
+        overlay = root / "manifests" / "overlays" / "ddpkit-testbed"
+        overlay.mkdir(exist_ok=True)
+        (overlay / "kustomization.yaml").write_text("\n".join(kept) + "\n")
+        shutil.copy(target / "namespace.yaml", overlay / "namespace.yaml")
+        target = overlay
+    out = subprocess.run([kubectl(), "kustomize", str(target)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeFailure(f"kubectl kustomize {target}: {out.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _client_config(cc: dict, ca_bundle: str) -> None:
+    svc = cc.pop("service", None)
+    if svc is None:
+        return
+    host, port, ours = WEBHOOK_HOST[(svc["namespace"], svc["name"])]
+    cc["url"] = f"https://{host}:{port}{svc.get('path', '')}"
+    if ours:
+        cc["caBundle"] = ca_bundle
+
+
+def adapt(objects: list[dict], ca_bundle: str) -> list[dict]:
+    """The upstream objects a host-process controller needs, webhooks pointed at loopback."""
+    kept = []
+    for obj in objects:
+        kind = obj.get("kind")
+        if kind in DROP_KINDS:
+            continue
+        if kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+            for hook in obj.get("webhooks", []):
+                _client_config(hook["clientConfig"], ca_bundle)
+        if kind == "CustomResourceDefinition":
+            webhook = ((obj.get("spec") or {}).get("conversion") or {}).get("webhook")
+            if webhook:
+                _client_config(webhook["clientConfig"], ca_bundle)
+        kept.append(obj)
+    return kept
+
+
+def write_manifests(outdir: Path, ca_file: Path) -> None:
+    import base64
+
+    import yaml
+
+    ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
+    objects: list[dict] = []
+    for component, path in KUSTOMIZATIONS:
+        objects += adapt(_kustomize(component, path), ca_bundle)
+    # namespaces first, then CRDs, then the rest (one server-side apply)
+    order = {"Namespace": 0, "CustomResourceDefinition": 1}
+    objects.sort(key=lambda o: order.get(o["kind"], 2))
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "upstream.yaml").write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    runtime = manifests_dir("trainer") / "manifests" / "base" / "runtimes" / "torch_distributed.yaml"
+    shutil.copy(runtime, outdir / "runtimes.yaml")
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def main(action: str) -> int:
+    """The CLI's `testbed k8s ACTION`."""
+    if action == "up":
+        up()
+    elif action == "down":
+        down()
+    elif action == "status":
+        return 0 if status() else 3
+    elif action == "env":
+        print(f"export KUBECONFIG={shlex.quote(str(kubeconfig()))}")
+        print(f"export PATH={shlex.quote(str(bin_dir()))}:\"$PATH\"")
+    else:
+        raise UserError(f"testbed k8s: unknown action {action!r}: use up, down, status or env")
+    return 0
+
+
+if __name__ == "__main__":  # the steps cluster.sh hands to Python
+    step = sys.argv[1] if len(sys.argv) > 1 else ""
+    if step == "_images":
+        base_images()
+    elif step == "_manifests":
+        write_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
+    else:
+        sys.exit("usage: python -m deploy.testbed.k8s _images | _manifests OUTDIR CA_FILE")

@@ -1,0 +1,627 @@
+#!/usr/bin/env bash
+# cluster.sh up|down|status - a REAL one-node Kubernetes cluster as host processes.
+#
+# Built from upstream sources by build.sh (cached by version in $CACHE): etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet + containerd 2 (runc and the CNI plugins
+# from Debian), CoreDNS, and the Kubeflow training-operator, JobSet and Kubeflow Trainer
+# controllers with their admission webhooks, installed from their own upstream manifests.
+#
+#   etcd                   127.0.0.1:$ETCD_PORT (plain http, loopback only)
+#   kube-apiserver         https://127.0.0.1:$API_PORT, own CA, Node,RBAC, webhooks admission
+#   kube-controller-mgr    127.0.0.1:10357   kube-scheduler 127.0.0.1:10359
+#   containerd             $DIR/containerd/containerd.sock (root: $IMAGES, kept across down)
+#   kubelet                node $NODE at $GW (bridge $BRIDGE), 10250; healthz 127.0.0.1:10248
+#   CoreDNS                $GW:53: cluster.local only, no upstream (no forward plugin)
+#   training-operator      webhook https://training-operator.kubeflow.svc:19443 (its own
+#                          rotator's cert; the name is a line in /etc/hosts -> 127.0.0.1)
+#   JobSet                 webhook https://127.0.0.1:19444 (our CA)
+#   Trainer                webhook https://127.0.0.1:19445 (our CA)
+#
+# Pods get addresses on $NET.0/24 on the bridge $BRIDGE, which exists only on this machine;
+# no default route inside pods and no masquerading, so nothing a pod sends can leave it.
+# Services are headless (no kube-proxy): ClusterIPs exist but route nowhere.
+#
+# Called by `ddpkit testbed k8s up|down|status` (deploy/testbed/k8s.py), which sets
+# DDPKIT_PYTHON and PYTHONPATH for the manifest and image steps. Needs root.
+# Knobs: DDPKIT_K8S_CACHE (/var/cache/ddpkit/k8s: build.sh's output)
+#        DDPKIT_K8S_TESTBED_DIR (/var/lib/ddpkit-k8s-testbed: state and logs, removed by down)
+#        DDPKIT_K8S_TESTBED_IMAGES (/var/lib/ddpkit-k8s-images: containerd's image store, kept)
+#        DDPKIT_K8S_TESTBED_NET (10.252.0: the pod /24; services on the next /24)
+#        DDPKIT_K8S_TESTBED_KEEP_LOGS=DIR (down: copy the logs there first)
+set -Eeuo pipefail
+
+CACHE=${DDPKIT_K8S_CACHE:-/var/cache/ddpkit/k8s}
+BIN=$CACHE/bin
+DIR=${DDPKIT_K8S_TESTBED_DIR:-/var/lib/ddpkit-k8s-testbed}
+IMAGES=${DDPKIT_K8S_TESTBED_IMAGES:-/var/lib/ddpkit-k8s-images}
+NET=${DDPKIT_K8S_TESTBED_NET:-10.252.0}
+SVC_NET=${NET%.*}.$((${NET##*.} + 1))
+GW=$NET.1
+BRIDGE=ddpk8s0
+NODE=ddpkit-k8s-node
+ETCD_PORT=23790
+API_PORT=16443
+SOCK=$DIR/containerd/containerd.sock
+CGROOT=ddpkit-k8s
+MARK="# ddpkit-k8s-testbed"
+TO_HOST=training-operator.kubeflow.svc
+PYTHON=${DDPKIT_PYTHON:-python3}
+export PATH="$BIN:$PATH"
+KUBECTL=$BIN/kubectl
+# processes in start order; down stops them in reverse
+DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd coredns kubelet
+  training-operator jobset trainer)
+
+log() { echo "testbed: $*"; }
+fail() { echo "testbed: error: $*" >&2; exit 1; }
+kc() { "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" "$@"; }
+
+pid_ok() { # pidfile holds "PID COMM"; alive with that comm and not a zombie?
+  local f=$DIR/pids/$1.pid pid comm
+  [ -f "$f" ] || return 1
+  read -r pid comm <"$f" || return 1
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ] || return 1
+  [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ]
+}
+
+healthy() {
+  local d
+  for d in "${DAEMONS[@]}"; do pid_ok "$d" || return 1; done
+  [ "$(timeout 10 "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" get --raw /readyz 2>/dev/null)" = ok ] || return 1
+  timeout 10 "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" get node "$NODE" \
+    -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
+}
+
+stale() {
+  [ -d "$DIR" ] && return 0
+  ip link show "$BRIDGE" >/dev/null 2>&1 && return 0
+  grep -q "$MARK" /etc/hosts && return 0
+  iptables -S FORWARD 2>/dev/null | grep -q ddpkit-k8s-testbed && return 0
+  return 1
+}
+
+start_bg() { # name comm cmd... (setsid does not fork here, so $! is the daemon itself)
+  local name=$1 comm=$2
+  shift 2
+  setsid "$@" </dev/null >>"$DIR/log/$name.log" 2>&1 &
+  echo "$! $comm" >"$DIR/pids/$name.pid"
+}
+
+wait_for() { # seconds description cmd...
+  local t=$1 what=$2
+  shift 2
+  local end=$((SECONDS + t))
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $end ] || up_failed "timed out after ${t}s waiting for $what"
+    sleep 0.3
+  done
+}
+
+up_failed() {
+  trap - ERR
+  echo "testbed: error: $*" >&2
+  local f
+  for f in "$DIR"/log/*.log; do
+    [ -s "$f" ] && { echo "---- tail $f" >&2; tail -n 12 "$f" >&2; }
+  done
+  if [ -n "${DDPKIT_K8S_TESTBED_KEEP_LOGS:-}" ]; then
+    echo "testbed: logs kept in $DDPKIT_K8S_TESTBED_KEEP_LOGS" >&2
+  fi
+  echo "testbed: removing the partial cluster" >&2
+  teardown
+  exit 1
+}
+
+# ------------------------------------------------------------------------------------------
+# certificates and kubeconfigs
+
+cert() { # name CN O [SANs]: a key and a certificate signed by the testbed CA
+  local name=$1 cn=$2 o=$3 san=${4:-} ext=$DIR/pki/$1.ext
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n' >"$ext"
+  [ -n "$san" ] && echo "subjectAltName=$san" >>"$ext"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$DIR/pki/$name.key" 2>/dev/null
+  openssl req -new -key "$DIR/pki/$name.key" -subj "/CN=$cn${o:+/O=$o}" -out "$DIR/pki/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$DIR/pki/$name.csr" -CA "$DIR/pki/ca.crt" -CAkey "$DIR/pki/ca.key" \
+    -set_serial "0x$(openssl rand -hex 8)" -days 30 -extfile "$ext" -out "$DIR/pki/$name.crt" 2>/dev/null
+}
+
+kubeconfig() { # name [token]: a kubeconfig for the client certificate $name (or a token)
+  local f=$DIR/kubeconfig/$1.kubeconfig user
+  if [ -n "${2:-}" ]; then
+    user="token: $2"
+  else
+    user="client-certificate: $DIR/pki/$1.crt
+    client-key: $DIR/pki/$1.key"
+  fi
+  (umask 077 && cat >"$f") <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: ddpkit-testbed
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $DIR/pki/ca.crt
+users:
+- name: $1
+  user:
+    $user
+contexts:
+- name: ddpkit-testbed
+  context: {cluster: ddpkit-testbed, user: $1, namespace: default}
+current-context: ddpkit-testbed
+EOF
+}
+
+make_pki() {
+  openssl ecparam -name prime256v1 -genkey -noout -out "$DIR/pki/ca.key" 2>/dev/null
+  openssl req -x509 -new -key "$DIR/pki/ca.key" -subj "/CN=ddpkit-k8s-testbed-ca" -days 30 \
+    -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign" \
+    -out "$DIR/pki/ca.crt" 2>/dev/null
+  openssl ecparam -name prime256v1 -genkey -noout -out "$DIR/pki/sa.key" 2>/dev/null
+  openssl ec -in "$DIR/pki/sa.key" -pubout -out "$DIR/pki/sa.pub" 2>/dev/null
+  # name CN O [SANs], made in parallel (openssl start-up dominates)
+  local specs=(
+    "apiserver|kube-apiserver||DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$GW,IP:$SVC_NET.1"
+    "apiserver-kubelet-client|kube-apiserver-kubelet-client|system:masters|"
+    "kubelet-serving|system:node:$NODE|system:nodes|DNS:$NODE,IP:$GW"
+    "webhook-serving|ddpkit-testbed-webhooks||IP:127.0.0.1"
+    "admin|ddpkit-admin|system:masters|"
+    "kube-controller-manager|system:kube-controller-manager||"
+    "kube-scheduler|system:kube-scheduler||"
+    "kubelet|system:node:$NODE|system:nodes|"
+    "coredns|ddpkit-coredns||"
+  )
+  local spec name cn o san
+  for spec in "${specs[@]}"; do
+    IFS='|' read -r name cn o san <<<"$spec"
+    cert "$name" "$cn" "$o" "$san" &
+  done
+  wait
+  for spec in "${specs[@]}"; do
+    [ -s "$DIR/pki/${spec%%|*}.crt" ] || up_failed "could not make the certificate ${spec%%|*}"
+  done
+  local n
+  for n in admin kube-controller-manager kube-scheduler kubelet coredns; do
+    kubeconfig "$n"
+  done
+}
+
+# ------------------------------------------------------------------------------------------
+# host set-up that down undoes
+
+host_setup() {
+  ip link add "$BRIDGE" type bridge
+  ip addr add "$GW/24" dev "$BRIDGE"
+  ip link set "$BRIDGE" up
+  # pods on the bridge talk to each other even where br_netfilter sends bridged frames
+  # through a FORWARD chain with policy DROP (dockerd sets that)
+  iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed
+  {
+    grep -v "$MARK" /etc/hosts || true
+    echo "127.0.0.1 $TO_HOST $MARK"
+  } >/etc/hosts.ddpkit-k8s.tmp
+  cat /etc/hosts.ddpkit-k8s.tmp >/etc/hosts # in place: /etc/hosts may be a bind mount
+  rm -f /etc/hosts.ddpkit-k8s.tmp
+  # cgroup v1 (hybrid) host: the kubelet's cgroupRoot must exist in every controller
+  local c
+  for c in /sys/fs/cgroup/*/; do
+    [ -d "$c" ] && [ ! -L "${c%/}" ] || continue
+    mkdir -p "$c$CGROOT"
+    if [ -f "$c/cpuset.cpus" ]; then
+      cat "$c/cpuset.cpus" >"$c$CGROOT/cpuset.cpus"
+      cat "$c/cpuset.mems" >"$c$CGROOT/cpuset.mems"
+    fi
+  done
+  # volumes the kubelet mounts after a container started must reach it (kind makes / rshared;
+  # here only the kubelet's own directory)
+  mkdir -p "$DIR/kubelet"
+  mount --bind "$DIR/kubelet" "$DIR/kubelet"
+  mount --make-rshared "$DIR/kubelet"
+}
+
+# ------------------------------------------------------------------------------------------
+# configuration files
+
+write_configs() {
+  mkdir -p "$DIR/cni/net.d" "$DIR/cni/ipam"
+  cat >"$DIR/cni/net.d/10-ddpkit.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "ddpkit-k8s-testbed",
+  "plugins": [{
+    "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false,
+    "hairpinMode": true,
+    "ipam": {"type": "host-local", "dataDir": "$DIR/cni/ipam",
+             "ranges": [[{"subnet": "$NET.0/24", "gateway": "$GW", "rangeStart": "$NET.10"}]]}
+  }]
+}
+EOF
+  cat >"$DIR/containerd/config.toml" <<EOF
+version = 3
+root = "$IMAGES/root"
+state = "$DIR/containerd/state"
+disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins.'io.containerd.internal.v1.opt']
+    path = "$DIR/containerd/opt"
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = "overlayfs"
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = "ddpkit-pause:3.10"
+  [plugins.'io.containerd.cri.v1.runtime']
+    netns_mounts_under_state_dir = true
+    # this machine withholds CAP_SYS_RESOURCE even from root: runc cannot set a pod's
+    # oom_score_adj below containerd's own (the kubelet asks -998 for the sandbox)
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ["/usr/lib/cni"]
+      conf_dir = "$DIR/cni/net.d"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = "runc"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = "$(command -v runc)"
+          Root = "$DIR/containerd/runc"
+          SystemdCgroup = false
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+EOF
+  : >"$DIR/resolv.conf"
+  cat >"$DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $GW
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: $DIR/pki/kubelet-serving.crt
+tlsPrivateKeyFile: $DIR/pki/kubelet-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $DIR/pki/ca.crt}
+authorization: {mode: Webhook}
+containerRuntimeEndpoint: unix://$SOCK
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROOT
+cgroupsPerQOS: true
+failCgroupV1: false
+failSwapOn: false
+clusterDNS: [$GW]
+clusterDomain: cluster.local
+resolvConf: $DIR/resolv.conf
+podLogsDir: $DIR/pod-logs
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%"}
+serializeImagePulls: false
+maxPods: 50
+EOF
+  cat >"$DIR/scheduler.yaml" <<EOF
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection: {kubeconfig: $DIR/kubeconfig/kube-scheduler.kubeconfig}
+leaderElection: {leaderElect: false}
+EOF
+  cat >"$DIR/Corefile" <<EOF
+.:53 {
+    bind $GW
+    errors
+    kubernetes cluster.local in-addr.arpa ip6.arpa {
+        kubeconfig $DIR/kubeconfig/coredns.kubeconfig ddpkit-testbed
+        pods insecure
+        fallthrough in-addr.arpa ip6.arpa
+        ttl 5
+    }
+    # no forward plugin: nothing outside the cluster resolves (no upstream traffic)
+    template ANY ANY {
+        rcode NXDOMAIN
+    }
+}
+EOF
+  mkdir -p "$DIR/jobset/certs" "$DIR/trainer/tmp/k8s-webhook-server/serving-certs" \
+    "$DIR/training-operator/tmp"
+  cp "$DIR/pki/webhook-serving.crt" "$DIR/jobset/certs/tls.crt"
+  cp "$DIR/pki/webhook-serving.key" "$DIR/jobset/certs/tls.key"
+  cp "$DIR/pki/webhook-serving.crt" "$DIR/trainer/tmp/k8s-webhook-server/serving-certs/tls.crt"
+  cp "$DIR/pki/webhook-serving.key" "$DIR/trainer/tmp/k8s-webhook-server/serving-certs/tls.key"
+  cat >"$DIR/jobset/config.yaml" <<EOF
+apiVersion: config.jobset.x-k8s.io/v1alpha1
+kind: Configuration
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+webhook: {port: 19444, host: 127.0.0.1, certDir: $DIR/jobset/certs}
+metrics: {bindAddress: "0"}
+health: {healthProbeBindAddress: "127.0.0.1:18082"}
+EOF
+  cat >"$DIR/trainer/config.yaml" <<EOF
+apiVersion: config.trainer.kubeflow.org/v1alpha1
+kind: Configuration
+health: {healthProbeBindAddress: "127.0.0.1:18083", readinessEndpointName: readyz, livenessEndpointName: healthz}
+metrics: {bindAddress: "0"}
+webhook: {port: 19445, host: 127.0.0.1}
+leaderElection: {leaderElect: false}
+certManagement: {enable: false}
+EOF
+}
+
+coredns_rbac() {
+  kc apply -f - >/dev/null <<EOF
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "ddpkit:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "ddpkit:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "ddpkit:coredns"}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: ddpkit-coredns}
+EOF
+}
+
+# ------------------------------------------------------------------------------------------
+# up
+
+start_control_plane() {
+  log "etcd 127.0.0.1:$ETCD_PORT"
+  start_bg etcd etcd etcd --name ddpkit --data-dir "$DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
+    --initial-cluster ddpkit=http://127.0.0.1:23800 --unsafe-no-fsync --log-level warn \
+    --listen-metrics-urls ""
+  wait_for 30 "etcd" curl -sf "http://127.0.0.1:$ETCD_PORT/health"
+
+  log "kube-apiserver https://127.0.0.1:$API_PORT"
+  start_bg kube-apiserver kube-apiserver kube-apiserver \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --secure-port "$API_PORT" --advertise-address "$GW" \
+    --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
+    --client-ca-file "$DIR/pki/ca.crt" \
+    --requestheader-client-ca-file "$DIR/pki/ca.crt" --requestheader-allowed-names ddpkit-front-proxy \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
+    --service-cluster-ip-range "$SVC_NET.0/24" \
+    --authorization-mode Node,RBAC \
+    --enable-admission-plugins NodeRestriction,ServiceAccount,MutatingAdmissionWebhook,ValidatingAdmissionWebhook \
+    --kubelet-client-certificate "$DIR/pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$DIR/pki/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority "$DIR/pki/ca.crt" \
+    --kubelet-preferred-address-types InternalIP \
+    --allow-privileged=true --profiling=false --cert-dir "$DIR/apiserver"
+  wait_for 60 "kube-apiserver /readyz" bash -c "[ \"\$('$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' get --raw /readyz 2>/dev/null)\" = ok ]"
+
+  log "kube-controller-manager, kube-scheduler"
+  start_bg kube-controller-manager kube-controller kube-controller-manager \
+    --kubeconfig "$DIR/kubeconfig/kube-controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$DIR/kubeconfig/kube-controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$DIR/kubeconfig/kube-controller-manager.kubeconfig" \
+    --controllers '*' --leader-elect=false --use-service-account-credentials \
+    --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
+    --cluster-signing-cert-file "$DIR/pki/ca.crt" --cluster-signing-key-file "$DIR/pki/ca.key" \
+    --service-cluster-ip-range "$SVC_NET.0/24" \
+    --bind-address 127.0.0.1 --secure-port 10357 --cert-dir "$DIR/kcm"
+  start_bg kube-scheduler kube-scheduler kube-scheduler --config "$DIR/scheduler.yaml" \
+    --authentication-kubeconfig "$DIR/kubeconfig/kube-scheduler.kubeconfig" \
+    --authorization-kubeconfig "$DIR/kubeconfig/kube-scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 10359 --cert-dir "$DIR/scheduler"
+}
+
+start_node() {
+  log "containerd $SOCK"
+  mkdir -p "$IMAGES"
+  start_bg containerd containerd containerd --config "$DIR/containerd/config.toml"
+  wait_for 30 "containerd" ctr --address "$SOCK" version
+  DDPKIT_K8S_CTR_ADDRESS=$SOCK "$PYTHON" -m deploy.testbed.k8s _images ||
+    up_failed "could not import the pause and busybox images into containerd"
+
+  log "CoreDNS $GW:53"
+  coredns_rbac
+  start_bg coredns coredns coredns -conf "$DIR/Corefile"
+  wait_for 20 "CoreDNS" bash -c "exec 3<>/dev/tcp/$GW/53"
+
+  log "kubelet (node $NODE)"
+  start_bg kubelet kubelet kubelet --config "$DIR/kubelet.yaml" \
+    --kubeconfig "$DIR/kubeconfig/kubelet.kubeconfig" --root-dir "$DIR/kubelet" \
+    --hostname-override "$NODE" --node-ip "$GW" --cert-dir "$DIR/kubelet-pki" --v 1
+  wait_for 90 "node $NODE to be Ready" bash -c \
+    "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' get node $NODE -o 'jsonpath={.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+}
+
+install_controllers() {
+  local name ns
+  log "upstream CRDs, RBAC and webhook configurations"
+  "$PYTHON" -m deploy.testbed.k8s _manifests "$DIR/manifests" "$DIR/pki/ca.crt" ||
+    up_failed "could not render the upstream manifests"
+  kc apply --server-side --force-conflicts -f "$DIR/manifests/upstream.yaml" >"$DIR/log/apply.log" 2>&1 ||
+    up_failed "kubectl apply of the upstream manifests failed: $(tail -3 "$DIR/log/apply.log")"
+  kc wait --for condition=Established --timeout 60s crd/pytorchjobs.kubeflow.org \
+    crd/jobsets.jobset.x-k8s.io crd/trainjobs.trainer.kubeflow.org \
+    crd/clustertrainingruntimes.trainer.kubeflow.org >/dev/null
+
+  # the controllers run as their upstream ServiceAccounts, under their own RBAC
+  local sa
+  for sa in training-operator:kubeflow:training-operator jobset:jobset-system:jobset-controller-manager \
+    trainer:kubeflow-system:kubeflow-trainer-controller-manager; do
+    IFS=: read -r name ns sa <<<"$sa"
+    kubeconfig "$name" "$(kc -n "$ns" create token "$sa" --duration 720h)"
+  done
+
+  log "training-operator (PyTorchJob), webhook https://$TO_HOST:19443"
+  # its cert rotator writes the certificate into a Secret and waits for it in the hard-coded
+  # /tmp/k8s-webhook-server/serving-certs: give it a /tmp of its own (a mount namespace)
+  start_bg training-operator training-operat unshare --mount --propagation private sh -c \
+    "mount --bind '$DIR/training-operator/tmp' /tmp && exec env KUBECONFIG='$DIR/kubeconfig/training-operator.kubeconfig' MY_POD_NAMESPACE=kubeflow training-operator.v1 --enable-scheme=pytorchjob --leader-elect=false --metrics-bind-address=127.0.0.1:18080 --health-probe-bind-address=127.0.0.1:18081 --webhook-server-port=19443 --pytorch-init-container-image=ddpkit-busybox:1"
+  log "JobSet, webhook https://127.0.0.1:19444"
+  start_bg jobset jobset env KUBECONFIG="$DIR/kubeconfig/jobset.kubeconfig" jobset \
+    --config "$DIR/jobset/config.yaml" --leader-elect=false --metrics-bind-address=0 \
+    --health-probe-bind-address=127.0.0.1:18082
+  log "Kubeflow Trainer, webhook https://127.0.0.1:19445"
+  start_bg trainer trainer-control env KUBECONFIG="$DIR/kubeconfig/trainer.kubeconfig" TMPDIR="$DIR/trainer/tmp" \
+    trainer-controller-manager --config "$DIR/trainer/config.yaml"
+
+  wait_for 60 "training-operator's certificate in its Secret" bash -c \
+    "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' -n kubeflow get secret training-operator-webhook-cert -o 'jsonpath={.data.tls\\.key}' | grep -q ."
+  local certs=$DIR/training-operator/tmp/k8s-webhook-server/serving-certs k
+  mkdir -p "$certs"
+  for k in tls.crt tls.key; do
+    kc -n kubeflow get secret training-operator-webhook-cert -o "jsonpath={.data.${k/./\\.}}" | base64 -d >"$certs/$k.tmp"
+    mv "$certs/$k.tmp" "$certs/$k"
+  done
+  wait_for 90 "training-operator readyz" curl -sf http://127.0.0.1:18081/readyz
+  wait_for 60 "JobSet readyz" curl -sf http://127.0.0.1:18082/readyz
+  wait_for 60 "Trainer readyz" curl -sf http://127.0.0.1:18083/readyz
+  # the ClusterTrainingRuntime goes through Trainer's validating webhook
+  wait_for 60 "the torch-distributed ClusterTrainingRuntime (Trainer's webhook)" \
+    "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" apply --server-side -f "$DIR/manifests/runtimes.yaml"
+}
+
+write_env() {
+  cat >"$DIR/env.sh" <<EOF
+export KUBECONFIG=$DIR/kubeconfig/admin.kubeconfig
+export PATH=$BIN:\$PATH
+EOF
+}
+
+up() {
+  local t0=$SECONDS b
+  if healthy; then
+    log "already up ($DIR)"
+    return 0
+  fi
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd \
+    containerd-shim-runc-v2 ctr coredns training-operator.v1 jobset trainer-controller-manager; do
+    [ -x "$BIN/$b" ] || fail "missing $BIN/$b: build the binaries first (bash k8s/testbed/build.sh)"
+  done
+  for b in runc iptables openssl curl unshare setsid mount ip; do
+    command -v "$b" >/dev/null || fail "missing command $b (apt-get install -y --no-install-recommends runc containernetworking-plugins iptables)"
+  done
+  [ -x /usr/lib/cni/bridge ] || fail "missing /usr/lib/cni/bridge (apt-get install -y containernetworking-plugins)"
+  if stale; then
+    log "found a stale or partial cluster: removing it first"
+    teardown
+  fi
+  ip -4 addr show | grep -q "inet $NET\." && fail "subnet $NET.0/24 is already used on this host; set DDPKIT_K8S_TESTBED_NET"
+  trap 'up_failed "command failed (line $LINENO): $BASH_COMMAND"' ERR
+  mkdir -p "$DIR"/{pids,log,pki,kubeconfig,containerd,pod-logs,manifests}
+  chmod 700 "$DIR/pki"
+  make_pki
+  host_setup
+  write_configs
+  start_control_plane
+  start_node
+  wait_for 60 "the default ServiceAccount" kc -n default get serviceaccount default
+  install_controllers
+  write_env
+  trap - ERR
+  log "up in $((SECONDS - t0)) s"
+  kc get node -o wide
+  log "use: eval \"\$(ddpkit testbed k8s env)\"  (or: source $DIR/env.sh)"
+}
+
+# ------------------------------------------------------------------------------------------
+# down
+
+stop() { # name: TERM, wait up to 10 s, KILL
+  local f=$DIR/pids/$1.pid pid comm
+  if pid_ok "$1"; then
+    read -r pid comm <"$f"
+    kill -TERM "$pid" 2>/dev/null
+    for _ in $(seq 50); do pid_ok "$1" || break; sleep 0.2; done
+    pid_ok "$1" && kill -KILL "$pid" 2>/dev/null
+  fi
+  rm -f "$f"
+}
+
+teardown() {
+  set +e
+  local i pid c ids
+  for name in training-operator jobset trainer coredns kubelet; do stop "$name"; done
+  # every pod's containers and sandbox, through containerd
+  if pid_ok containerd; then
+    ids=$(ctr --address "$SOCK" -n k8s.io tasks ls -q 2>/dev/null)
+    for c in $ids; do ctr --address "$SOCK" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1; done
+    for c in $ids; do
+      for _ in $(seq 25); do ctr --address "$SOCK" -n k8s.io tasks delete "$c" >/dev/null 2>&1 && break; sleep 0.2; done
+    done
+    for c in $(ctr --address "$SOCK" -n k8s.io containers ls -q 2>/dev/null); do
+      ctr --address "$SOCK" -n k8s.io containers delete "$c" >/dev/null 2>&1
+    done
+  fi
+  for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop "${DAEMONS[i]}"; done
+  # shims (and their containers) of this containerd that outlived it
+  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $SOCK" 2>/dev/null); do
+    kill -KILL "$pid" 2>/dev/null
+  done
+  # mounts under the state dir (pod volumes, netns, overlay rootfs), deepest first
+  if [ -d "$DIR" ]; then
+    for _ in 1 2 3; do
+      awk -v d="$DIR" '$2 == d || index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r |
+        while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+    done
+  fi
+  awk -v d="$IMAGES" 'index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r |
+    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+  ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
+  while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed 2>/dev/null; do :; done
+  if grep -q "$MARK" /etc/hosts; then
+    grep -v "$MARK" /etc/hosts >/etc/hosts.ddpkit-k8s.tmp
+    cat /etc/hosts.ddpkit-k8s.tmp >/etc/hosts
+    rm -f /etc/hosts.ddpkit-k8s.tmp
+  fi
+  # the kubelet's cgroups (empty once every container is gone), deepest first
+  for c in /sys/fs/cgroup/*/"$CGROOT"; do
+    [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+  if [ -n "${DDPKIT_K8S_TESTBED_KEEP_LOGS:-}" ] && [ -d "$DIR/log" ]; then
+    mkdir -p "$DDPKIT_K8S_TESTBED_KEEP_LOGS" && cp -a "$DIR/log/." "$DDPKIT_K8S_TESTBED_KEEP_LOGS/"
+  fi
+  rm -rf "$DIR"
+  set -e
+}
+
+down() {
+  teardown
+  [ ! -d "$DIR" ] || fail "$DIR still present"
+  ! ip link show "$BRIDGE" >/dev/null 2>&1 || fail "bridge $BRIDGE still present"
+  ! grep -q "$MARK" /etc/hosts || fail "/etc/hosts still has the testbed line"
+  [ -z "$(pgrep -f "containerd-shim-runc-v2 .*-address $SOCK")" ] || fail "containerd shims still running"
+  log "down (images kept in $IMAGES)"
+}
+
+status() {
+  if healthy; then
+    log "up ($DIR)"
+    kc get nodes
+    log "use: eval \"\$(ddpkit testbed k8s env)\""
+    return 0
+  fi
+  if stale; then log "broken: partial state present (run down, then up)"; else log "down"; fi
+  return 3
+}
+
+[ "$(id -u)" = 0 ] || fail "must run as root"
+case ${1:-} in
+  up | down | status) "$1" ;;
+  *) fail "usage: cluster.sh up|down|status" ;;
+esac

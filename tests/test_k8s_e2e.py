@@ -1,0 +1,349 @@
+"""End to end on a real Kubernetes cluster (`ddpkit testbed k8s`, brought up here).
+
+The cluster is built from upstream sources (k8s/testbed/build.sh) and runs as host processes:
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet + containerd, CoreDNS,
+and the real training-operator, JobSet and Trainer controllers with their webhooks. Every
+check goes through the CLI (`ddpkit submit/status/logs/cancel`, `kubectl`) in a subprocess,
+as a user would run it; the oracle is the cluster (its conditions, its pods, its webhooks).
+
+Needs root, the Docker testbed (the training image is built offline there and loaded into the
+cluster's containerd) and the binaries. Runs with CI=true (a missing prerequisite then fails)
+or when asked for with DDPKIT_K8S_E2E=1; otherwise skips with the reason. Sessions take turns
+through a lock file; a cluster that was up before the session is left up.
+
+Jobs are quickstart-2node (2 pods x 2 processes) shrunk to fit a 2-core node: 0.7 CPU and
+2 GiB per pod. Checkpoints and metrics go to a hostPath volume (the test's tmp dir), the
+stand-in for a shared filesystem, so a replacement pod resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy.testbed import k8s as testbed
+from tests.conftest import EXAMPLES, IN_CI, REPO, ddpkit, require
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BASE_IMAGE = os.environ.get("DDPKIT_TEST_BASE_IMAGE", "ddpkit-base:bookworm")
+IMAGE = "ddpkit:test"
+FLAVORS = ["pytorchjob", "trainjob", "jobset", "job"]
+QUICK = REPO / "examples" / "quickstart-2node.yaml"
+JOB_TIMEOUT_S = 600
+#: the workload kind and the controller that owns the pods, per flavor
+WORKLOAD = {"pytorchjob": "pytorchjob", "trainjob": "trainjob", "jobset": "jobset", "job": "job"}
+POD_OWNER = {"pytorchjob": "PyTorchJob", "trainjob": "Job", "jobset": "Job", "job": "Job"}
+INSTANCE = "app.kubernetes.io/instance"
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The client environment (KUBECONFIG, PATH with the testbed's kubectl); the cluster comes
+    up once and goes down at the end unless it was up before the session."""
+    require(IN_CI or os.environ.get("DDPKIT_K8S_E2E") == "1",
+            "real-Kubernetes tests run with CI=true or DDPKIT_K8S_E2E=1 (root: they start a cluster)")
+    require(os.geteuid() == 0, "the Kubernetes testbed needs root (network, cgroups, daemons)")
+    lock = open(f"{testbed.testbed_dir()}.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when this session ends
+    was_up = testbed.status(quiet=True)
+    if not was_up:
+        testbed.up()
+    env = testbed.client_env()
+    env["PYTHONPATH"] = str(REPO)
+    yield env
+    if not was_up:
+        testbed.down()
+    lock.close()
+
+
+@pytest.fixture(scope="session")
+def image(cluster) -> str:
+    """The training image, built offline on the Docker testbed and loaded into containerd."""
+    from tests.test_docker_e2e import docker
+
+    try:
+        up = docker("version", "--format", "{{.Server.Version}}").returncode == 0
+    except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired):
+        up = False
+    require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
+    require(docker("image", "inspect", BASE_IMAGE).returncode == 0,
+            f"base image {BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
+    built = ddpkit("image", "build", "--offline", "--base-image", BASE_IMAGE, "--tag", IMAGE,
+                   timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    testbed.load_image(IMAGE)
+    return IMAGE
+
+
+def kubectl(cluster, *args: str, input: str | None = None, timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([testbed.kubectl(), *args], env=cluster, capture_output=True,
+                          text=True, input=input, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
+    return proc
+
+
+def job_file(tmp_path: Path, name: str, flavor: str, **train) -> Path:
+    """quickstart-2node under another name, with the test image, shrunk to the node, writing
+    its run directory to a hostPath volume (tmp_path/out)."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    os.chmod(out, 0o777)  # the image runs as uid 1000
+    job = yaml.safe_load(QUICK.read_text())
+    job.update(name=name, image=IMAGE,
+               resources={"cpus_per_node": 0.7, "memory": "2Gi", "shm": "256Mi"},
+               volumes=[{"name": "out", "mount": "/out", "host_path": str(out)}])
+    job["train"].update(output_dir="/out", plot=False, **train)
+    job["k8s"] = {"flavor": flavor}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def handles(cluster):
+    """Handles submitted by one test; whatever is left when it ends is cancelled."""
+    submitted: list[str] = []
+    yield submitted
+    for handle in submitted:
+        ddpkit("cancel", handle, env=cluster)
+
+
+def submit(cluster, handles, path: Path) -> str:
+    proc = ddpkit("submit", "k8s", str(path), env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    handle = proc.stdout.strip()
+    assert handle.startswith("k8s://"), proc.stdout
+    handles.append(handle)
+    return handle
+
+
+def status(cluster, handle: str) -> str:
+    proc = ddpkit("status", handle, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def wait_for(cluster, handle: str, wanted: set[str], timeout: float = JOB_TIMEOUT_S) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = status(cluster, handle)
+        if state in wanted:
+            return state
+        if state in ("FAILED", "CANCELLED") or time.monotonic() > deadline:
+            pytest.fail(f"{handle} is {state}, expected {sorted(wanted)}\n{describe(cluster, handle)}")
+        time.sleep(1)
+
+
+def name_of(handle: str) -> str:
+    return handle.rsplit("/", 1)[1]
+
+
+def pods(cluster, name: str) -> list[dict]:
+    out = kubectl(cluster, "get", "pods", "-l", f"{INSTANCE}={name}", "-o", "json")
+    return json.loads(out.stdout)["items"]
+
+
+def describe(cluster, handle: str) -> str:
+    """What the cluster says about a job (for failure messages)."""
+    flavor, name = handle.split("/")[-2:]
+    parts = [kubectl(cluster, "get", WORKLOAD[flavor], name, "-o", "yaml", check=False).stdout[-3000:],
+             kubectl(cluster, "get", "pods", "-o", "wide", check=False).stdout,
+             kubectl(cluster, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]]
+    for pod in pods(cluster, name):
+        parts.append(kubectl(cluster, "logs", pod["metadata"]["name"], "--all-containers",
+                             "--tail=30", check=False).stdout)
+    return "\n".join(parts)
+
+
+def logs(cluster, handle: str, rank: int) -> str:
+    proc = ddpkit("logs", handle, "--rank", str(rank), env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def summaries(log: str) -> list[dict]:
+    return [json.loads(line.split("ddpkit-summary ", 1)[1]) for line in log.splitlines()
+            if "ddpkit-summary " in line]
+
+
+def metric_steps(out: Path) -> list[int]:
+    steps = []
+    for path in out.glob("*/metrics.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if "loss" in record and "step" in record:
+                steps.append(record["step"])
+    return steps
+
+
+def assert_trained_on_two_pods(summary: dict, pod_names: set[str]) -> None:
+    assert summary["status"] == "completed", summary
+    assert summary["world_size"] == 4
+    assert sorted(r["rank"] for r in summary["ranks"]) == [0, 1, 2, 3]
+    assert len(summary["hostnames"]) == 2, summary["hostnames"]
+    assert set(summary["hostnames"]) <= pod_names | {p.split(".")[0] for p in pod_names}, (
+        summary["hostnames"], pod_names)
+    assert summary["params_identical"] is True
+    assert len({r["params_sha256"] for r in summary["ranks"]}) == 1
+    assert summary["final_loss"] < summary["first_loss"], summary
+
+
+def wait_no_leftovers(cluster, flavor: str, name: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p["metadata"]["name"] for p in pods(cluster, name)]
+        workload = kubectl(cluster, "get", WORKLOAD[flavor], name, check=False)
+        others = kubectl(cluster, "get", "configmaps,services,jobs,jobsets", "-l",
+                         f"{INSTANCE}={name}", "-o", "name", check=False).stdout.split()
+        if not left and workload.returncode != 0 and not others:
+            assert "NotFound" in workload.stderr, workload.stderr
+            return
+        assert time.monotonic() < deadline, f"left after cancel: pods {left}, objects {others}"
+        time.sleep(1)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, handles, tmp_path,
+                                                             flavor):
+    name = f"e2e-{flavor}"
+    handle = submit(cluster, handles, job_file(tmp_path, name, flavor))
+    assert handle == f"k8s://default/{flavor}/{name}"
+    wait_for(cluster, handle, {"SUCCEEDED"})
+
+    # the pods were made by the real controllers, not by us
+    found = pods(cluster, name)
+    owners = {ref["kind"] for p in found for ref in p["metadata"].get("ownerReferences", [])}
+    assert owners == {POD_OWNER[flavor]}, owners
+    if flavor == "pytorchjob":  # the operator's env and init container
+        env = {e["name"] for p in found for c in p["spec"]["containers"] for e in c.get("env", [])}
+        assert {"MASTER_ADDR", "MASTER_PORT", "PET_NNODES", "PET_NODE_RANK"} <= env, env
+        workers = [p for p in found if p["metadata"]["labels"].get("training.kubeflow.org/replica-type") == "worker"]
+        assert workers and all(p["spec"].get("initContainers") for p in workers)
+    if flavor == "trainjob":  # Trainer -> JobSet -> Job -> Pod
+        assert all(p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name for p in found)
+
+    log0 = logs(cluster, handle, 0)
+    [summary] = summaries(log0)
+    assert_trained_on_two_pods(summary, {p["spec"].get("hostname") or p["metadata"]["name"] for p in found})
+    log1 = logs(cluster, handle, 1)
+    assert log1.strip() and "ddpkit-summary" not in log1  # rank 1's own log, not rank 0's
+    assert log1 != log0
+
+    proc = ddpkit("cancel", handle, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    wait_no_leftovers(cluster, flavor, name)
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
+def test_pod_deleted_mid_run_comes_back_and_resumes(cluster, image, handles, tmp_path, flavor):
+    name = f"e2e-kill-{flavor}"
+    handle = submit(cluster, handles, job_file(tmp_path, name, flavor, max_steps=200, epochs=100))
+    out = tmp_path / "out"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while max(metric_steps(out), default=0) < 50:  # past the checkpoints at steps 20 and 40
+        assert time.monotonic() < deadline, describe(cluster, handle)
+        time.sleep(0.5)
+    victim = next(p for p in pods(cluster, name)
+                  if p["metadata"]["name"].endswith(("-worker-0", "-1")) or
+                  p["metadata"].get("annotations", {}).get("batch.kubernetes.io/job-completion-index") == "1")
+    kubectl(cluster, "delete", "pod", victim["metadata"]["name"], "--wait=false")
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    final = summaries(logs(cluster, handle, 0))[-1]
+    assert final["steps"] == 200
+    assert final["resumed_from_step"] and final["resumed_from_step"] >= 40, final
+    assert final["params_identical"] is True
+    now = {p["metadata"]["uid"] for p in pods(cluster, name)}
+    assert victim["metadata"]["uid"] not in now  # a new pod took the deleted one's place
+
+
+def test_readme_path_render_pipe_kubectl_apply_then_wait(cluster, image, tmp_path):
+    name = "e2e-readme"
+    path = job_file(tmp_path, name, "pytorchjob")
+    shell = (f"ddpkit render k8s {path} | kubectl apply -f - && "
+             f"kubectl wait --for=condition=Succeeded pytorchjob/{name} --timeout={JOB_TIMEOUT_S}s")
+    # `ddpkit` as the user has it: the console script next to this interpreter
+    assert shutil.which("ddpkit", path=str(Path(sys.executable).parent)), "ddpkit is not installed"
+    env = dict(cluster, PATH=f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}")
+    try:
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", shell], env=env, capture_output=True,
+                              text=True, timeout=JOB_TIMEOUT_S + 60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr + describe(cluster, f"k8s://default/pytorchjob/{name}")
+        assert f"pytorchjob.kubeflow.org/{name} condition met" in proc.stdout
+        assert "which kubectl" not in proc.stderr
+        assert status(cluster, f"k8s://default/pytorchjob/{name}") == "SUCCEEDED"
+    finally:
+        ddpkit("cancel", f"k8s://default/pytorchjob/{name}", env=cluster)
+
+
+def rendered(cluster, example: Path, flavor: str) -> str:
+    proc = ddpkit("render", "k8s", str(example), "--flavor", flavor, "--set", f"name=dry-{flavor}",
+                  env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_every_example_and_flavor_passes_server_side_dry_run(cluster, example):
+    for flavor in FLAVORS:
+        manifest = rendered(cluster, example, flavor)
+        proc = kubectl(cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                       input=manifest, check=False)
+        assert proc.returncode == 0, f"{example.name} --flavor {flavor}: {proc.stderr}"
+        assert "(server dry run)" in proc.stdout
+
+
+def _break(flavor: str, obj: dict) -> str:
+    """Make the workload invalid in a way only the controller's webhook (or, for Job, the API
+    server) knows about; return who must refuse it."""
+    spec = obj["spec"]
+    if flavor == "pytorchjob":
+        spec["pytorchReplicaSpecs"]["Master"]["replicas"] = 2
+        return 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied'
+    if flavor == "jobset":
+        spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": ["no-such-job"]}
+        return 'admission webhook "vjobset.kb.io" denied'
+    if flavor == "trainjob":
+        spec["runtimeRef"]["name"] = "no-such-runtime"
+        return 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied'
+    spec["completions"] = -1
+    return "is invalid"
+
+
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_broken_manifest_is_refused_by_the_server_or_webhook(cluster, flavor):
+    docs = list(yaml.safe_load_all(rendered(cluster, QUICK, flavor)))
+    workload = docs[-1]
+    who = _break(flavor, workload)
+    proc = kubectl(cluster, "apply", "--dry-run=server", "-f", "-",
+                   input=yaml.safe_dump_all(docs), check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert who in proc.stderr, proc.stderr
+
+
+def test_kind_e2e_script_runs_against_the_testbed(cluster, image, tmp_path):
+    env = dict(cluster, PATH=f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}",
+               CLUSTER="existing", IMAGE=IMAGE, OUT=str(tmp_path), TIMEOUT_S="600",
+               EXTRA_SETS="--set resources.cpus_per_node=0.7 --set resources.memory=2Gi "
+                          "--set train.plot=false")
+    proc = subprocess.run(["bash", str(REPO / "k8s" / "kind" / "e2e.sh")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=4 * JOB_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "every flavor succeeded: job pytorchjob jobset trainjob" in proc.stderr
