@@ -136,7 +136,7 @@ def main() -> None:
                 path = job_file(Path(tmp), f"bench-{flavor}", opts.image, flavor)
                 k8s = [k8s_run(path, env) for _ in range(opts.runs)]
                 dock = [docker_run(path, flavor, env) for _ in range(opts.runs)]
-                med = [statistics.median(x) for x in zip(*k8s)] + [statistics.median(x) for x in zip(*dock)]
+                med = [statistics.median(x) for x in [*zip(*k8s, strict=True), *zip(*dock, strict=True)]]
                 print(f"  {flavor:10s} k8s {med[0]:6.1f} {med[1]:6.1f} | docker {med[2]:6.1f} {med[3]:6.1f}",
                       flush=True)
     finally:

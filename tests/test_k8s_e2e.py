@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.k8s_names import COMPLETION_INDEX_KEY, PYTORCHJOB_REPLICA_TYPE
 from deploy.testbed import k8s as testbed
 from tests.conftest import EXAMPLES, IN_CI, REPO, ddpkit, require
 
@@ -45,6 +44,9 @@ JOB_TIMEOUT_S = 600
 WORKLOAD = {"pytorchjob": "pytorchjob", "trainjob": "trainjob", "jobset": "jobset", "job": "job"}
 POD_OWNER = {"pytorchjob": "PyTorchJob", "trainjob": "Job", "jobset": "Job", "job": "Job"}
 INSTANCE = "app.kubernetes.io/instance"
+# the labels and annotations the real controllers put on pods
+PYTORCHJOB_REPLICA_TYPE = "training.kubeflow.org/replica-type"
+COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 
 
 @pytest.fixture(scope="session")

@@ -292,6 +292,8 @@ def manifests_dir(component: str) -> Path:
 def _kustomize(component: str, path: str) -> list[dict]:
     import yaml
 
+    from deploy.yamlfile import _BASE_LOADER as _LOADER
+
     root = manifests_dir(component)
     target = root / path
     if component == "trainer":
@@ -307,7 +309,7 @@ def _kustomize(component: str, path: str) -> list[dict]:
     out = subprocess.run([kubectl(), "kustomize", str(target)], capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeFailure(f"kubectl kustomize {target}: {out.stderr.strip()}")
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return [d for d in yaml.load_all(out.stdout, Loader=_LOADER) if d]
 
 
 def _client_config(cc: dict, ca_bundle: str) -> None:
@@ -338,20 +340,40 @@ def adapt(objects: list[dict], ca_bundle: str) -> list[dict]:
     return kept
 
 
+CA_PLACEHOLDER = "DDPKIT-TESTBED-CA-BUNDLE"
+
+
+def adapted_manifests() -> Path:
+    """The adapted upstream manifests with a placeholder for the CA, made once per set of
+    manifests and version of this file (the CRDs are 6 MB of YAML: slow to parse on every up)."""
+    import yaml
+
+    from deploy.yamlfile import Dumper
+
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    for component, _ in KUSTOMIZATIONS:
+        key.update(str(manifests_dir(component).resolve()).encode())
+    cached = cache_dir() / "manifests" / f"testbed-upstream-{key.hexdigest()[:16]}.yaml"
+    if not cached.exists():
+        objects: list[dict] = []
+        for component, path in KUSTOMIZATIONS:
+            objects += adapt(_kustomize(component, path), CA_PLACEHOLDER)
+        # namespaces first, then CRDs, then the rest (one server-side apply)
+        order = {"Namespace": 0, "CustomResourceDefinition": 1}
+        objects.sort(key=lambda o: order.get(o["kind"], 2))
+        tmp = cached.with_suffix(".tmp")
+        tmp.write_text(yaml.dump_all(objects, Dumper=Dumper, sort_keys=False))
+        tmp.replace(cached)
+    return cached
+
+
 def write_manifests(outdir: Path, ca_file: Path) -> None:
     import base64
 
-    import yaml
-
     ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
-    objects: list[dict] = []
-    for component, path in KUSTOMIZATIONS:
-        objects += adapt(_kustomize(component, path), ca_bundle)
-    # namespaces first, then CRDs, then the rest (one server-side apply)
-    order = {"Namespace": 0, "CustomResourceDefinition": 1}
-    objects.sort(key=lambda o: order.get(o["kind"], 2))
     outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "upstream.yaml").write_text(yaml.safe_dump_all(objects, sort_keys=False))
+    text = adapted_manifests().read_text().replace(CA_PLACEHOLDER, ca_bundle)
+    (outdir / "upstream.yaml").write_text(text)
     runtime = manifests_dir("trainer") / "manifests" / "base" / "runtimes" / "torch_distributed.yaml"
     shutil.copy(runtime, outdir / "runtimes.yaml")
 
@@ -381,5 +403,10 @@ if __name__ == "__main__":  # the steps cluster.sh hands to Python
         base_images()
     elif step == "_manifests":
         write_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif step == "load" and len(sys.argv) == 3:
+        try:
+            load_image(sys.argv[2])
+        except (RuntimeFailure, UserError) as exc:
+            sys.exit(f"error: {exc}")
     else:
-        sys.exit("usage: python -m deploy.testbed.k8s _images | _manifests OUTDIR CA_FILE")
+        sys.exit("usage: python -m deploy.testbed.k8s load IMAGE  (Docker -> the cluster's containerd)")

@@ -109,8 +109,11 @@ training_operator() {
 }
 
 jobset() {
-  GOBIN=$2 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/jobset/cmd/jobset@v$1" 2>/dev/null \
-    || GOBIN=$2 go install -trimpath -ldflags "-s -w" "sigs.k8s.io/jobset@v$1"
+  # `go install sigs.k8s.io/jobset@v` first asks the module proxy for the module's version list
+  # (its deprecation check), which the proxy here refuses (403): build in the module's own
+  # directory instead, with its own go.mod and go.sum (main.go is at the module root).
+  local src; src=$(go mod download -json "sigs.k8s.io/jobset@v$1" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
+  (cd "$src" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$2/jobset" .)
   copy_manifests "sigs.k8s.io/jobset@v$1" "$2" config
 }
 
