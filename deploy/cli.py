@@ -149,7 +149,25 @@ def cmd_render(args: argparse.Namespace) -> int:
             raise UserError("--flavor applies to `render k8s` only")
         text = _module("deploy.render.slurm", "rendering for Slurm").render_slurm(job, source=args.job)
     write_output(text, args.output)
+    if args.target == "slurm":
+        _make_log_dir(job.slurm.log_dir)
     return 0
+
+
+def _make_log_dir(log_dir: str) -> None:
+    """sbatch opens `--output` before the script runs and fails the job, silently, when its
+    directory is missing: so `ddpkit render slurm job.yaml -o job.sbatch && sbatch job.sbatch`
+    works as written, the log directory (relative: to here, where sbatch runs) is created now."""
+    path = Path(log_dir)
+    if path.is_dir():
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        print(f"created {log_dir}/ for the job's log (sbatch needs it before the job starts)",
+              file=sys.stderr)
+    except OSError as exc:
+        print(f"note: could not create {log_dir}/ ({exc.strerror}): create it before sbatch, "
+              "which fails a job whose log directory is missing", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -31,6 +31,7 @@ from pydantic import (
 
 from deploy import units
 from deploy.errors import UserError
+from deploy.image_forms import IMAGE_PATTERN
 from deploy.k8s.names import (
     DNS1035_LABEL,
     DNS1123_LABEL,
@@ -152,7 +153,8 @@ SecretKey = Annotated[str, matching(
 VolumeName = Annotated[str, matching(
     DNS1123_LABEL, 63, "a valid volume name: lowercase letters, digits and '-', at most 63 characters")]
 ImageRef = Annotated[str, matching(
-    r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", 512, "an image reference (e.g. ghcr.io/org/trainer:1.0)")]
+    IMAGE_PATTERN, 512, "an image reference (e.g. ghcr.io/org/trainer:1.0), a docker:// URI, "
+    "an enroot registry#image, or a .sif/.sqsh path")]
 ResourceName = Annotated[str, matching(
     r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", 253,
     "an extended resource name such as nvidia.com/gpu")]
@@ -223,7 +225,8 @@ class Resources(Strict):
         "Slurm `--cpus-per-task` x tasks). Empty: the scheduler's default."
     )
     memory: Quantity | None = Field(
-        None, description="Memory per node as a Kubernetes quantity (`256Gi`); Slurm `--mem`."
+        None, description="Memory per node as a Kubernetes quantity (`256Gi`); Slurm `--mem`. "
+        "For all of a Slurm node's memory (`--mem=0`) set `slurm.all_memory` instead."
     )
     shm: Quantity = Field(
         "1Gi", description="Size of the memory-backed `/dev/shm` in every pod (DataLoader workers "
@@ -240,6 +243,10 @@ class Resources(Strict):
 
     @model_validator(mode="after")
     def _shm_fits(self) -> Resources:
+        if self.memory is not None and units.parse_quantity(self.memory) == 0:
+            raise Problems([Problem("memory", "0 is no memory (Kubernetes would give the pod "
+                                    "none)", "give an amount such as 32Gi; for all of a Slurm "
+                                    "node's memory (--mem=0) set slurm.all_memory: true")])
         if self.memory is not None and self.shm_bytes > units.parse_quantity(self.memory):
             raise Problems([Problem("shm", f"{self.shm} exceeds memory ({self.memory}); /dev/shm "
                                     "counts against the memory limit", "lower shm or raise memory")])
@@ -541,13 +548,34 @@ class K8sSection(Strict):
 
 _DERIVED_DIRECTIVES = {
     "job-name": "name", "nodes": "nodes", "ntasks": "nodes and slurm.launcher",
-    "ntasks-per-node": "slurm.launcher", "gpus": "gpus_per_node", "gpus-per-node": "gpus_per_node",
+    "ntasks-per-node": "slurm.launcher", "gpus": "gpus_per_node", "gpus-per-node": "gpus_per_node and slurm.gpu_type",
     "gres": "gpus_per_node and slurm.gpu_flag", "gpus-per-task": "gpus_per_node",
-    "cpus-per-task": "resources.cpus_per_node", "mem": "resources.memory",
+    "cpus-per-task": "resources.cpus_per_node", "mem": "resources.memory (or slurm.all_memory for --mem=0)",
     "time": "time_limit", "partition": "slurm.partition", "account": "slurm.account",
     "qos": "slurm.qos", "constraint": "slurm.constraint", "exclusive": "slurm.exclusive",
     "output": "slurm.log_dir", "error": "slurm.log_dir", "requeue": "slurm.requeue",
     "signal": "slurm.signal", "open-mode": "(always append)",
+}
+#: sbatch options that contradict what ddpkit renders, and why.
+_CONFLICTING_DIRECTIVES = {
+    "cpus-per-gpu": "ddpkit sets --cpus-per-task (resources.cpus_per_node) and Slurm refuses both",
+    "mem-per-gpu": "ddpkit sets --mem (resources.memory, slurm.all_memory); Slurm allows one memory option",
+    "mem-per-cpu": "ddpkit sets --mem (resources.memory, slurm.all_memory); Slurm allows one memory option",
+    "ntasks-per-gpu": "ddpkit lays out tasks (slurm.launcher): one per node or one per GPU",
+    "ntasks-per-socket": "ddpkit lays out tasks (slurm.launcher): one per node or one per GPU",
+    "ntasks-per-core": "ddpkit lays out tasks (slurm.launcher): one per node or one per GPU",
+    "no-requeue": "requeueing is slurm.requeue (with restarts)",
+    "export": "the job step needs the environment the script exports (DDPKIT_*, env:); "
+              "--export=NONE drops it",
+    "export-file": "the job step needs the environment the script exports (DDPKIT_*, env:)",
+    "chdir": "paths are relative to the submit directory (logs, checkpoints, the job file); "
+             "submit from the directory you want",
+    "array": "one ddpkit job is one training run: array tasks would share its name, checkpoints "
+             "and FINISHED marker; submit one job per run",
+    "wrap": "the script is the job; --wrap replaces it",
+    "overcommit": "ddpkit sizes --cpus-per-task to the processes it starts",
+    "gpus-per-socket": "ddpkit asks for GPUs per node (gpus_per_node, slurm.gpu_type)",
+    "gpu-bind": "trainer.launch gives each process its GPU by LOCAL_RANK",
 }
 
 
@@ -581,6 +609,16 @@ class SlurmSection(Strict):
                                 "before the time limit.")
     log_dir: str = Field("logs", description="Directory of `%x-%j.out` logs (relative to the "
                          "submit directory).")
+    gpu_type: Annotated[str, matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", 64, "a GPU type such as "
+                                      "h100 or a100_80gb")] | None = Field(
+        None, description="Typed GPUs as the site names them: `h100` gives "
+        "`--gpus-per-node=h100:8` (or `--gres=gpu:h100:8`).")
+    all_memory: bool = Field(False, description="`--mem=0`: all of each node's memory "
+                             "(instead of resources.memory; Slurm only, nothing on Kubernetes).")
+    container_remap_root: bool = Field(False, description="pyxis: `--container-remap-root` "
+                                       "(root inside the container).")
+    container_writable: bool = Field(False, description="A writable container filesystem: "
+                                     "pyxis `--container-writable`, Apptainer `--writable-tmpfs`.")
     gpu_flag: Literal["gpus-per-node", "gres"] = Field(
         "gpus-per-node", description="How to ask for GPUs: `--gpus-per-node=N` or, on older "
         "clusters, `--gres=gpu:N`.")
@@ -623,14 +661,22 @@ class SlurmSection(Strict):
     @field_validator("extra_directives")
     @classmethod
     def _directives(cls, v: list[str]) -> list[str]:
-        for d in v:
+        problems = []
+        for i, d in enumerate(v):
             match = re.fullmatch(r"--([a-z][a-z0-9-]*)(=[^\s'\"\\$`]+)?", d)
             if not match:
-                raise ValueError(f"{d!r} is not an sbatch option: write --key=value or --flag "
-                                 "(no spaces, quotes or $)")
-            owner = _DERIVED_DIRECTIVES.get(match.group(1))
-            if owner:
-                raise ValueError(f"{d!r}: ddpkit derives --{match.group(1)}; set {owner} instead")
+                problems.append(Problem(str(i), f"{d!r} is not an sbatch option",
+                                        "write --key=value or --flag (no spaces, quotes or $)"))
+                continue
+            key = match.group(1)
+            if key in _DERIVED_DIRECTIVES:
+                problems.append(Problem(str(i), f"{d!r}: ddpkit derives --{key}",
+                                        f"set {_DERIVED_DIRECTIVES[key]} instead"))
+            elif key in _CONFLICTING_DIRECTIVES:
+                problems.append(Problem(str(i), f"{d!r} conflicts with the script ddpkit renders: "
+                                        f"{_CONFLICTING_DIRECTIVES[key]}", "remove it"))
+        if problems:
+            raise Problems(problems)
         return v
 
 
@@ -670,7 +716,10 @@ class JobSpec(Strict):
     name: str = Field(description=f"Job name: DNS-1035 label of at most {MAX_NAME_LEN} "
                       "characters (lowercase letters, digits, '-'), unique per namespace.")
     image: ImageRef = Field(
-        description="Container image of the trainer (every target but bare Slurm).")
+        description="Container image of the trainer (every target but bare Slurm): a registry "
+        "reference (`ghcr.io/org/trainer:1.0`, every target); Slurm only: a `docker://` URI, an "
+        "Apptainer `.sif` file, an enroot `.sqsh` file or `registry#image` "
+        "(deploy/image_forms.py).")
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
         "IfNotPresent", description="Kubernetes imagePullPolicy.")
     nodes: Nodes = Field(Nodes(min=1, max=1), description="Node count `N`, or `MIN:MAX` for "
@@ -788,12 +837,13 @@ class JobSpec(Strict):
         if self.slurm.requeue and self.restarts < 1:
             problems.append(Problem("slurm.requeue", "needs restarts >= 1 (each requeue is one "
                                     "restart)", "set restarts"))
-        if (self.slurm.requeue and self.time_limit is not None
-                and self.time_limit <= self.slurm.signal_seconds):
-            problems.append(Problem(
-                "time_limit", f"{units.format_duration(self.time_limit)} must exceed "
-                f"slurm.signal_seconds ({self.slurm.signal_seconds}s)",
-                "raise time_limit or lower slurm.signal_seconds"))
+        if self.slurm.gpu_type is not None and not self.gpus_per_node:
+            problems.append(Problem("slurm.gpu_type", "names the type of GPUs the job asks for, "
+                                    "but gpus_per_node is 0", "set gpus_per_node or remove gpu_type"))
+        if self.slurm.all_memory and self.resources.memory is not None:
+            problems.append(Problem("slurm.all_memory", f"asks for all of each node's memory, "
+                                    f"and resources.memory asks for {self.resources.memory}",
+                                    "keep one of them"))
         if problems:
             raise Problems(problems)
         return self

@@ -34,7 +34,8 @@ def test_validate_prints_the_topology():
 
 
 def test_set_reaches_the_model():
-    result = ddpkit("validate", "examples/quickstart.yaml", "--set", "nodes=3", "--set", "procs_per_node=4")
+    result = ddpkit("validate", "examples/quickstart.yaml", "--set", "nodes=3", "--set", "procs_per_node=4",
+                    "--set", "checkpoint.ephemeral=true")
     assert "3 node(s) x 4 process(es)" in result.stdout and "world size 12" in result.stdout
 
 

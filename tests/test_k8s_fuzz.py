@@ -90,6 +90,7 @@ def jobs(draw):
     if not gpus:
         data["procs_per_node"] = draw(st.integers(1, 4))
     data["secret_env"] = [s for s in data["secret_env"] if s["name"] not in data["env"]]
+    data["checkpoint"] = {"ephemeral": True}  # where checkpoints live is not what this fuzzes
     try:
         return parse_job(data)
     except UserError:

@@ -39,7 +39,8 @@ def render(path, flavor):
 
 
 def job(**fields):
-    data = {"name": "demo", "image": "img:1", **fields}
+    # checkpoints in the container are accepted here (deploy/durability.py has its own tests)
+    data = {"name": "demo", "image": "img:1", "checkpoint": {"ephemeral": True}, **fields}
     return parse_job(data)
 
 
@@ -302,7 +303,7 @@ def test_job_is_indexed_with_a_headless_service_as_its_subdomain():
 @pytest.mark.parametrize("flavor", ["trainjob", "jobset", "job"])
 def test_elastic_nodes_on_a_fixed_size_flavor_is_an_exit_2_error(flavor, tmp_path):
     path = tmp_path / "job.yaml"
-    path.write_text("name: demo\nimage: img:1\nnodes: '2:4'\n")
+    path.write_text("name: demo\nimage: img:1\nnodes: '2:4'\ncheckpoint: {ephemeral: true}\n")
     result = ddpkit("render", "k8s", str(path), "--flavor", flavor)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"error: {path}:3: nodes: elastic 2:4 needs the pytorchjob flavor")

@@ -66,7 +66,7 @@ class FakeCluster:
 
 
 def job(**fields):
-    return parse_job({"name": "demo", "image": "img:1", "nodes": 2,
+    return parse_job({"name": "demo", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True},
                       "k8s": {"namespace": "ml"}, **fields})
 
 

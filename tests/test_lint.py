@@ -379,7 +379,7 @@ def indexed_job_file(**service_spec):
     from deploy.render.k8s import render_objects
     from deploy.spec import parse_job
 
-    objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": 2}), flavor="job")
+    objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True}}), flavor="job")
     svc = next(o for o in objs if o["kind"] == "Service")
     svc["spec"].update(service_spec)
     return objs
@@ -465,7 +465,7 @@ def test_lint_never_crashes_on_malformed_objects(crds):
     from deploy.render import k8s
     from deploy.spec import parse_job
 
-    spec = parse_job({"name": "d", "image": "i:1", "nodes": 2, "gpus_per_node": 2})
+    spec = parse_job({"name": "d", "image": "i:1", "nodes": 2, "gpus_per_node": 2, "checkpoint": {"ephemeral": True}})
     base = [o for flavor in k8s.FLAVORS for o in k8s.render_objects(spec, flavor=flavor)]
 
     def paths(value, prefix=()):

@@ -14,9 +14,11 @@ from deploy.cli import main
 BASE = "name: demo\nimage: img:1\n"
 
 # (id, job file body after BASE, target, flavor or None, expected "LINE: path: message" start)
+EPHEMERAL = "checkpoint: {ephemeral: true}\n"  # line 3: multi-node rows about something else
+
 REFUSALS = [
-    ("elastic on a fixed-size flavor", "nodes: '2:4'\nk8s:\n  flavor: jobset\n", "k8s", None,
-     "3: nodes: elastic 2:4 needs the pytorchjob flavor"),
+    ("elastic on a fixed-size flavor", EPHEMERAL + "nodes: '2:4'\nk8s:\n  flavor: jobset\n", "k8s",
+     None, "4: nodes: elastic 2:4 needs the pytorchjob flavor"),
     ("gang without a queue", "k8s:\n  flavor: job\n  gang: true\n", "k8s", None,
      "5: k8s.gang: the job flavor is gang-admitted by Kueue"),
     ("what a TrainJob cannot set", "k8s:\n  flavor: trainjob\n  priority_class: high\n", "k8s",
@@ -39,10 +41,28 @@ REFUSALS = [
     ("a pod_patch of a container the pod lacks",
      "k8s:\n  pod_patch:\n    spec:\n      containers:\n      - name: main\n", "k8s", None,
      "7: k8s.pod_patch.spec.containers.0.name: no container 'main' in the pod"),
-    ("a time limit shorter than the grace period", "time_limit: 60s\n", "k8s", None,
+    ("a time limit shorter than the grace period", "time_limit: 60s\nk8s: {}\n", "k8s", None,
      "3: time_limit: 60s leaves no time to train"),
+    ("a Slurm-only image form on Kubernetes", "k8s: {flavor: job}\n", "k8s", None, ""),
+    ("checkpoints in a pod's container", "nodes: 2\nk8s: {flavor: jobset}\n", "k8s", None,
+     "1: checkpoint.dir: 'runs/demo/checkpoints' is in the container's working directory"),
+    ("checkpoints on an emptyDir", "restarts: 2\ncheckpoint: {dir: /scratch/ckpt}\nvolumes:\n"
+     "  - {name: s, mount: /scratch, empty_dir: {}}\nk8s: {flavor: job}\n", "k8s", None,
+     "4: checkpoint.dir: /scratch/ckpt is on empty_dir volume s"),
     ("a log dir sbatch cannot take", "slurm:\n  log_dir: my logs\n", "slurm", None,
      "4: slurm.log_dir: 'my logs' cannot go into an #SBATCH line"),
+    ("checkpoints inside a Slurm container", "nodes: 2\ncheckpoint: {dir: /ckpt}\nslurm:\n"
+     "  container: apptainer\n", "slurm", None, "4: checkpoint.dir: /ckpt is inside the apptainer container"),
+    ("checkpoints at a host_path volume's mount, no container", "restarts: 1\ncheckpoint: {dir: /ckpt/a}\n"
+     "volumes: [{name: c, host_path: /lustre/c, mount: /ckpt}]\nslurm: {partition: gpu}\n", "slurm",
+     None, "4: checkpoint.dir: /ckpt/a is under the mount of volume c"),
+    ("restarts nothing implements", "restarts: 2\nslurm: {launcher: srun}\n", "slurm", None,
+     "3: restarts: 2 in srun mode, but nothing restarts"),
+    ("CPUs that do not split over srun tasks", "gpus_per_node: 4\nresources: {cpus_per_node: 10}\n"
+     "slurm: {launcher: srun}\n", "slurm", None, "4: resources.cpus_per_node: 10 CPUs over 4 Slurm tasks"),
+    ("a time limit inside the signal lead", "time_limit: 90s\nslurm: {signal_seconds: 120}\n", "slurm",
+     None, "3: time_limit: 1m30s must exceed slurm.signal_seconds (120s)"),
+    ("an Apptainer image for pyxis", "slurm: {container: pyxis}\n", "slurm", None, ""),
 ]
 
 
@@ -57,7 +77,12 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 def test_render_and_validate_refuse_with_the_same_located_line(tmp_path, capsys, body, target,
                                                                flavor, expected):
     path = tmp_path / "job.yaml"
-    path.write_text(BASE + body)
+    if not expected:  # the image rows: image on line 2
+        image = "/images/t.sif" if "pyxis" in body else "nvcr.io#nvidia/pytorch:24.05-py3"
+        path.write_text(BASE.replace("img:1", image) + body)
+        expected = "2: image: "
+    else:
+        path.write_text(BASE + body)
     extra = ["--flavor", flavor] if flavor else []
     rendered = run(capsys, "render", target, str(path), *extra, "-o", str(tmp_path / "out"))
     assert rendered[0] == 2 and rendered[1] == ""
@@ -86,13 +111,13 @@ def test_validate_checks_the_targets_whose_section_the_job_writes(tmp_path, caps
 
 def test_validate_reports_every_target_s_problems_at_once(tmp_path, capsys):
     path = tmp_path / "job.yaml"
-    path.write_text(BASE + "nodes: '2:4'\nk8s:\n  flavor: job\nslurm:\n  log_dir: a b\n")
+    path.write_text(BASE + EPHEMERAL + "nodes: '2:4'\nk8s:\n  flavor: job\nslurm:\n  log_dir: a b\n")
     code, out, err = run(capsys, "validate", str(path))
     assert code == 2 and out == ""
     assert err.splitlines() == [
-        f"error: {path}:3: nodes: elastic 2:4 needs the pytorchjob flavor (elasticPolicy); job "
+        f"error: {path}:4: nodes: elastic 2:4 needs the pytorchjob flavor (elasticPolicy); job "
         "runs a fixed node count; set nodes: 4 or --flavor pytorchjob",
-        f"error: {path}:7: slurm.log_dir: 'a b' cannot go into an #SBATCH line; use letters, "
+        f"error: {path}:8: slurm.log_dir: 'a b' cannot go into an #SBATCH line; use letters, "
         "digits and _.,:@%+=/|&~- only (no spaces or quotes)"]
     # one target at a time
     assert run(capsys, "validate", str(path), "--target", "slurm")[2] == err.splitlines(True)[1]
@@ -101,6 +126,6 @@ def test_validate_reports_every_target_s_problems_at_once(tmp_path, capsys):
 
 def test_a_refusal_from_an_override_names_the_override(tmp_path, capsys):
     path = tmp_path / "job.yaml"
-    path.write_text(BASE + "nodes: 2\n")
+    path.write_text(BASE + EPHEMERAL + "nodes: 2\n")
     code, _, err = run(capsys, "validate", str(path), "--set", "nodes=2:4", "--flavor", "job")
     assert code == 2 and err.startswith("error: --set nodes: nodes: elastic 2:4 needs"), err

@@ -65,9 +65,13 @@ def test_bash_n_and_shellcheck_clean_for_every_example_and_mode(tmp_path):
     for example in EXAMPLES:
         for launcher, container in MODES:
             for gpu_flag in ("gpus-per-node", "gres"):
+                # (ephemeral: every example in every mode, even where its checkpoints would
+                # not survive; durability has its own tests)
+                own = load_job(str(example)).script or load_job(str(example)).module
                 job = load_job(str(example), [f"slurm.launcher={launcher}",
                                               f"slurm.container={container}",
-                                              f"slurm.gpu_flag={gpu_flag}"])
+                                              f"slurm.gpu_flag={gpu_flag}", "slurm.requeue=true",
+                                              "restarts=1"] + ([] if own else ["checkpoint.ephemeral=true"]))
                 path = tmp_path / f"{example.stem}-{launcher}-{container}-{gpu_flag}.sbatch"
                 path.write_text(render_slurm(job, source=str(example)))
                 files.append(path)
@@ -101,7 +105,7 @@ def test_torchrun_mode_runs_one_task_per_node_with_all_its_cpus():
 
 
 def test_srun_mode_runs_one_task_per_process_and_splits_the_cpus():
-    script = render_slurm(job_from(BASE, "slurm.launcher=srun"))
+    script = render_slurm(job_from(BASE, "slurm.launcher=srun", "restarts=0"))
     d = directives(script)
     assert "--ntasks-per-node=2" in d and "--cpus-per-task=2" in d
     assert "export DDPKIT_LAUNCHER=srun" in script
@@ -133,15 +137,20 @@ def test_elastic_node_range_becomes_a_slurm_min_max():
 def test_requeue_adds_requeue_and_a_usr2_to_the_batch_shell():
     d = directives(render_slurm(job_from(BASE, "slurm.requeue=true", "slurm.signal_seconds=300")))
     assert "--requeue" in d and "--signal=B:USR2@300" in d
-    plain = render_slurm(job_from(BASE))
-    assert "--requeue" not in directives(plain) and "trap " not in plain
+    # a time limit alone still gets the signal (checkpoint before the limit), not the requeue
+    limited = render_slurm(job_from(BASE))
+    assert "--requeue" not in directives(limited) and "--signal=B:USR2@120" in directives(limited)
+    assert "trap forward_signal USR2" in limited and "scontrol requeue" not in limited
+    # neither: nothing to trap
+    plain = render_slurm(job_from(BASE.replace("time_limit: 30m\n", "")))
+    assert "--signal" not in plain and "trap " not in plain
 
 
 def test_pyxis_uses_the_image_and_mounts_host_path_volumes():
     job = job_from(BASE + "volumes: [{name: data, host_path: /lustre/data, mount: /data, read_only: true}]\n",
                    "slurm.container=pyxis", "slurm.container_mounts=[/scratch:/scratch]")
     script = render_slurm(job)
-    assert "--container-image=ghcr.io/example/ddpkit:0.1" in script
+    assert "--container-image='ghcr.io#example/ddpkit:0.1'" in script  # enroot's registry#image
     assert "container_mounts+=,/scratch:/scratch" in script
     assert "container_mounts+=,/lustre/data:/data:ro" in script
 
@@ -150,7 +159,7 @@ def test_apptainer_exec_with_nv_only_on_gpu_jobs():
     gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 4")
     script = render_slurm(job_from(gpu, "slurm.container=apptainer",
                                    "slurm.container_mounts=[/scratch:/scratch:ro]"))
-    assert ("apptainer exec --nv --bind /scratch:/scratch:ro ghcr.io/example/ddpkit:0.1"
+    assert ("apptainer exec --nv --bind /scratch:/scratch:ro docker://ghcr.io/example/ddpkit:0.1"
             in script.replace(" \\\n  ", " "))
     assert "--nv" not in render_slurm(job_from(BASE, "slurm.container=apptainer"))
 
@@ -159,7 +168,8 @@ def test_finished_marker_maps_a_container_path_back_to_the_host():
     job = job_from(BASE, "slurm.container=pyxis", "checkpoint.dir=/ckpt/demo",
                    "slurm.container_mounts=[/lustre/ckpt:/ckpt]")
     assert "finished_marker=/lustre/ckpt/demo/FINISHED" in render_slurm(job)
-    unmapped = job_from(BASE, "slurm.container=pyxis", "checkpoint.dir=/ckpt/demo")
+    unmapped = job_from(BASE, "slurm.container=pyxis", "checkpoint.dir=/ckpt/demo",
+                        "checkpoint.ephemeral=true")
     assert "finished_marker" not in render_slurm(unmapped)
     assert "finished_marker=runs/demo/checkpoints/FINISHED" in render_slurm(job_from(BASE))
 

@@ -178,21 +178,24 @@ image: x:1
 nodes: 2
 gpus_per_node: 4
 resources: {cpus_per_node: 8, memory: 3000000000, shm: 64Mi}
-time_limit: 90s
+time_limit: 3m
 """), overrides=["slurm.launcher=srun", "slurm.gpu_flag=gres", "slurm.partition=gpu"])
     assert slurm.submit(job, via="submitit", cwd=tmp_path) == "slurm://77"
     params = recorded["params"]
     assert params["ntasks_per_node"] == 4 and params["cpus_per_task"] == 2
     assert params["gres"] == "gpu:4" and "gpus_per_node" not in params
-    assert params["mem"] == "2862M" and params["time"] == 2 and params["partition"] == "gpu"
+    assert params["mem"] == "2862M" and params["time"] == 3 and params["partition"] == "gpu"
     sbatch = directives_of(render_slurm(job))
     for flag in ("--ntasks-per-node=4", "--cpus-per-task=2", "--gres=gpu:4", "--mem=2862M",
-                 "--time=0-00:02:00"):
+                 "--time=0-00:03:00"):
         assert flag in sbatch, flag
     job = parse_job(yaml.safe_load("{name: demo, image: x:1, gpus_per_node: 2}"))
     slurm.submit(job, via="submitit", cwd=tmp_path)
     assert recorded["params"]["gpus_per_node"] == 2 and "gres" not in recorded["params"]
-    assert "mem" not in recorded["params"] and "cpus_per_task" not in recorded["params"]
+    # a GPU job that does not say gets CPUS_PER_GPU per GPU, on both paths (not Slurm's 1)
+    assert "mem" not in recorded["params"] and recorded["params"]["cpus_per_task"] == 8
+    assert "--cpus-per-task=8" in recorded["params"]["srun_args"]
+    assert "--cpus-per-task=8" in directives_of(render_slurm(job))
 
 
 def directives_of(script: str) -> list[str]:

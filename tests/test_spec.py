@@ -76,7 +76,6 @@ RULES = [
     ("extra directives do not repeat derived ones", {"slurm": {"extra_directives": ["--time=10"]}}, "ddpkit derives --time; set time_limit instead"),
     ("NCCL owns SIGUSR1", {"slurm": {"signal": "SIGUSR1"}}, "NCCL uses SIGUSR1 itself"),
     ("requeue needs restarts", {"slurm": {"requeue": True}}, "slurm.requeue: needs restarts >= 1"),
-    ("time limit exceeds the requeue signal lead", {"restarts": 1, "time_limit": "60s", "slurm": {"requeue": True}}, "time_limit: 1m must exceed slurm.signal_seconds (120s)"),
     ("restarts in range", {"restarts": 101}, "restarts: must be less than or equal to 100"),
     ("train section is checked by the trainer's model", {"train": {"batch_size": 0}}, "train.batch_size: must be greater than or equal to 1"),
     ("command is a non-empty argv", {"command": []}, "give the program and its arguments as a non-empty list"),

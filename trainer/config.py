@@ -146,6 +146,11 @@ class CheckpointConfig(BaseModel):
         "copied to host memory; the file is published atomically as a synchronous save would be, "
         "and the last save (end of training, SIGTERM) is always complete before the exit.",
     )
+    ephemeral: bool = Field(
+        False, description="Accept that the checkpoint directory may not survive a restart "
+        "(ddpkit refuses a multi-node job or one with restarts whose checkpoints would be lost, "
+        "unless this is true; deploy/durability.py). The trainer ignores it.",
+    )
 
 
 class TrainConfig(BaseModel):

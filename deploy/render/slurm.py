@@ -18,11 +18,12 @@ Choices worth knowing:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import posixpath
 import re
 
-from deploy import __version__
+from deploy import __version__, durability, image_forms, units
 from deploy.problems import Problem, require
 from deploy.render import render_template, shquote
 from deploy.spec import JobSpec
@@ -45,6 +46,29 @@ def check(job: JobSpec) -> list[Problem]:
     `ddpkit validate` reports the same lines as `render slurm` and `submit slurm`)."""
     problems = []
     s = job.slurm
+    if s.container != "none":
+        problems += image_forms.problems(job.image, s.container)
+    problems += durability.slurm_problems(job)
+    if s.launcher == "srun" and job.restarts and not s.requeue:
+        problems.append(Problem(
+            "restarts", f"{job.restarts} in srun mode, but nothing restarts an srun-mode job "
+            "(no torchrun to restart workers, and slurm.requeue is off)",
+            "set slurm.requeue: true (requeue before the time limit), use slurm.launcher: "
+            "torchrun, or set restarts: 0"))
+    cpus = job.resources.cpus_per_node
+    tasks = tasks_per_node(job)
+    if cpus is not None and (math.ceil(cpus) % tasks or math.ceil(cpus) < tasks):
+        low, high = (math.ceil(cpus) // tasks) * tasks, (math.ceil(cpus) // tasks + 1) * tasks
+        problems.append(Problem(
+            "resources.cpus_per_node", f"{cpus:g} CPUs over {tasks} Slurm tasks per node (srun "
+            "mode: one per process) is not a whole number per task, and Slurm gives each task "
+            "whole CPUs: ddpkit would ask for fewer than you wrote",
+            f"use a multiple of {tasks} ({' or '.join(str(n) for n in (low, high) if n)})"))
+    if job.time_limit is not None and job.time_limit <= s.signal_seconds:
+        problems.append(Problem(
+            "time_limit", f"{units.format_duration(job.time_limit)} must exceed "
+            f"slurm.signal_seconds ({s.signal_seconds}s), the warning before the limit",
+            "raise time_limit or lower slurm.signal_seconds"))
     if not _DIRECTIVE_VALUE.match(s.log_dir):
         problems.append(Problem("slurm.log_dir", f"{s.log_dir!r} cannot go into an #SBATCH line",
                                 "use letters, digits and _.,:@%+=/|&~- only (no spaces or quotes)"))
@@ -59,27 +83,65 @@ def tasks_per_node(job: JobSpec) -> int:
     return 1 if job.slurm.launcher == "torchrun" else job.nproc_per_node
 
 
+#: CPUs per GPU when a GPU job does not say (resources.cpus_per_node): Slurm's default of one
+#: CPU per task would run a node's eight torchrun workers and their data loading on one core.
+CPUS_PER_GPU = 4
+
+
 def cpus_per_task(job: JobSpec) -> int | None:
-    """The node's CPUs split over its tasks (at least 1); None leaves Slurm's default."""
+    """`--cpus-per-task`: the node's CPUs split over its tasks (check() refuses a split that
+    would give less than was asked). Unset: CPUS_PER_GPU per GPU, one per process on CPU
+    (None where that is Slurm's own default of 1)."""
     cpus = job.resources.cpus_per_node
+    tasks = tasks_per_node(job)
     if cpus is None:
-        return None
-    return max(1, math.ceil(cpus) // tasks_per_node(job))
+        per_task = job.nproc_per_node // tasks * (CPUS_PER_GPU if job.gpus_per_node else 1)
+        return per_task if job.gpus_per_node or per_task > 1 else None
+    return max(1, math.ceil(cpus) // tasks)
 
 
 def gpu_request(job: JobSpec) -> tuple[str, object] | None:
-    """The GPU option as (key, value): `gres`/`gpu:N` or `gpus-per-node`/N (slurm.gpu_flag)."""
+    """The GPU option as (key, value): `gres`/`gpu:[TYPE:]N` or `gpus-per-node`/`[TYPE:]N`
+    (slurm.gpu_flag, slurm.gpu_type)."""
     if not job.gpus_per_node:
         return None
+    typed = f"{job.slurm.gpu_type}:" if job.slurm.gpu_type else ""
     if job.slurm.gpu_flag == "gres":
-        return "gres", f"gpu:{job.gpus_per_node}"
-    return "gpus-per-node", job.gpus_per_node
+        return "gres", f"gpu:{typed}{job.gpus_per_node}"
+    return "gpus-per-node", f"{typed}{job.gpus_per_node}" if typed else job.gpus_per_node
 
 
-def memory_mebibytes(job: JobSpec) -> int | None:
-    """resources.memory in MiB (`--mem`'s unit), rounded up; None leaves Slurm's default."""
+def memory_option(job: JobSpec) -> str | None:
+    """`--mem`: `0` (all of the node's) with slurm.all_memory, else resources.memory in MiB
+    rounded up; None leaves Slurm's default."""
+    if job.slurm.all_memory:
+        return "0"
     memory = job.resources.memory_bytes
-    return None if memory is None else -(-memory // 2**20)
+    return None if memory is None else f"{-(-memory // 2**20)}M"
+
+
+def signal_option(job: JobSpec) -> str | None:
+    """`--signal=B:SIG@SECONDS`: before the time limit the batch shell is signalled and tells
+    the trainer to checkpoint and stop (then requeues with slurm.requeue). Every job with a
+    time limit gets it, not only requeued ones: a job that hits its limit keeps its work."""
+    s = job.slurm
+    if job.time_limit is None and not s.requeue:
+        return None
+    return f"B:{s.signal}@{s.signal_seconds}"
+
+
+def gpu_vendor_flag(job: JobSpec) -> str | None:
+    """Apptainer's GPU option: `--nv` for NVIDIA, `--rocm` for AMD (by gpu_resource)."""
+    if not job.gpus_per_node:
+        return None
+    return {"nvidia.com/gpu": "--nv", "amd.com/gpu": "--rocm"}.get(job.gpu_resource)
+
+
+def container_name(job: JobSpec) -> str:
+    """pyxis `--container-name`: stable for the job and its image, so a requeued job (same
+    name, same image) reuses the imported container instead of importing it on every node."""
+    digest = hashlib.sha256(job.image.encode()).hexdigest()[:8]
+    return f"ddpkit-{job.name}-{digest}"
 
 
 def finished_marker(job: JobSpec) -> str | None:
@@ -104,10 +166,10 @@ def finished_marker(job: JobSpec) -> str | None:
 
 
 def _mount_pairs(job: JobSpec) -> list[tuple[str, str]]:
-    return [(m.split(":")[0], m.split(":")[1]) for m in _mounts(job)]
+    return [(m.split(":")[0], m.split(":")[1]) for m in container_mounts(job)]
 
 
-def _mounts(job: JobSpec) -> list[str]:
+def container_mounts(job: JobSpec) -> list[str]:
     """Container bind mounts `SRC:DST[:ro]`: slurm.container_mounts plus host_path volumes."""
     mounts = list(job.slurm.container_mounts)
     for volume in job.volumes:
@@ -140,9 +202,9 @@ def directives(job: JobSpec) -> list[str]:
     gpus = gpu_request(job)
     if gpus is not None:
         out.append(_directive(*gpus, field="gpus_per_node"))
-    mebibytes = memory_mebibytes(job)
-    if mebibytes is not None:
-        out.append(_directive("mem", f"{mebibytes}M", field="resources.memory"))
+    memory = memory_option(job)
+    if memory is not None:
+        out.append(_directive("mem", memory, field="resources.memory"))
     if job.time_limit is not None:
         out.append(_directive("time", slurm_time(job.time_limit), field="time_limit"))
     for key in ("partition", "account", "qos", "constraint"):
@@ -157,7 +219,9 @@ def directives(job: JobSpec) -> list[str]:
     out.append("--open-mode=append")
     if s.requeue:
         out.append("--requeue")
-        out.append(f"--signal=B:{s.signal}@{s.signal_seconds}")
+    signal = signal_option(job)
+    if signal is not None:
+        out.append(f"--signal={signal}")
     out.extend(s.extra_directives)
     return out
 
@@ -174,18 +238,27 @@ def launch_line(job: JobSpec) -> str:
     command = " ".join(shquote(arg) for arg in (job.command or DEFAULT_COMMAND))
     container: list[str] = []
     if s.container == "pyxis":
-        parts += [f"--container-image={shquote(job.image)}",
+        parts += [f"--container-image={shquote(image_forms.pyxis(job.image))}",
+                  f"--container-name={shquote(container_name(job))}",
                   "--container-mounts=\"$container_mounts\"", "--container-workdir=\"$PWD\""]
+        if s.container_remap_root:
+            parts.append("--container-remap-root")
+        if s.container_writable:
+            parts.append("--container-writable")
     elif s.container == "apptainer":
-        container = ["apptainer", "exec"]
-        if job.gpus_per_node:
-            container.append("--nv")
+        container = ["apptainer", "exec", *apptainer_options(job)]
         if posixpath.isabs(s.log_dir):
             container.append('--bind "$job_dir"')
-        container += [f"--bind {shquote(m)}" for m in _mounts(job)]
-        container.append(shquote(job.image))
+        container += [f"--bind {shquote(m)}" for m in container_mounts(job)]
+        container.append(shquote(image_forms.apptainer(job.image)))
     lines = _wrap(parts) + (_wrap(container) if container else []) + [command]
     return " \\\n  ".join(lines)
+
+
+def apptainer_options(job: JobSpec) -> list[str]:
+    """`apptainer exec` options besides the binds: the GPU vendor's, a writable tmpfs."""
+    flag = gpu_vendor_flag(job)
+    return ([flag] if flag else []) + (["--writable-tmpfs"] if job.slurm.container_writable else [])
 
 
 def _wrap(parts: list[str], width: int = 88) -> list[str]:
@@ -213,6 +286,10 @@ def _ignored(job: JobSpec) -> list[str]:
         out.append(f"image {job.image} (slurm.container is none)")
     elif job.slurm.venv:
         out.append(f"slurm.venv {job.slurm.venv} (the container's environment is used)")
+    if job.slurm.container_remap_root and job.slurm.container != "pyxis":
+        out.append("slurm.container_remap_root (pyxis only)")
+    if job.slurm.container_writable and job.slurm.container == "none":
+        out.append("slurm.container_writable (no container)")
     return out
 
 
@@ -254,8 +331,9 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "env": job.env,
         "secret_env": job.secret_env,
         "container": s.container,
-        "mounts": _mounts(job),
+        "mounts": container_mounts(job),
         "requeue": s.requeue,
+        "signal_trap": signal_option(job) is not None,
         "signal": s.signal,
         "launch": launch_line(job),
     }

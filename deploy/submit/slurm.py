@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.problems import Problem, refuse, target_problems
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -79,13 +80,21 @@ def _last_line(text: str) -> str:
 
 def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool = False,
            runner: Runner = subprocess.run, cwd: str | os.PathLike | None = None) -> str:
-    """Submit `job`; return its handle `slurm://JOBID` (with dry_run: sbatch --test-only's answer)."""
+    """Submit `job`; return its handle `slurm://JOBID` (with dry_run: sbatch --test-only's answer).
+
+    Before anything reaches Slurm: the Slurm target's checks (what `ddpkit validate` reports),
+    and every `secret_env` variable must be set here (sbatch passes this environment on to
+    the job; a missing one would fail the job only after its wait in the queue)."""
+    if via not in ("sbatch", "submitit"):
+        raise UserError(f"--via {via}: use sbatch or submitit")
+    problems = target_problems(job, "slurm") + missing_secrets(job, os.environ)
+    if via == "submitit":
+        problems += submitit_problems(job)
+    refuse(job, problems)
     if via == "submitit":
         if dry_run:
             raise UserError("--dry-run is not available with --via submitit; use --via sbatch")
         return _submit_submitit(job, cwd=cwd)
-    if via != "sbatch":
-        raise UserError(f"--via {via}: use sbatch or submitit")
     from deploy.render.slurm import render_slurm
 
     script = render_slurm(job, source=source)
@@ -107,6 +116,30 @@ def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool 
     return f"slurm://{jobid}"
 
 
+def missing_secrets(job, environ) -> list[Problem]:
+    """secret_env variables the submitting environment lacks (Slurm has no Secrets)."""
+    return [Problem(f"secret_env.{i}.name", f"{secret.name} is not set in this environment, and "
+                    f"on Slurm the job gets it only from there (Kubernetes Secret "
+                    f"{secret.secret}/{secret.key} does not exist on Slurm)",
+                    f"export {secret.name} before `ddpkit submit slurm`")
+            for i, secret in enumerate(job.secret_env) if secret.name not in environ]
+
+
+def submitit_problems(job) -> list[Problem]:
+    """What `--via submitit` cannot do the way the sbatch script does."""
+    problems = []
+    if job.slurm.container == "pyxis":
+        problems.append(Problem(
+            "slurm.container", "pyxis puts submitit's own srun step in the container, which "
+            "would need submitit and ddpkit installed in the image", "use --via sbatch, or "
+            "slurm.container: apptainer"))
+    if job.slurm.signal != "USR2":
+        problems.append(Problem(
+            "slurm.signal", f"{job.slurm.signal}: submitit always asks Slurm for SIGUSR2 before "
+            "the time limit", "leave slurm.signal at USR2 or use --via sbatch"))
+    return problems
+
+
 def _submit_submitit(job, *, cwd) -> str:
     """submitit's SlurmExecutor with the job's topology, running `SlurmLaunch` on every task."""
     try:
@@ -124,22 +157,34 @@ def _submit_submitit(job, *, cwd) -> str:
     # submitit requeues a checkpointable function on timeout at most max_num_timeout times
     executor = submitit.SlurmExecutor(folder=folder, python=sys.executable,
                                       max_num_timeout=job.restarts)
+    # the same #SBATCH options as the script: extra_directives (validated against what ddpkit
+    # derives), an elastic node range, the submit directory
+    additional: dict = {}
+    for directive in s.extra_directives:
+        key, sep, value = directive.removeprefix("--").partition("=")
+        additional[key] = value if sep else True
+    if job.nodes.elastic:
+        additional["nodes"] = f"{job.nodes.min}-{job.nodes.max}"
+    additional["chdir"] = str(workdir)
     params: dict = {
         "job_name": job.name,
         "nodes": job.nodes.min,
         "ntasks_per_node": render.tasks_per_node(job),
         "setup": _submitit_setup(job),
-        "additional_parameters": {"chdir": str(workdir)},
+        "additional_parameters": additional,
+        "srun_args": ["--kill-on-bad-exit=1"],
     }
     cpus = render.cpus_per_task(job)
     if cpus is not None:
         params["cpus_per_task"] = cpus
+        # Slurm 22.05+ steps do not inherit the batch's --cpus-per-task (as in the script)
+        params["srun_args"].append(f"--cpus-per-task={cpus}")
     gpus = render.gpu_request(job)
     if gpus is not None:
         params[gpus[0].replace("-", "_")] = gpus[1]
-    mebibytes = render.memory_mebibytes(job)
-    if mebibytes is not None:
-        params["mem"] = f"{mebibytes}M"
+    memory = render.memory_option(job)
+    if memory is not None:
+        params["mem"] = memory
     if job.time_limit is not None:
         params["time"] = -(-job.time_limit // 60)
     for key in ("partition", "account", "qos", "constraint"):
@@ -152,21 +197,43 @@ def _submit_submitit(job, *, cwd) -> str:
     try:
         submitted = executor.submit(SlurmLaunch(job.to_yaml(), job.name, s.log_dir, job.nproc_per_node,
                                                 job.restarts, s.launcher, job.command,
-                                                requeue=s.requeue))
+                                                requeue=s.requeue, container=_container_argv(job)))
     except Exception as exc:  # submitit wraps sbatch's refusal in its own exception types
         raise RuntimeFailure(f"submitit could not submit the job: {_last_line(str(exc))}") from None
     return f"slurm://{submitted.job_id}"
 
 
+def _container_argv(job) -> list[str]:
+    """The Apptainer prefix of the launch command (the sbatch script's, as an argv)."""
+    from deploy import image_forms
+    from deploy.render import slurm as render
+
+    if job.slurm.container != "apptainer":
+        return []
+    argv = ["apptainer", "exec", *render.apptainer_options(job)]
+    if os.path.isabs(job.slurm.log_dir):
+        argv += ["--bind", job.slurm.log_dir]
+    for mount in render.container_mounts(job):
+        argv += ["--bind", mount]
+    return argv + [image_forms.apptainer(job.image)]
+
+
 def _submitit_setup(job) -> list[str]:
-    """Lines submitit runs before its srun: modules, setup, venv, env (like the sbatch script)."""
+    """Lines submitit runs before its srun, as the sbatch script runs them: modules, setup
+    lines, the venv or conda prefix (without a container), env, and the secret_env check."""
     from deploy.render import shquote
 
     s = job.slurm
-    lines = [f"module load {shquote(m)}" for m in s.modules] + list(s.setup)
+    lines = ["set +u"] + [f"module load {shquote(m)}" for m in s.modules] + list(s.setup)
     if s.venv and s.container == "none":
-        lines.append(f"source {shquote(s.venv + '/bin/activate')}")
+        venv = shquote(s.venv)
+        lines.append(f"if [[ -f {venv}/bin/activate ]]; then source {venv}/bin/activate; "
+                     f"else export PATH={venv}/bin:\"$PATH\" CONDA_PREFIX={venv}; fi")
     lines += [f"export {k}={shquote(v)}" for k, v in job.env.items()]
+    for secret in job.secret_env:
+        lines.append(f': "${{{secret.name}:?secret_env {secret.name} is not set: export it '
+                     'before submitting}"')
+        lines.append(f"export {secret.name}")
     return lines
 
 
@@ -184,10 +251,12 @@ class SlurmLaunch:
     """
 
     def __init__(self, job_yaml: str, name: str, log_dir: str, nproc_per_node: int, restarts: int,
-                 launcher: str, command: list[str] | None, *, requeue: bool = False):
+                 launcher: str, command: list[str] | None, *, requeue: bool = False,
+                 container: list[str] = ()):
         self.job_yaml, self.name, self.log_dir = job_yaml, name, log_dir
         self.nproc_per_node, self.restarts = nproc_per_node, restarts
         self.launcher, self.command, self.requeue = launcher, command, requeue
+        self.container = list(container)
 
     def checkpoint(self, *args, **kwargs):
         """submitit's hook on preemption: run this same launch again (None: do not requeue)."""
@@ -224,7 +293,10 @@ class SlurmLaunch:
         tmp = job_file.with_name(f".{job_file.name}.{os.getpid()}")
         tmp.write_text(self.job_yaml, encoding="utf-8")
         os.replace(tmp, job_file)  # every task writes the same text; replace is atomic
-        argv = self.command or [sys.executable, "-m", "trainer.launch"]
+        if self.container:  # the container's own python (Apptainer binds the working directory)
+            argv = [*self.container, *(self.command or ["python", "-m", "trainer.launch"])]
+        else:
+            argv = self.command or [sys.executable, "-m", "trainer.launch"]
         submitit_handler = signal.getsignal(signal.SIGUSR2)
         child = subprocess.Popen(argv, env={**os.environ, **extra})
         stopped: list[int] = []
