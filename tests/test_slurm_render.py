@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.errors import UserError
 from deploy.render.slurm import render_slurm
 from deploy.spec import load_job, parse_job
 from tests.conftest import EXAMPLES, REPO, ddpkit, require, venv_tool
@@ -350,3 +351,123 @@ def test_settings_without_meaning_on_slurm_are_named_in_the_header():
         "# Not used on Slurm: volume data (claim): mount it on the cluster's shared filesystem at /data",
         "# Not used on Slurm: slurm.venv /opt/venv (the container's environment is used)",
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# containers, resources and signals as sites write them (issue 11)
+
+
+@pytest.mark.parametrize("image,apptainer,pyxis", [
+    ("ghcr.io/org/t:1", "docker://ghcr.io/org/t:1", "ghcr.io#org/t:1"),
+    ("docker://ghcr.io/org/t:1", "docker://ghcr.io/org/t:1", "ghcr.io#org/t:1"),
+    ("nvcr.io#nvidia/pytorch:24.05-py3", "docker://nvcr.io/nvidia/pytorch:24.05-py3",
+     "nvcr.io#nvidia/pytorch:24.05-py3"),
+    ("pytorch/pytorch:2.3", "docker://pytorch/pytorch:2.3", "pytorch/pytorch:2.3"),
+    ("localhost:5000/t", "docker://localhost:5000/t", "localhost:5000#t"),
+    ("/images/t.sif", "/images/t.sif", None),
+    ("images/t.sqsh", None, "images/t.sqsh"),
+])
+def test_each_runtime_gets_the_image_form_it_reads(image, apptainer, pyxis):
+    from deploy.render import shquote
+
+    for container, want in (("apptainer", apptainer), ("pyxis", pyxis)):
+        job = job_from(BASE, f"image={image}", f"slurm.container={container}")
+        if want is None:
+            with pytest.raises(UserError, match=r"image: .* (Apptainer|enroot)"):
+                render_slurm(job)
+            continue
+        script = render_slurm(job).replace(" \\\n  ", " ")
+        option = f"apptainer exec {shquote(want)}" if container == "apptainer" else \
+            f"--container-image={shquote(want)}"
+        assert option in script, (container, want)
+
+
+def test_amd_gpus_get_rocm_and_writable_options_reach_both_runtimes():
+    amd = BASE.replace("procs_per_node: 2", "gpus_per_node: 2") + "gpu_resource: amd.com/gpu\n"
+    script = render_slurm(job_from(amd, "slurm.container=apptainer", "slurm.container_writable=true"))
+    assert "apptainer exec --rocm --writable-tmpfs" in script and "--nv" not in script
+    nvidia = render_slurm(job_from(BASE.replace("procs_per_node: 2", "gpus_per_node: 2"),
+                                   "slurm.container=apptainer"))
+    assert "apptainer exec --nv docker://" in nvidia.replace(" \\\n  ", " ")
+    pyxis = render_slurm(job_from(BASE, "slurm.container=pyxis", "slurm.container_remap_root=true",
+                                  "slurm.container_writable=true")).replace(" \\\n  ", " ")
+    assert "--container-remap-root" in pyxis and "--container-writable" in pyxis
+
+
+def test_pyxis_container_name_is_stable_per_job_and_image():
+    """A requeued job (same name, same image) reuses the container pyxis imported; another
+    image gets another name, so a stale container is never reused for it."""
+    def name(*overrides):
+        script = render_slurm(job_from(BASE, "slurm.container=pyxis", *overrides))
+        [option] = [w for w in script.split() if w.startswith("--container-name=")]
+        return option
+    assert name() == name("slurm.requeue=true") == name("nodes=3")
+    assert name() != name("image=ghcr.io/example/ddpkit:0.2")
+    assert name().startswith("--container-name=ddpkit-demo-")
+
+
+def test_typed_gpus_all_memory_and_gpu_cpus():
+    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 8").replace(
+        "resources: {cpus_per_node: 4, memory: 4Gi}", "resources: {}")
+    d = directives(render_slurm(job_from(gpu, "slurm.gpu_type=h100", "slurm.all_memory=true")))
+    assert "--gpus-per-node=h100:8" in d and "--mem=0" in d
+    assert "--cpus-per-task=32" in d  # CPUS_PER_GPU x 8 for the one torchrun task
+    d = directives(render_slurm(job_from(gpu, "slurm.gpu_type=h100", "slurm.gpu_flag=gres",
+                                         "slurm.launcher=srun", "slurm.requeue=true")))
+    assert "--gres=gpu:h100:8" in d and "--cpus-per-task=4" in d
+    # --mem=0 is Slurm's alone: the Kubernetes pod asks for no memory at all
+    from deploy.render.k8s import render_objects
+
+    objs = render_objects(job_from(gpu, "slurm.all_memory=true", "nodes=1", "restarts=0"), flavor="job")
+    [pod] = [o for o in objs if o["kind"] == "Job"]
+    resources = pod["spec"]["template"]["spec"]["containers"][0]["resources"]
+    assert "memory" not in resources.get("limits", {}) and "memory" not in resources.get("requests", {})
+
+
+@pytest.mark.parametrize("patch,expected", [
+    ({"resources": {"memory": 0}}, "resources.memory: 0 is no memory"),
+    ({"resources": {"memory": "4Gi"}, "slurm": {"all_memory": True}}, "slurm.all_memory: asks for all"),
+    ({"slurm": {"gpu_type": "h100"}}, "slurm.gpu_type: names the type of GPUs"),
+    ({"slurm": {"extra_directives": ["--mail-type=END", "--cpus-per-gpu=8"]}},
+     "slurm.extra_directives.1: '--cpus-per-gpu=8' conflicts with the script ddpkit renders"),
+    ({"slurm": {"extra_directives": ["--export=NONE"]}}, "--export=NONE drops it"),
+    ({"slurm": {"extra_directives": ["--array=0-3"]}}, "one ddpkit job is one training run"),
+    ({"slurm": {"extra_directives": ["--no-requeue"]}}, "requeueing is slurm.requeue"),
+    ({"slurm": {"extra_directives": ["--chdir=/x"]}}, "paths are relative to the submit directory"),
+    ({"slurm": {"extra_directives": ["--mem-per-gpu=8G"]}}, "Slurm allows one memory option"),
+    ({"slurm": {"extra_directives": ["--mem=0"]}}, "set resources.memory (or slurm.all_memory for --mem=0) instead"),
+])
+def test_slurm_settings_that_contradict_each_other_are_refused_with_the_reason(patch, expected):
+    data = {"name": "demo", "image": "i:1", "gpus_per_node": 0, **patch}
+    with pytest.raises(UserError) as err:
+        parse_job(data)
+    assert any(expected in p for p in err.value.problems), err.value.problems
+
+
+def test_cpus_are_never_split_below_what_was_asked():
+    job = job_from(BASE, "resources.cpus_per_node=5", "slurm.launcher=srun", "restarts=0")
+    with pytest.raises(UserError, match=r"5 CPUs over 2 Slurm tasks .*use a multiple of 2 \(4 or 6\)"):
+        render_slurm(job)
+    assert "--cpus-per-task=3" in directives(render_slurm(job_from(BASE, "resources.cpus_per_node=6",
+                                                                   "slurm.launcher=srun", "restarts=0")))
+    # fractional CPUs round up, never down
+    assert "--cpus-per-task=3" in directives(render_slurm(job_from(BASE, "resources.cpus_per_node=2.5")))
+
+
+def test_a_time_limit_signals_the_trainer_even_without_requeue(tmp_path):
+    """Before the limit the batch shell gets USR2, the step is told to checkpoint and stop, and
+    the job is not requeued (real bash; the trainer stand-in exits 143 on the signal)."""
+    script = render_slurm(job_from(BASE))  # time_limit 30m, no requeue
+    assert "--signal=B:USR2@120" in directives(script)
+    body = "trap 'echo checkpointed; exit 143' USR2; while :; do sleep 0.1; done"
+    proc = start_script(tmp_path, script, body=body)
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "srun.args").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "step never started"
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGUSR2)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 143, out
+    assert "checkpointed" in out and "submit the job again to resume" in out
+    assert not (tmp_path / "scontrol.calls").exists() or "requeue" not in (tmp_path / "scontrol.calls").read_text()

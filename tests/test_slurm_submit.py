@@ -200,3 +200,98 @@ time_limit: 3m
 
 def directives_of(script: str) -> list[str]:
     return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+
+
+def test_a_missing_secret_is_reported_before_sbatch(tmp_path, monkeypatch):
+    job = parse_job(yaml.safe_load("""
+name: demo
+image: x:1
+secret_env: [{name: API_TOKEN, secret: api, key: token}]
+"""))
+    fake = FakeSlurm(sbatch=(0, "123\n", ""))
+    monkeypatch.delenv("API_TOKEN", raising=False)
+    with pytest.raises(UserError) as err:
+        slurm.submit(job, runner=fake, cwd=tmp_path)
+    assert err.value.problems == [
+        "job.yaml: secret_env.0.name: API_TOKEN is not set in this environment, and on Slurm the "
+        "job gets it only from there (Kubernetes Secret api/token does not exist on Slurm); "
+        "export API_TOKEN before `ddpkit submit slurm`"]
+    assert fake.calls == []  # nothing reached Slurm
+    monkeypatch.setenv("API_TOKEN", "s3cret")
+    assert slurm.submit(job, runner=fake, cwd=tmp_path) == "slurm://123"
+
+
+def _recording_submitit(monkeypatch) -> dict:
+    import sys
+    import types
+
+    recorded: dict = {}
+
+    class Executor:
+        def __init__(self, **kwargs):
+            recorded["executor"] = kwargs
+
+        def update_parameters(self, **params):
+            recorded["params"] = params
+
+        def submit(self, fn):
+            recorded["fn"] = fn
+            return types.SimpleNamespace(job_id="78")
+
+    monkeypatch.setitem(sys.modules, "submitit", types.SimpleNamespace(SlurmExecutor=Executor))
+    monkeypatch.setattr(slurm.shutil, "which", lambda cmd: f"/usr/bin/{cmd}")
+    return recorded
+
+
+def test_submitit_honours_directives_elastic_nodes_apptainer_conda_and_secrets(tmp_path, monkeypatch):
+    recorded = _recording_submitit(monkeypatch)
+    monkeypatch.setenv("API_TOKEN", "s3cret")
+    job = parse_job(yaml.safe_load("""
+name: demo
+image: ghcr.io/org/t:1
+nodes: "2:4"
+gpus_per_node: 2
+gpu_resource: amd.com/gpu
+env: {NCCL_DEBUG: WARN}
+secret_env: [{name: API_TOKEN, secret: api, key: token}]
+volumes: [{name: d, host_path: /lustre/d, mount: /data, read_only: true}]
+slurm:
+  container: apptainer
+  modules: [rocm/6.0]
+  setup: ["echo hello"]
+  extra_directives: [--mail-type=END, --hint=nomultithread]
+"""))
+    assert slurm.submit(job, via="submitit", cwd=tmp_path) == "slurm://78"
+    params = recorded["params"]
+    assert params["additional_parameters"] == {"mail-type": "END", "hint": "nomultithread",
+                                               "nodes": "2-4", "chdir": str(tmp_path)}
+    assert params["setup"] == [
+        "set +u", "module load rocm/6.0", "echo hello", "export NCCL_DEBUG=WARN",
+        ': "${API_TOKEN:?secret_env API_TOKEN is not set: export it before submitting}"',
+        "export API_TOKEN"]
+    assert params["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=8"]
+    assert recorded["fn"].container == ["apptainer", "exec", "--rocm", "--bind", "/lustre/d:/data:ro",
+                                        "docker://ghcr.io/org/t:1"]
+    # the same #SBATCH options as the script
+    sbatch = directives_of(render_slurm(job))
+    assert "--mail-type=END" in sbatch and "--nodes=2-4" in sbatch
+    # a conda prefix without bin/activate, as in the script
+    job = parse_job(yaml.safe_load("{name: demo, image: x:1, slurm: {venv: /opt/conda/envs/t}}"))
+    slurm.submit(job, via="submitit", cwd=tmp_path)
+    [venv] = [line for line in recorded["params"]["setup"] if "/opt/conda/envs/t" in line]
+    proc = subprocess.run(["bash", "-c", venv + '; echo "$CONDA_PREFIX $PATH"'], capture_output=True, text=True)
+    assert proc.stdout.startswith("/opt/conda/envs/t /opt/conda/envs/t/bin:"), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("patch,expected", [
+    ({"slurm": {"container": "pyxis"}}, "slurm.container: pyxis puts submitit's own srun step in the container"),
+    ({"slurm": {"signal": "TERM"}}, "slurm.signal: TERM: submitit always asks Slurm for SIGUSR2"),
+    ({"restarts": 1, "slurm": {"launcher": "srun"}}, "restarts: 1 in srun mode"),
+])
+def test_submitit_refuses_what_it_cannot_do_like_the_script(tmp_path, monkeypatch, patch, expected):
+    recorded = _recording_submitit(monkeypatch)
+    job = parse_job({"name": "demo", "image": "x:1", **patch})
+    with pytest.raises(UserError) as err:
+        slurm.submit(job, via="submitit", cwd=tmp_path)
+    assert any(expected in p for p in err.value.problems), err.value.problems
+    assert "fn" not in recorded
