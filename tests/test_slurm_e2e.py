@@ -233,3 +233,95 @@ def test_submitit_runs_the_same_job_and_requeues_it(cluster, jobs, tmp_path):
     assert stopped["status"] == "stopped" and final["resumed_from_step"] == stopped["steps"]
     assert final["steps"] == 80
     assert_trained_on_two_nodes(final)
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 11: the README's path, secrets, --mem=0, the time-limit signal, submitit's parity
+
+
+def write_job(path: Path, *, slurm: dict | None = None, **fields) -> Path:
+    """The 2-node example with this interpreter's venv (as `submit` does with --set)."""
+    import yaml
+
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data["slurm"] = {**data.get("slurm", {}), "venv": sys.prefix, **(slurm or {})}
+    data.update(fields)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_readme_render_then_sbatch_runs_as_written(cluster, jobs, tmp_path):
+    """`ddpkit render slurm job.yaml -o job.sbatch && sbatch job.sbatch`, literally: nothing
+    else creates the log directory (Slurm fails a job whose log it cannot open, silently)."""
+    write_job(tmp_path / "job.yaml")
+    assert not (tmp_path / "logs").exists()
+    ddpkit_cmd = f"{sys.executable} -m deploy"
+    proc = subprocess.run(["bash", "-c", f"{ddpkit_cmd} render slurm job.yaml -o job.sbatch && sbatch job.sbatch"],
+                          cwd=tmp_path, env=cluster, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    jobid = proc.stdout.strip().split()[-1]
+    assert proc.stdout.startswith("Submitted batch job") and jobid.isdigit(), proc.stdout
+    handle = f"slurm://{jobid}"
+    jobs.append(handle)
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    [summary] = summaries(job_log(cluster, handle))
+    assert_trained_on_two_nodes(summary)
+    assert (tmp_path / "logs" / f"quickstart-2node-{jobid}.out").exists()
+
+
+def squeue_ids(cluster) -> set[str]:
+    proc = subprocess.run(["squeue", "-h", "-o", "%i"], env=cluster, capture_output=True, text=True)
+    return set(proc.stdout.split())
+
+
+def test_a_missing_secret_stops_submit_before_sbatch_and_a_set_one_reaches_the_job(cluster, jobs, tmp_path):
+    """Also --mem=0 (slurm.all_memory): real Slurm gives the job all of each node's memory."""
+    check = 'test "$API_TOKEN" = s3cret && echo "token-ok on $(hostname)"'
+    path = write_job(tmp_path / "job.yaml", slurm={"all_memory": True},
+                     secret_env=[{"name": "API_TOKEN", "secret": "api", "key": "token"}],
+                     command=["bash", "-c", check])
+    data = path.read_text().replace("  memory: 4Gi\n", "")  # all_memory instead of resources.memory
+    path.write_text(data)
+    env = {k: v for k, v in cluster.items() if k != "API_TOKEN"}
+    before = squeue_ids(cluster)
+    proc = ddpkit("submit", "slurm", str(path), cwd=tmp_path, env=env)
+    assert proc.returncode == 2 and "secret_env.0.name: API_TOKEN is not set" in proc.stderr, proc.stderr
+    assert proc.stdout == "" and squeue_ids(cluster) <= before  # nothing was submitted
+    proc = ddpkit("submit", "slurm", str(path), cwd=tmp_path, env={**env, "API_TOKEN": "s3cret"})
+    assert proc.returncode == 0, proc.stderr
+    handle = proc.stdout.strip()
+    jobs.append(handle)
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    log = job_log(cluster, handle)
+    assert sorted(line.split()[-1] for line in log.splitlines() if "token-ok" in line) == sorted(NODES), log
+    assert int(job_field(cluster, handle, "MinMemoryNode").rstrip("MG") or 0) > 0  # not 0: all of it
+
+
+def test_a_time_limit_without_requeue_checkpoints_before_the_limit(cluster, jobs, tmp_path):
+    """Slurm's own --signal=B:USR2@90 on a 3-minute job (Slurm may signal up to a minute early):
+    the trainer checkpoints and stops before the limit (not killed at it), no requeue."""
+    path = write_job(tmp_path / "job.yaml", slurm={"requeue": False, "signal_seconds": 90},
+                     time_limit="3m", restarts=0)
+    proc = ddpkit("submit", "slurm", str(path), "--set", "train.max_steps=100000",
+                  "--set", "train.epochs=1000", "--set", "train.plot=false", cwd=tmp_path, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    handle = proc.stdout.strip()
+    jobs.append(handle)
+    state = wait_for(cluster, handle, {"SUCCEEDED", "FAILED"}, timeout=240)
+    log = job_log(cluster, handle)
+    assert "SIGUSR2 received" in log and "stopped before the time limit (checkpointed)" in log, log[-3000:]
+    [stopped] = summaries(log)
+    assert stopped["status"] == "stopped" and stopped["steps"] > 0
+    assert state == "FAILED" and job_field(cluster, handle, "Restarts") == "0"
+    assert "TIMEOUT" not in job_field(cluster, handle, "JobState")
+    assert list((tmp_path / "runs" / "quickstart-2node" / "checkpoints").glob("*"))
+
+
+def test_submitit_takes_the_elastic_range_and_extra_directives(cluster, jobs, tmp_path):
+    handle = submit(cluster, jobs, tmp_path, "--via", "submitit", "--set", "nodes=1:2",
+                    "--set", "slurm.extra_directives=[--comment=ddpkit-e2e]", "--set", "train.plot=false")
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    assert job_field(cluster, handle, "Comment") == "ddpkit-e2e"
+    assert job_field(cluster, handle, "NumNodes") == "2"  # both testbed nodes were free: the max
+    [summary] = summaries(job_log(cluster, handle))
+    assert_trained_on_two_nodes(summary)
