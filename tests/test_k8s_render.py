@@ -450,8 +450,8 @@ CLUSTER_FIELDS = {
 
 
 def cluster_job(**extra):
-    data = {"name": "demo", "image": "img:1", "nodes": 2, **CLUSTER_FIELDS,
-            "k8s": {**CLUSTER_FIELDS["k8s"], **extra}}
+    data = {"name": "demo", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True},
+            **CLUSTER_FIELDS, "k8s": {**CLUSTER_FIELDS["k8s"], **extra}}
     return parse_job(data)
 
 

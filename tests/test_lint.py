@@ -412,7 +412,8 @@ def test_longest_hostname_is_the_longest_the_controllers_give(flavor, nodes):
     from deploy.spec import parse_job
     from deploy.submit.docker import controller_pods
 
-    objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": nodes}), flavor=flavor)
+    objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": nodes,
+                                            "checkpoint": {"ephemeral": True}}), flavor=flavor)
     workload = next(o for o in objs if o["kind"] in ("PyTorchJob", "TrainJob"))
     hostnames = [p.hostname for p in controller_pods(objs)]
     found = advice.longest_hostname(workload)
