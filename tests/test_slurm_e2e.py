@@ -14,6 +14,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -325,3 +326,26 @@ def test_submitit_takes_the_elastic_range_and_extra_directives(cluster, jobs, tm
     assert job_field(cluster, handle, "NumNodes") == "2"  # both testbed nodes were free: the max
     [summary] = summaries(job_log(cluster, handle))
     assert_trained_on_two_nodes(summary)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_your_own_torchrun_script_runs_unchanged_on_two_nodes(cluster, jobs, tmp_path, launcher):
+    """examples/own_script/train.py (textbook DDP, no ddpkit) as `script:`: 2 nodes x 2 ranks,
+    identical parameters on all four; the script sits in the shared submit directory."""
+    shutil.copy(REPO / "examples" / "own_script" / "train.py", tmp_path / "train.py")
+    proc = ddpkit("submit", "slurm", str(REPO / "examples" / "own-script.yaml"),
+                  "--set", f"slurm.venv={sys.prefix}", "--set", "nodes=2", "--set", "script=train.py",
+                  "--set", "args=[--epochs, '1', --samples, '1024', --out, out]",
+                  "--set", f"slurm.launcher={launcher}", cwd=tmp_path, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    handle = proc.stdout.strip()
+    jobs.append(handle)
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    log = job_log(cluster, handle)
+    lines = re.findall(r"rank (\d)/4 on (\S+): params sha256 ([0-9a-f]{64})", log)
+    assert sorted(int(r) for r, _, _ in lines) == [0, 1, 2, 3], log[-3000:]
+    assert {h for _, h, _ in lines} == set(NODES)  # both nodes trained
+    assert len({s for _, _, s in lines}) == 1  # identical on every rank
+    files = {p.read_text().strip() for p in (tmp_path / "out").glob("params-rank*.sha256")}
+    assert files == {lines[0][2]}
+    assert f"{launcher} mode" in log and "train.py --epochs 1" in log

@@ -130,7 +130,7 @@ def test_the_cnn_workload_matches_the_textbook_ddp_loop(tmp_path):
         shas = {(run_dir / f"params-rank{r}.sha256").read_text().strip() for r in (0, 1)}
         assert shas == {s["final_params_sha256"]} and s["params_identical"]
         assert [r["rank"] for r in s["ranks"]] == [0, 1] and s["hostnames"]
-        assert all(set(r) == {"rank", "hostname", "params_sha256"} for r in s["ranks"]), s["ranks"]
+        assert all(set(r) == {"rank", "hostname", "params_sha256", "buffers_sha256"} for r in s["ranks"]), s["ranks"]
         for key in ("samples_per_s", "final_loss", "wall_s", "first_step_s"):
             assert isinstance(s[key], float) and s[key] > 0, key
         assert (run_dir / "checkpoints" / "FINISHED").exists()

@@ -1,7 +1,5 @@
 """`python -m trainer` runs one training process (what `trainer.launch` starts per rank)."""
 
-import sys
+from trainer.train import entry
 
-from trainer.train import main
-
-sys.exit(main())
+entry()

@@ -126,6 +126,14 @@ def entry_argv(script: str | None, module: str | None, args: list[str]) -> list[
     return list(TRAINER_ENTRY)
 
 
+class ConfigError(ValueError):
+    """A bad setting found at run time (the trainer exits 2 with this one line, no traceback).
+
+    Only ddpkit's own checks raise it; any other exception, a `ValueError` from a loss
+    function included, is a failure of the run: traceback, exit 1.
+    """
+
+
 class CheckpointConfig(BaseModel):
     """Where and how often the trainer checkpoints; also where a FINISHED marker is written."""
 
@@ -163,10 +171,11 @@ class TrainConfig(BaseModel):
         description="Workload: `cnn`, `gpt`, or a user function as `package.module:function` "
         "that takes this `train:` section and returns a `trainer.models.Workload`.",
     )
-    model_args: dict[str, int | float | str | bool] = Field(
+    model_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Keyword arguments for the workload builder, e.g. for `gpt`: `d_model`, "
-        "`layers`, `heads`, `seq_len`, `vocab`, `samples`.",
+        description="Arguments for the workload builder (`cfg.model_args` in your function), any "
+        "YAML value: numbers, strings, lists, mappings. For `gpt`: `d_model`, `layers`, `heads`, "
+        "`seq_len`, `vocab`, `samples`.",
     )
     data: str = Field("synthetic", description="Data set: `synthetic` (built in).")
 
@@ -207,7 +216,10 @@ class TrainConfig(BaseModel):
         "auto", description="`auto`: CUDA when available (backend nccl), else CPU (backend gloo)."
     )
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
-        "auto", description="`auto`: bf16 autocast on CUDA, fp32 on CPU. `fp16` adds a GradScaler."
+        "auto",
+        description="`auto`: bf16 autocast on a GPU that supports it, fp16 with a GradScaler on "
+        "one that does not, fp32 on CPU. `fp16` adds a GradScaler (a step it skips does not "
+        "advance the LR schedule).",
     )
     compile: bool = Field(False, description="Compile the model with `torch.compile`.")
     channels_last: bool = Field(
@@ -227,6 +239,18 @@ class TrainConfig(BaseModel):
     )
     find_unused_parameters: bool = Field(
         False, description="DDP `find_unused_parameters` (only for models that skip parameters)."
+    )
+    sync_batchnorm: bool = Field(
+        False,
+        description="Convert BatchNorm layers to `SyncBatchNorm` (statistics over all ranks; "
+        "GPUs only, as in torch). Without it BatchNorm running statistics are rank-local.",
+    )
+    broadcast_buffers: bool = Field(
+        True, description="DDP `broadcast_buffers`: rank 0's buffers are copied to every rank "
+        "before each forward."
+    )
+    static_graph: bool = Field(
+        False, description="DDP `static_graph` (the model uses the same parameters every step)."
     )
     num_workers: int = Field(
         0, ge=0, le=256,

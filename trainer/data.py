@@ -1,9 +1,14 @@
-"""Built-in synthetic data sets and the per-epoch batch sampler that makes resume exact."""
+"""Built-in synthetic data sets, the per-epoch batch sampler that makes resume exact, and the
+batch plumbing for user workloads (iterable data sets, dict batches, models with their own loss)."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Mapping
+from typing import Any
+
 import torch
-from torch.utils.data import Dataset, DistributedSampler
+from torch.utils.data import Dataset, DistributedSampler, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 CNN_TRAIN_SAMPLES = 16384
@@ -94,4 +99,157 @@ class EpochBatches:
     def __iter__(self):
         indices = list(self.sampler)
         for b in range(self.skip, len(self)):
-            yield indices[b * self.batch_size : (b + 1) * self.batch_size]
+            yield SeededIndices(indices[b * self.batch_size : (b + 1) * self.batch_size],
+                                batch_seed(self.sampler.seed, self.sampler.rank, self.sampler.epoch, b))
+
+
+def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
+    """A seed per (job seed, rank, epoch, batch or worker): the same on a resumed run."""
+    return (((seed * 1_000_003 + rank) * 1_000_003 + epoch) * 1_000_003 + index) % 2**63
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:
+        pass
+
+
+class SeededIndices(list):
+    """One batch's indices, carrying the seed its samples are drawn with in a worker."""
+
+    def __init__(self, indices: list[int], seed: int):
+        super().__init__(indices)
+        self.seed = seed
+
+    def __reduce__(self):  # sent to DataLoader workers by pickle
+        return (SeededIndices, (list(self), self.seed))
+
+
+class WorkerSeeded(Dataset):
+    """A map-style data set whose samples a DataLoader worker draws after seeding its RNGs with
+    the batch's seed: random augmentation in workers is then a function of (seed, rank,
+    epoch, batch), so a resumed run sees exactly the batches an uninterrupted one would,
+    whichever worker fetches them. In the main process (no workers) nothing is reseeded: the
+    global RNG state is in the checkpoint."""
+
+    def __init__(self, data: Dataset):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i]
+
+    def __getitems__(self, indices: list[int]):
+        if get_worker_info() is not None and isinstance(indices, SeededIndices):
+            seed_everything(indices.seed)
+        getitems = getattr(self.data, "__getitems__", None)
+        return getitems(list(indices)) if getitems else [self.data[i] for i in indices]
+
+
+class RankShard(IterableDataset):
+    """Rank r of n and worker w of m of an `IterableDataset`: every (n*m)-th sample, starting
+    at r*m + w. `set_epoch` is passed on; each worker seeds its RNGs per (seed, rank, epoch,
+    worker) so random augmentation repeats on a resumed run."""
+
+    def __init__(self, data: IterableDataset, rank: int, world: int, seed: int, sharded: bool = False):
+        self.data, self.rank, self.world, self.seed, self.sharded = data, rank, world, seed, sharded
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.data, "set_epoch"):
+            self.data.set_epoch(epoch)
+
+    def __iter__(self):
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        if info is not None:
+            seed_everything(batch_seed(self.seed, self.rank, self.epoch, worker))
+        if self.sharded:
+            yield from self.data
+            return
+        shards, me = self.world * workers, self.rank * workers + worker
+        for i, sample in enumerate(self.data):
+            if i % shards == me:
+                yield sample
+
+
+def is_iterable(data: Any) -> bool:
+    return isinstance(data, IterableDataset)
+
+
+# -- batches of any shape ---------------------------------------------------------------------
+
+
+def to_device(batch: Any, device: torch.device, memory_format: torch.memory_format) -> Any:
+    """Every tensor of a batch (tensor, tuple/list, dict, nested) on `device`; 4-D ones in
+    `memory_format` (channels-last images)."""
+    if isinstance(batch, torch.Tensor):
+        batch = batch.to(device, non_blocking=True)
+        if batch.dim() == 4 and memory_format is not torch.contiguous_format:
+            batch = batch.contiguous(memory_format=memory_format)
+        return batch
+    if isinstance(batch, Mapping):  # a dict, or e.g. a tokenizer's BatchEncoding: a dict then
+        return {k: to_device(v, device, memory_format) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device, memory_format) for v in batch)
+    return batch
+
+
+def split_batch(batch: Any, own_loss: bool, target_key: str = "labels") -> tuple[tuple, dict, Any]:
+    """(positional inputs, keyword inputs, target) of a batch.
+
+    A model with its own loss gets everything (labels included) and the target is only kept
+    for counting; else the target is a tuple's last element or a dict's `target_key`.
+    """
+    if isinstance(batch, Mapping):
+        if own_loss:
+            return (), dict(batch), batch.get(target_key)
+        if target_key not in batch:
+            raise KeyError(f"the batch has no {target_key!r} (keys: {sorted(batch)}); set "
+                           "Workload.target_key, or loss_fn=None for a model that computes its loss")
+        return (), {k: v for k, v in batch.items() if k != target_key}, batch[target_key]
+    if isinstance(batch, (list, tuple)):
+        if own_loss:
+            return tuple(batch), {}, None
+        if len(batch) < 2:
+            raise ValueError(f"a batch of {len(batch)} element(s) has no target; give (input, target)")
+        return tuple(batch[:-1]), {}, batch[-1]
+    if own_loss:
+        return (batch,), {}, None
+    raise ValueError(f"a {type(batch).__name__} batch has no target; give (input, target) or a dict")
+
+
+def model_loss(output: Any) -> torch.Tensor:
+    """The loss a model computed itself: `output.loss`, `output["loss"]`, `output[0]` or the
+    output (a scalar tensor)."""
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, Mapping):
+        loss = output.get("loss")
+    if loss is None and isinstance(output, (list, tuple)) and output:
+        loss = output[0]
+    if loss is None:
+        loss = output
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise TypeError(f"the model has no loss in its output ({type(output).__name__}); return a "
+                        "scalar loss, an object with .loss, or set Workload.loss_fn")
+    return loss.reshape(())
+
+
+def batch_samples(batch: Any) -> int:
+    """Samples in a batch: the first dimension of its first tensor."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    for v in values:
+        n = batch_samples(v)
+        if n:
+            return n
+    return 0

@@ -13,6 +13,8 @@ import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from trainer.config import ConfigError
+
 # field -> the variable that carries it, and whether it is required for a multi-process run
 WORKER_ENV = {
     "rank": "RANK",
@@ -24,7 +26,7 @@ WORKER_ENV = {
 }
 
 
-class DistEnvError(ValueError):
+class DistEnvError(ConfigError):
     """The worker variables are inconsistent; the message names the variable and the fix."""
 
 
@@ -87,6 +89,20 @@ def read_dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
     return DistEnv(rank, world_size, local_rank, local_world_size, addr, port)
 
 
+def gpu_index(local_rank: int, local_world_size: int, visible: int) -> int:
+    """The GPU of a rank: its local rank; fewer visible GPUs than local ranks is an error now,
+    not two ranks sharing a GPU (and an NCCL failure) later."""
+    if visible < local_world_size:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise DistEnvError(
+            f"{local_world_size} ranks on this node but {visible} GPU(s) visible"
+            + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+            + ": one rank per GPU; set gpus_per_node to the GPUs the node has, or ask the "
+            "scheduler for more"
+        )
+    return local_rank
+
+
 def pick_device(denv: DistEnv, want: str = "auto"):
     """`cuda:LOCAL_RANK` when CUDA is wanted and present, else CPU."""
     import torch
@@ -94,7 +110,7 @@ def pick_device(denv: DistEnv, want: str = "auto"):
     if want == "cuda" and not torch.cuda.is_available():
         raise DistEnvError("train.device is cuda but no CUDA device is visible; use device: auto or cpu")
     if want in ("auto", "cuda") and torch.cuda.is_available():
-        index = denv.local_rank % torch.cuda.device_count()
+        index = gpu_index(denv.local_rank, denv.local_world_size, torch.cuda.device_count())
         torch.cuda.set_device(index)
         return torch.device("cuda", index)
     return torch.device("cpu")

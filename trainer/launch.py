@@ -253,6 +253,61 @@ CONTEXTS: tuple[Context, ...] = (
 )
 
 
+@dataclass(frozen=True)
+class CPUs:
+    """What bounds the CPUs of this node's ranks: the process's affinity (srun binds a task to
+    its CPUs; a pod usually sees the whole host), the container's cgroup quota, what the job
+    asked for (`resources.cpus_per_node`) and `train.threads`."""
+
+    affinity: int
+    cgroup: float | None = None
+    job: float | None = None
+    threads: int | None = None
+
+
+def cgroup_cpus(root: str = "/sys/fs/cgroup") -> float | None:
+    """The CPU limit of this container: cgroup v2 `cpu.max` ("200000 100000" = 2 CPUs) or v1
+    `cpu.cfs_quota_us`/`cpu.cfs_period_us`; None when unlimited or unknown."""
+    try:
+        quota, period = open(f"{root}/cpu.max").read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(open(f"{root}/cpu/cpu.cfs_quota_us").read())
+        period = int(open(f"{root}/cpu/cpu.cfs_period_us").read())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
+def threads_per_rank(env: Env, cpus: CPUs, ranks_on_node: int, one_task_per_rank: bool) -> tuple[str | None, str]:
+    """`OMP_NUM_THREADS` for each rank (None: leave the user's) and why.
+
+    The user's `OMP_NUM_THREADS` wins, then `train.threads`; else the tightest of: the
+    affinity (shared by the node's ranks, except a srun task's, which is its own), Slurm's
+    `SLURM_CPUS_PER_TASK` (likewise), the cgroup quota and `resources.cpus_per_node` (both per
+    node, shared by its ranks). torchrun alone would set 1 for every rank.
+    """
+    if env.get("OMP_NUM_THREADS"):
+        return None, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} (set by the job)"
+    if cpus.threads:
+        return str(cpus.threads), f"{cpus.threads} (train.threads)"
+    share = 1 if one_task_per_rank else max(1, ranks_on_node)
+    per_node = max(1, ranks_on_node)
+    bounds = {"affinity": cpus.affinity / share}
+    task_cpus = env.get("SLURM_CPUS_PER_TASK", "")
+    if task_cpus.isdigit() and int(task_cpus) > 0:
+        bounds["SLURM_CPUS_PER_TASK"] = int(task_cpus) / share
+    if cpus.cgroup:
+        bounds["cgroup CPU quota"] = cpus.cgroup / per_node
+    if cpus.job:
+        bounds["resources.cpus_per_node"] = cpus.job / per_node
+    source = min(bounds, key=bounds.get)
+    value = max(1, int(bounds[source]))
+    return str(value), f"{value} per rank (from {source})"
+
+
 @dataclass
 class NodePlan:
     """What this node will run: argv, its environment, whom to wait for, and what we decided."""
@@ -311,12 +366,13 @@ def detect_context(env: Env) -> Context:
 
 
 def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = None, timeout_s: int = 600,
-                entry: list[str] | None = None, torchrun_args: list[str] = ()) -> NodePlan:
+                entry: list[str] | None = None, torchrun_args: list[str] = (), cpus: CPUs | None = None) -> NodePlan:
     """Pure: the environment of a node in, the command and environment to start out.
 
     `entry` is what each worker runs after `python` (torchrun takes the same words): the
     trainer (`-m trainer.train`, the default), or the job's own `script ARGS` / `-m module ARGS`.
     `torchrun_args` (the job's `torchrun_args`) go before it, after the launcher's own options.
+    With `cpus`, the workers get `OMP_NUM_THREADS` from `threads_per_rank`.
     """
     entry = list(entry or TRAINER)
     ctx = detect_context(env)
@@ -358,6 +414,11 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         rank, world = int(out["RANK"]), int(out["WORLD_SIZE"])
         if not 0 <= rank < world:
             raise LaunchError(f"slurm-srun: SLURM_PROCID={rank} is not below SLURM_NTASKS={world}")
+        if cpus is not None:
+            threads, why = threads_per_rank(env, cpus, int(out["LOCAL_WORLD_SIZE"]), one_task_per_rank=True)
+            if threads:
+                out["OMP_NUM_THREADS"] = threads
+            notes.append(f"threads per rank: {why}")
         out["MASTER_ADDR"], out["MASTER_PORT"] = addr, str(port)
         return NodePlan(
             ctx.name, "srun", [python, *entry], out, node_rank=node_rank,
@@ -371,6 +432,11 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
             f"{ctx.name}: processes per node {nproc!r} must be a number (torchrun's 'auto' quietly "
             "uses one process on some images); set DDPKIT_NPROC_PER_NODE"
         )
+    if cpus is not None:
+        threads, why = threads_per_rank(env, cpus, int(nproc), one_task_per_rank=False)
+        if threads:
+            out["OMP_NUM_THREADS"] = threads
+        notes.append(f"threads per rank: {why}")
     max_nodes = int(nnodes.split(":")[-1])
     if node_rank is not None and not 0 <= node_rank < max_nodes:
         raise LaunchError(f"{ctx.name}: node rank {node_rank} is not below nnodes {nnodes}")
@@ -506,6 +572,7 @@ def main() -> int:
         print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
 
     run_id, timeout_s, entry, script, preflight, torchrun_args = None, 600, None, None, False, []
+    job_cpus, threads = None, None
     if env.get("DDPKIT_JOB_FILE"):
         from pydantic import ValidationError
 
@@ -518,6 +585,7 @@ def main() -> int:
             return EXIT_BAD_CONFIG
         run_id, timeout_s, entry, script = sections.name, sections.train.timeout_s, sections.entry, sections.script
         preflight, torchrun_args = sections.preflight, sections.torchrun_args
+        job_cpus, threads = sections.cpus_per_node, sections.train.threads
     if env.get("DDPKIT_PREFLIGHT_ONLY") == "1":  # `python -m trainer.preflight` on a node
         entry, script, preflight = list(PREFLIGHT), None, False
     elif preflight:  # `preflight: true`: each worker checks, then runs the real entry
@@ -527,7 +595,13 @@ def main() -> int:
             "directory must hold it on every node (a relative path is relative to the working directory)")
         return EXIT_BAD_CONFIG
     try:
-        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s, entry=entry, torchrun_args=torchrun_args)
+        try:
+            affinity = len(os.sched_getaffinity(0))
+        except AttributeError:
+            affinity = os.cpu_count() or 1
+        cpus = CPUs(affinity, cgroup_cpus(), job_cpus, threads)
+        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s, entry=entry, torchrun_args=torchrun_args,
+                           cpus=cpus)
     except LaunchError as e:
         log(str(e))
         return EXIT_BAD_CONFIG

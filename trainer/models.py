@@ -1,4 +1,11 @@
-"""Workloads: a model, its data and its loss. Built in: `cnn` and `gpt`; users: `pkg.mod:fn`."""
+"""Workloads: a model, its data and its loss. Built in: `cnn` and `gpt`; users: `pkg.mod:fn`.
+
+The workload API (docs/WORKLOADS.md has a worked example, examples/own_workload/):
+`train.model: package.module:function` names a function that takes the `train:` section
+(`cfg`, a `trainer.config.TrainConfig`; your own settings are in `cfg.model_args`) and returns a
+`Workload`. It is called on every rank after the process group exists, so it may use
+`torch.distributed`, and it must build the same initial model on every rank (seed it).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +13,14 @@ import importlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from trainer.config import TrainConfig
+from trainer.config import ConfigError, TrainConfig
 from trainer.data import synthetic_images, synthetic_tokens
 
 
@@ -20,16 +28,38 @@ from trainer.data import synthetic_images, synthetic_tokens
 class Workload:
     """What a workload function returns.
 
-    `loss_fn(output, target)` returns the mean loss of a batch; eval accuracy is
-    `argmax(output, -1) == target` averaged over all elements (set `accuracy=False` when that
-    means nothing for your model). Batches are `(input, target)` pairs.
+    Data: `train_data` (and `eval_data`) is a map-style `Dataset` (`len` and indexing; the
+    trainer shards it with a `DistributedSampler`) or an `IterableDataset` (the trainer gives
+    rank r of n, and worker w of m, every (n*m)-th sample; set `iterable_sharded=True` when
+    yours already yields only its share; `train.max_steps` is then required). Batches are made
+    by `collate_fn` (default: torch's `default_collate`) and may be a tensor, a tuple/list, or a
+    dict such as tokenizer output (`input_ids`, `attention_mask`, `labels`).
+
+    Loss: with `loss_fn` (default `cross_entropy`) the batch is split into inputs and target:
+    a tuple/list's last element, or a dict's `target_key` (default `labels`), is the target;
+    the rest goes to `model(*inputs)` / `model(**inputs)`, and the loss is
+    `loss_fn(output, target)`; eval accuracy is `argmax(output, -1) == target` over all
+    elements (`accuracy=False` when that means nothing). With `loss_fn=None` the model computes
+    its own loss: the whole batch goes to forward (labels included) and the loss is
+    `output.loss`, `output["loss"]`, `output[0]` or the output itself.
+
+    `optimizer(model)` builds a custom optimizer (parameter groups, any class) from the model
+    before DDP wraps it; default: `train.optimizer`, `train.lr`, ... The LR schedule scales
+    every group's own `lr`. `metrics(output, batch)` returns extra evaluation metrics, each
+    the mean over the batch (a float or 0-d tensor); the trainer weights them by batch size,
+    reduces them over ranks and reports them as `eval_<name>`.
     """
 
     model: nn.Module
     train_data: Dataset
     eval_data: Dataset | None = None
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = F.cross_entropy
     accuracy: bool = True
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    optimizer: Callable[[nn.Module], torch.optim.Optimizer] | None = None
+    metrics: Callable[[Any, Any], dict[str, Any]] | None = None
+    target_key: str = "labels"
+    iterable_sharded: bool = False
 
 
 def make_cnn() -> nn.Module:
@@ -73,7 +103,7 @@ class GPT(nn.Module):
     def __init__(self, vocab: int, seq_len: int, d_model: int, layers: int, heads: int):
         super().__init__()
         if d_model % heads:
-            raise ValueError(f"train.model_args: d_model={d_model} is not divisible by heads={heads}")
+            raise ConfigError(f"train.model_args: d_model={d_model} is not divisible by heads={heads}")
         self.tok = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
         self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
@@ -102,10 +132,13 @@ GPT_DEFAULTS = {"vocab": 256, "seq_len": 128, "d_model": 256, "layers": 4, "head
 def gpt_workload(cfg: TrainConfig) -> Workload:
     unknown = set(cfg.model_args) - set(GPT_DEFAULTS)
     if unknown:
-        raise ValueError(
+        raise ConfigError(
             f"train.model_args: unknown key(s) {sorted(unknown)} for gpt; known: {sorted(GPT_DEFAULTS)}"
         )
     a = {**GPT_DEFAULTS, **cfg.model_args}
+    for key, value in a.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"train.model_args.{key}: {value!r} must be a positive integer for gpt")
     samples = cfg.data_samples or int(a["samples"])
     train, held_out = synthetic_tokens(samples, int(a["seq_len"]), int(a["vocab"]))
     torch.manual_seed(0)
@@ -120,21 +153,21 @@ def build_workload(cfg: TrainConfig) -> Workload:
     """Build the workload named by `train.model` (`cnn`, `gpt` or `package.module:function`)."""
     if cfg.model in BUILTIN:
         if cfg.data != "synthetic":
-            raise ValueError(f"train.data: {cfg.model!r} has only the 'synthetic' data set")
+            raise ConfigError(f"train.data: {cfg.model!r} has only the 'synthetic' data set")
         if cfg.model == "cnn" and cfg.model_args:
-            raise ValueError("train.model_args: the cnn workload takes no arguments; remove them")
+            raise ConfigError("train.model_args: the cnn workload takes no arguments; remove them")
         return BUILTIN[cfg.model](cfg)
     module_name, sep, func_name = cfg.model.partition(":")
     if not sep or not module_name or not func_name:
-        raise ValueError(
+        raise ConfigError(
             f"train.model: {cfg.model!r} is neither a built-in ({', '.join(BUILTIN)}) nor "
             "'package.module:function'"
         )
     try:
         func = getattr(importlib.import_module(module_name), func_name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"train.model: cannot load {cfg.model!r}: {e}") from None
+        raise ConfigError(f"train.model: cannot load {cfg.model!r}: {e}") from None
     workload = func(cfg)
     if not isinstance(workload, Workload):
-        raise ValueError(f"train.model: {cfg.model!r} returned {type(workload).__name__}, not a Workload")
+        raise ConfigError(f"train.model: {cfg.model!r} returned {type(workload).__name__}, not a Workload")
     return workload

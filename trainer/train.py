@@ -102,15 +102,66 @@ def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
     return 1.0 - progress
 
 
-def params_sha256(module: Any) -> str:
-    """sha256 over every parameter and buffer (name and raw bytes): equal on all ranks."""
+def tensors_sha256(named: Any) -> str | None:
+    """sha256 over `(name, tensor)` pairs (name and raw bytes); None when there are none."""
     import torch
 
-    h = hashlib.sha256()
-    for name, t in module.state_dict().items():
+    h, any_ = hashlib.sha256(), False
+    for name, t in named:
+        any_ = True
         h.update(name.encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
+    return h.hexdigest() if any_ else None
+
+
+def params_sha256(module: Any) -> str:
+    """sha256 over every parameter: DDP keeps them equal on all ranks."""
+    return tensors_sha256(module.named_parameters()) or hashlib.sha256().hexdigest()
+
+
+def buffers_sha256(module: Any) -> str | None:
+    """sha256 over every buffer (BatchNorm running statistics, ...); None without buffers."""
+    return tensors_sha256((n, b) for n, b in module.named_buffers() if b is not None)
+
+
+def rank_local_buffers(module: Any) -> bool:
+    """True when buffers legitimately differ across ranks: a (non-Sync) BatchNorm tracking
+    running statistics updates them from its own rank's batches after DDP's broadcast."""
+    from torch import nn
+
+    return any(isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, nn.SyncBatchNorm)
+               and m.track_running_stats for m in module.modules())
+
+
+def autocast_dtype(precision: str, device_type: str, bf16_supported: bool) -> str | None:
+    """The autocast dtype name (`bfloat16`, `float16`) or None for fp32.
+
+    `auto`: bf16 on a GPU that has it, fp16 (with a GradScaler) on one that does not (e.g.
+    V100, T4), fp32 on CPU. `fp16` needs CUDA; `bf16` on a GPU without it is refused.
+    """
+    from trainer.config import ConfigError
+
+    if precision == "fp16" and device_type != "cuda":
+        raise ConfigError("train.precision: fp16 needs CUDA; use bf16 or fp32 on CPU")
+    if precision == "bf16" and device_type == "cuda" and not bf16_supported:
+        raise ConfigError("train.precision: this GPU has no bf16; use fp16 or auto")
+    if precision == "auto":
+        if device_type != "cuda":
+            return None
+        return "bfloat16" if bf16_supported else "float16"
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(precision)
+
+
+def step_optimizer(optimizer: Any, scaler: Any) -> bool:
+    """One optimizer step (through the GradScaler with fp16); False when the scaler skipped it
+    (inf/NaN gradients), so the caller does not advance the LR schedule."""
+    if scaler is None:
+        optimizer.step()
+        return True
+    before = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    return scaler.get_scale() >= before  # the scale only shrinks on a skipped step
 
 
 def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: Path) -> str:
@@ -146,7 +197,9 @@ class Trainer:
         # Control traffic (stop vote, small objects) on a CPU group even when training uses nccl.
         self.control = None
         if self.distributed and dist.get_backend() != "gloo":
-            self.control = dist.new_group(backend="gloo")
+            import datetime
+
+            self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.timeout_s))
         self.vote = StopVote(self.control, self.distributed)
         self.metrics = None
         self.marks: dict[str, float] = {}
@@ -184,11 +237,21 @@ class Trainer:
 
             dist.barrier(group=self.control)
 
-    def to_device(self, x: Any) -> Any:
-        x = x.to(self.device, non_blocking=True)
-        if x.dim() == 4 and self.memory_format is not self.torch.contiguous_format:
-            x = x.contiguous(memory_format=self.memory_format)
-        return x
+    def to_device(self, batch: Any) -> Any:
+        from trainer.data import to_device
+
+        return to_device(batch, self.device, self.memory_format)
+
+    def forward_loss(self, module: Any, batch: Any) -> tuple[Any, Any, Any]:
+        """(loss, output, target) of one batch on the device (see `trainer.models.Workload`)."""
+        from trainer.data import model_loss, split_batch
+
+        w = self.workload
+        args, kwargs, target = split_batch(batch, w.loss_fn is None, w.target_key)
+        with self.autocast():
+            output = module(*args, **kwargs)
+            loss = model_loss(output) if w.loss_fn is None else w.loss_fn(output, target)
+        return loss, output, target
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -212,7 +275,8 @@ class Trainer:
         from torch.nn.parallel import DistributedDataParallel as DDP
         from torch.utils.data import DataLoader, DistributedSampler
 
-        from trainer.data import EpochBatches, collate
+        from trainer.config import ConfigError
+        from trainer.data import EpochBatches, RankShard, WorkerSeeded, collate, is_iterable
         from trainer.models import build_workload
 
         cfg, device = self.cfg, self.device
@@ -226,51 +290,75 @@ class Trainer:
             import numpy as np
 
             np.random.seed(seed)
-        self.model = self.workload.model.to(device)
+        model = self.workload.model
+        if cfg.sync_batchnorm:
+            if device.type != "cuda":
+                raise ConfigError("train.sync_batchnorm: torch's SyncBatchNorm runs on GPUs only; "
+                                  "remove it on CPU (BatchNorm statistics are then rank-local)")
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        self.model = model.to(device)
         self.memory_format = torch.channels_last if cfg.channels_last else torch.contiguous_format
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
 
-        if cfg.precision == "fp16" and device.type != "cuda":
-            raise ValueError("train.precision: fp16 needs CUDA; use bf16 or fp32 on CPU")
-        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
-        if cfg.precision == "auto" and device.type == "cuda":
-            dtype = torch.bfloat16
+        name = autocast_dtype(cfg.precision, device.type,
+                              device.type == "cuda" and torch.cuda.is_bf16_supported())
+        dtype = getattr(torch, name) if name else None
         self.autocast = (
             (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
         )
-        self.scaler = torch.amp.GradScaler("cuda") if cfg.precision == "fp16" else None
+        self.scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
 
-        if cfg.optimizer == "sgd":
+        if self.workload.optimizer is not None:
+            self.optimizer = self.workload.optimizer(self.model)
+            if not isinstance(self.optimizer, torch.optim.Optimizer):
+                raise ConfigError(f"train.model: {cfg.model!r}'s optimizer returned "
+                                  f"{type(self.optimizer).__name__}, not a torch.optim.Optimizer")
+        elif cfg.optimizer == "sgd":
             self.optimizer = torch.optim.SGD(
                 self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
             )
         else:
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
-        self.sampler = DistributedSampler(
-            self.workload.train_data, num_replicas=self.world, rank=self.rank, shuffle=True, seed=cfg.seed
-        )
-        self.batches = EpochBatches(self.sampler, cfg.batch_size)
-        self.loader = DataLoader(
-            self.workload.train_data,
-            batch_sampler=self.batches,
-            collate_fn=collate,
-            num_workers=cfg.num_workers,
-            pin_memory=device.type == "cuda",
-            persistent_workers=cfg.num_workers > 0,
-            generator=torch.Generator().manual_seed(seed),  # keeps the global RNG untouched
-        )
-        self.micro_per_epoch = len(self.batches) // cfg.grad_accum * cfg.grad_accum
-        steps_per_epoch = self.micro_per_epoch // cfg.grad_accum
-        if steps_per_epoch == 0:
-            raise ValueError(
-                f"train.batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} is more than one "
-                f"rank's share of the data ({len(self.sampler)} samples); make them smaller"
+        self.collate = self.workload.collate_fn or collate
+        data = self.workload.train_data
+        self.iterable = is_iterable(data)
+        if self.iterable:
+            if cfg.max_steps is None:
+                raise ConfigError("train.max_steps: an IterableDataset has no length, so the "
+                                  "schedule needs a step count; set train.max_steps")
+            self.sampler = self.batches = None
+            self.shard = RankShard(data, self.rank, self.world, cfg.seed, self.workload.iterable_sharded)
+            self.loader = DataLoader(
+                self.shard, batch_size=cfg.batch_size, collate_fn=self.collate,
+                num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
+            )  # workers are made per epoch: they see the shard's epoch
+            self.micro_per_epoch = None
+            self.total_steps = cfg.max_steps
+        else:
+            self.sampler = DistributedSampler(data, num_replicas=self.world, rank=self.rank, shuffle=True, seed=cfg.seed)
+            self.batches = EpochBatches(self.sampler, cfg.batch_size)
+            self.loader = DataLoader(
+                WorkerSeeded(data) if cfg.num_workers > 0 else data,
+                batch_sampler=self.batches,
+                collate_fn=self.collate,
+                num_workers=cfg.num_workers,
+                pin_memory=device.type == "cuda",
+                persistent_workers=cfg.num_workers > 0,
+                # Workers reseed per batch (WorkerSeeded), so this only keeps the global RNG untouched.
+                generator=torch.Generator().manual_seed(seed),
             )
-        self.total_steps = cfg.epochs * steps_per_epoch
-        if cfg.max_steps is not None:
-            self.total_steps = min(self.total_steps, cfg.max_steps)
+            self.micro_per_epoch = len(self.batches) // cfg.grad_accum * cfg.grad_accum
+            steps_per_epoch = self.micro_per_epoch // cfg.grad_accum
+            if steps_per_epoch == 0:
+                raise ConfigError(
+                    f"train.batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} is more than one "
+                    f"rank's share of the data ({len(self.sampler)} samples); make them smaller"
+                )
+            self.total_steps = cfg.epochs * steps_per_epoch
+            if cfg.max_steps is not None:
+                self.total_steps = min(self.total_steps, cfg.max_steps)
         total, warmup, schedule = self.total_steps, cfg.warmup_steps, cfg.lr_schedule
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total, warmup, schedule)
@@ -294,6 +382,8 @@ class Trainer:
                 bucket_cap_mb=cfg.bucket_cap_mb,
                 gradient_as_bucket_view=True,
                 find_unused_parameters=cfg.find_unused_parameters,
+                broadcast_buffers=cfg.broadcast_buffers,
+                static_graph=cfg.static_graph,
             )
             wrapped = self.ddp
             if cfg.ddp_comm_hook != "none":
@@ -320,7 +410,7 @@ class Trainer:
     def checkpoint_state(self, rng: list[dict[str, Any]]) -> dict[str, Any]:
         """What a checkpoint holds (live tensors: save or copy it before training goes on)."""
         epoch, micro = self.epoch, self.micro
-        if micro >= self.micro_per_epoch:  # saved at an epoch end: resume at the next one
+        if self.micro_per_epoch is not None and micro >= self.micro_per_epoch:  # saved at an epoch end
             epoch, micro = epoch + 1, 0
         return {
             "step": self.step,
@@ -408,38 +498,96 @@ class Trainer:
             self.write({"event": "resumed", "step": self.step, "checkpoint": path})
 
     # -- evaluation ---------------------------------------------------------------------
+    def eval_loader(self) -> Any:
+        """This rank's share of the held-out set, unpadded (exact metrics), in batches."""
+        from torch.utils.data import DataLoader
+
+        from trainer.data import RankShard, is_iterable
+
+        data, bs = self.workload.eval_data, self.cfg.batch_size
+        if is_iterable(data):
+            shard = RankShard(data, self.rank, self.world, self.cfg.seed, self.workload.iterable_sharded)
+            return DataLoader(shard, batch_size=bs, collate_fn=self.collate)
+        mine = list(range(self.rank, len(data), self.world))
+        return DataLoader(data, batch_sampler=[mine[i : i + bs] for i in range(0, len(mine), bs)],
+                          collate_fn=self.collate)
+
     def evaluate(self) -> dict[str, float] | None:
-        torch, data = self.torch, self.workload.eval_data
-        if data is None:
+        """Loss (and accuracy, and the workload's metrics) over the whole held-out set: every
+        rank evaluates its share; the sums are added over ranks."""
+        from trainer.data import batch_samples
+
+        torch, w = self.torch, self.workload
+        if w.eval_data is None:
             return None
         t = time.perf_counter()
         self.model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss*n, correct, n
-        shard = list(range(self.rank, len(data), self.world))  # no padding: exact metrics
-        bs = self.cfg.batch_size
-        with torch.no_grad(), self.autocast():
-            for i in range(0, len(shard), bs):
-                x, y = data.__getitems__(shard[i : i + bs]) if hasattr(data, "__getitems__") else _stack(data, shard[i : i + bs])
-                x, y = self.to_device(x), y.to(self.device, non_blocking=True)
-                out = self.model(x)
-                n = y.numel()
-                sums[0] += self.workload.loss_fn(out, y).double() * n
-                if self.workload.accuracy:
-                    sums[1] += (out.argmax(-1) == y).sum()
-                sums[2] += n
-        if self.distributed:
-            import torch.distributed as dist
+        accuracy = w.accuracy and w.loss_fn is not None
+        sums: dict[str, Any] = {}  # loss*n, correct, n (targets), samples, metric*samples
 
-            dist.all_reduce(sums)
+        def add(key: str, value: Any) -> None:
+            sums[key] = sums.get(key, 0.0) + value
+
+        with torch.no_grad():
+            for batch in self.eval_loader():
+                batch = self.to_device(batch)
+                loss, out, target = self.forward_loss(self.model, batch)
+                samples = batch_samples(batch)
+                n = target.numel() if w.loss_fn is not None else samples
+                add("loss", loss.detach().double() * n)
+                if accuracy:
+                    add("correct", (out.argmax(-1) == target).sum())
+                add("n", n)
+                add("samples", samples)
+                for k, v in (w.metrics(out, batch) if w.metrics else {}).items():
+                    add(f"metric:{k}", float(v) * samples)
+        local = {k: float(v) for k, v in sums.items()}
+        total: dict[str, float] = {}
+        for part in self.all_gather(local):  # small Python numbers on the CPU control group
+            for k, v in part.items():
+                total[k] = total.get(k, 0.0) + v
         self.model.train()
-        loss_sum, correct, n = sums.tolist()
-        result = {"eval_loss": loss_sum / max(n, 1)}
-        if self.workload.accuracy:
-            result["eval_accuracy"] = correct / max(n, 1)
+        n, samples = max(total.get("n", 0.0), 1.0), max(total.get("samples", 0.0), 1.0)
+        result = {"eval_loss": total.get("loss", 0.0) / n}
+        if accuracy:
+            result["eval_accuracy"] = total.get("correct", 0.0) / n
+        for k in sorted(k for k in total if k.startswith("metric:")):
+            result[f"eval_{k.removeprefix('metric:')}"] = total[k] / samples
         self.paused += time.perf_counter() - t
         return result
 
     # -- the loop -----------------------------------------------------------------------
+    def all_true(self, flag: bool) -> bool:
+        """True when `flag` is true on every rank (a MIN all-reduce on the control group)."""
+        if not self.distributed:
+            return flag
+        import torch.distributed as dist
+
+        t = self.torch.tensor([int(flag)])
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.control)
+        return bool(t.item())
+
+    def epoch_batches(self) -> Any:
+        """The rest of this epoch's micro-batches on this rank (a resumed epoch skips the ones
+        trained on before the checkpoint). An iterable data set's epoch ends on every rank when
+        the shortest shard does, so no rank waits in an all-reduce the others never join."""
+        if not self.iterable:
+            self.batches.start(self.epoch, self.micro)
+            for batch in self.loader:
+                if self.micro >= self.micro_per_epoch:
+                    return
+                yield batch
+            return
+        self.shard.set_epoch(self.epoch)
+        batches = iter(self.loader)
+        for _ in range(self.micro):
+            next(batches, None)
+        while True:
+            batch = next(batches, None)
+            if not self.all_true(batch is not None):
+                return
+            yield batch
+
     def train(self) -> int:
         torch, cfg = self.torch, self.cfg
         accum = cfg.grad_accum
@@ -471,17 +619,13 @@ class Trainer:
             pending.clear()
 
         while self.step < self.total_steps and not stopped:
-            self.batches.start(self.epoch, self.micro)
-            for x, y in self.loader:
-                if self.micro >= self.micro_per_epoch:
-                    break
-                x = self.to_device(x)
-                y = y.to(self.device, non_blocking=True)
+            exhausted = False
+            for batch in self.epoch_batches():
+                batch = self.to_device(batch)
                 last_micro = (self.micro + 1) % accum == 0
                 sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
                 with sync_ctx:
-                    with self.autocast():
-                        loss = self.workload.loss_fn(self.forward(x), y)
+                    loss, _, _ = self.forward_loss(self.forward, batch)
                     scaled = loss / accum if accum > 1 else loss
                     (self.scaler.scale(scaled) if self.scaler else scaled).backward()
                 step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
@@ -493,12 +637,8 @@ class Trainer:
                         self.scaler.unscale_(self.optimizer)
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 lr = self.optimizer.param_groups[0]["lr"]
-                if self.scaler:
-                    self.scaler.step(self.optimizer)
-                    self.scaler.update()
-                else:
-                    self.optimizer.step()
-                self.scheduler.step()
+                if step_optimizer(self.optimizer, self.scaler):
+                    self.scheduler.step()  # not on a step the GradScaler skipped
                 self.optimizer.zero_grad(set_to_none=True)
                 self.step += 1
                 session_steps += 1
@@ -528,7 +668,12 @@ class Trainer:
                     break
                 if self.step >= self.total_steps:
                     break
-            if self.micro >= self.micro_per_epoch:
+            else:
+                exhausted = True
+            if self.micro % accum:  # an iterable epoch ended inside an accumulation: drop it
+                self.optimizer.zero_grad(set_to_none=True)
+                step_loss = None
+            if exhausted or (self.micro_per_epoch is not None and self.micro >= self.micro_per_epoch):
                 if cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not stopped:
                     flush()
                     last_eval = self.evaluate()
@@ -559,29 +704,29 @@ class Trainer:
                             signame, self.step, EXIT_STOPPED)
         else:
             status = "completed"
-            if self.is_main:
-                from trainer import checkpoint
-
-                checkpoint.write_finished(self.ckpt_dir, self.step)
             if cfg.eval_every_epochs and last_eval_step != self.step:
                 last_eval = self.evaluate()
                 if last_eval:
                     self.write({"eval": True, "step": self.step, "epoch": self.epoch, **last_eval})
 
         # Every rank leaves a checksum file; the summary lists ranks, hosts and checksums.
-        sha = params_sha256(self.model)
+        # Parameters are what DDP keeps equal; buffers are compared only where it does too
+        # (BatchNorm running statistics are rank-local unless they are SyncBatchNorm's).
+        sha, buffers = params_sha256(self.model), buffers_sha256(self.model)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / f"params-rank{self.rank}.sha256").write_text(sha + "\n")
         # first/final loss: mean over the first/last k steps of this session on every rank
         # (k = steps/5, 1..10), so "the loss went down" is not decided by one noisy batch.
         k = max(1, min(10, len(losses) // 5))
         ends = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else None
-        ranks = self.all_gather(
-            {"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha, "ends": ends})
+        ranks = self.all_gather({"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha,
+                                 "buffers_sha256": buffers, "ends": ends})
         all_ends = [e for e in (r.pop("ends") for r in ranks) if e]  # no rank record keeps "ends"
         first_loss = sum(e[0] for e in all_ends) / len(all_ends) if all_ends else None
         final_loss = sum(e[1] for e in all_ends) / len(all_ends) if all_ends else None
         identical = all(r["params_sha256"] == sha for r in ranks)
+        buffers_checked = buffers is not None and not rank_local_buffers(self.model)
+        buffers_identical = all(r["buffers_sha256"] == buffers for r in ranks) if buffers_checked else None
         window = window_steps if window_t0 is not None else 0
         elapsed = (t_end - window_t0 - paused) if window_t0 is not None else 0.0
         summary = {
@@ -606,6 +751,7 @@ class Trainer:
             "ranks": ranks,
             "final_params_sha256": sha if identical else None,
             "params_identical": identical,
+            "buffers_identical": buffers_identical,  # null: no buffers, or rank-local BatchNorm statistics
             "run_dir": str(self.run_dir),
             "checkpoint_dir": str(self.ckpt_dir),
         }
@@ -613,6 +759,12 @@ class Trainer:
             self.write(summary)
             self.metrics.close()
             print("ddpkit-summary " + json.dumps(summary), flush=True)
+            if status == "completed":
+                from trainer import checkpoint
+
+                # Last: after the final checkpoint, the evaluation and the summary, so a run that
+                # dies before here is not taken for finished by a restart.
+                checkpoint.write_finished(self.ckpt_dir, self.step)
             if cfg.plot and status == "completed":
                 try:
                     from trainer.plot import plot_run
@@ -621,12 +773,6 @@ class Trainer:
                 except Exception as e:  # a plot must never fail a finished training run
                     log.warning("could not write the plot: %s", e)
         return EXIT_STOPPED if stopped else EXIT_OK
-
-
-def _stack(data: Any, indices: list[int]):
-    from trainer.data import collate
-
-    return collate([data[i] for i in indices])
 
 
 def _progress(total: int, initial: int, enabled: bool):
@@ -643,6 +789,22 @@ def _log_line(pbar: Any, msg: str) -> None:
         pbar.write(msg)
 
 
+def threads_per_rank(threads: int | None, env: Any, local_world_size: int) -> int:
+    """`train.threads`, else `OMP_NUM_THREADS` (the user's, or what trainer.launch derived
+    from the CPUs the job got: see `trainer.launch.threads_per_rank`), else this process's
+    CPUs shared by the local ranks (a trainer started by hand)."""
+    if threads:
+        return threads
+    omp = (env.get("OMP_NUM_THREADS") or "").strip()
+    if omp.isdigit() and int(omp) > 0:
+        return int(omp)
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(1, local_world_size))
+
+
 def run(job: Any, denv: Any, t0: float) -> int:
     t_start = time.time()
     import torch
@@ -652,11 +814,7 @@ def run(job: Any, denv: Any, t0: float) -> int:
     from trainer.dist import pick_device, process_group
 
     cfg = job.train
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cpus = os.cpu_count() or 1
-    torch.set_num_threads(cfg.threads or max(1, cpus // max(1, denv.local_world_size)))
+    torch.set_num_threads(threads_per_rank(cfg.threads, os.environ, denv.local_world_size))
     device = pick_device(denv, cfg.device)
     stop = StopRequest()
     stop.install()
@@ -679,8 +837,8 @@ def main() -> int:
     t0 = float(os.environ.get("DDPKIT_LAUNCH_T0") or time.time())
     from pydantic import ValidationError
 
-    from trainer.config import error_line, load_job_sections
-    from trainer.dist import DistEnvError, read_dist_env
+    from trainer.config import ConfigError, error_line, load_job_sections
+    from trainer.dist import read_dist_env
 
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(
@@ -693,15 +851,24 @@ def main() -> int:
     except ValidationError as e:
         print(f"ddpkit: bad job file: {error_line(e)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    except (OSError, ValueError, DistEnvError) as e:
+    except (OSError, ValueError) as e:  # the job file or the worker variables (DistEnvError)
         print(f"ddpkit: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
         return run(job, denv, t0)
-    except ValueError as e:  # configuration problems found while building the workload
+    except ConfigError as e:  # a bad setting found while building the workload: no traceback
         print(f"ddpkit: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    # Anything else is a failure of the run: it propagates (traceback, exit 1) through
+    # `entry`'s @record, which writes torchrun's error file so its failure summary names it.
+
+
+def entry() -> None:
+    """`python -m trainer.train` / `python -m trainer`: main() under torchrun's `@record`."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    sys.exit(record(main)())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
