@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -125,6 +126,10 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
         yield
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if denv.is_main:
+        logging.getLogger("ddpkit.trainer").info(
+            "joining the process group: %d ranks, %s, master %s:%s", denv.world_size, backend,
+            denv.master_addr, denv.master_port)
     # env:// (the default) reads the six variables; under torchrun it also joins the agent's
     # store (TORCHELASTIC_USE_AGENT_STORE) instead of binding MASTER_PORT a second time.
     dist.init_process_group(

@@ -22,6 +22,7 @@ import random
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up 
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG, EXIT_STOPPED = 0, 1, 2, 143
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
+# A stop signal no step boundary acted on within half the target's grace period (SIGTERM to
+# SIGKILL, DDPKIT_STOP_GRACE_S, default 120 s): exit 143 anyway (a collective waits for a lost rank).
+STOP_GRACE_S = float(os.environ.get("DDPKIT_STOP_GRACE_S") or 120) / 2
 STEADY_AFTER_STEPS = 20  # samples_per_s excludes the first steps (allocation, DDP bucket rebuild)
 
 log = logging.getLogger("ddpkit.trainer")
@@ -38,16 +42,45 @@ log = logging.getLogger("ddpkit.trainer")
 class StopRequest:
     """Remembers a stop signal; the loop acts on it at the next step boundary.
 
-    A second SIGINT (Ctrl-C twice) interrupts at once.
+    A second SIGINT (Ctrl-C twice) interrupts at once. Python runs signal handlers only
+    between bytecodes, so a rank blocked in C++ (`init_process_group` waiting for its peers, a
+    collective waiting for a lost rank) would sit out the whole `train.timeout_s`. A watcher
+    thread learns of the signal at once (`signal.set_wakeup_fd`): before training starts
+    (process group, setup, resume: nothing new to save) the rank exits 143 right away; during
+    training it exits 143 when no step boundary acts on the signal within `STOP_GRACE_S` (half
+    the target's grace period).
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.after_step = int(os.environ.get("DDPKIT_STOP_AT_STEP") or 0)  # fault injection for tests
+        self.phase = "starting"  # starting (process group, setup) | training (the loop and after)
+        self.acted = threading.Event()  # the loop decided to stop: it checkpoints, however long
 
     def install(self) -> None:
         for name in STOP_SIGNALS:
             signal.signal(getattr(signal, name), self._handle)
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd,), name="ddpkit-stop", daemon=True).start()
+
+    def _watch(self, read_fd: int) -> None:
+        stops = {int(getattr(signal, name)) for name in STOP_SIGNALS}
+        while not any(b in stops for b in os.read(read_fd, 64)):
+            pass
+        if self.phase == "starting":
+            self._exit("before training started (joining the process group or setting up)")
+        if not self.acted.wait(STOP_GRACE_S):
+            self._exit(f"and no step boundary acted on it within {STOP_GRACE_S:.0f}s (a collective "
+                       "waiting for a lost rank?); the last checkpoint stands")
+
+    def _exit(self, why: str) -> None:
+        print(f"ddpkit: stop signal {why}: exiting {EXIT_STOPPED}", file=sys.stderr, flush=True)
+        if os.environ.get("DDPKIT_STOP_FILE"):
+            with contextlib.suppress(OSError):
+                Path(os.environ["DDPKIT_STOP_FILE"]).touch()  # trainer.launch: 143, not a crash
+        os._exit(EXIT_STOPPED)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
@@ -382,9 +415,14 @@ class Trainer:
                 bucket_cap_mb=cfg.bucket_cap_mb,
                 gradient_as_bucket_view=True,
                 find_unused_parameters=cfg.find_unused_parameters,
-                broadcast_buffers=cfg.broadcast_buffers,
                 static_graph=cfg.static_graph,
+                # torch 2.13 warns whenever the argument is given; False keeps its meaning
+                **({} if cfg.broadcast_buffers else {"broadcast_buffers": False}),
             )
+            if self.is_main:
+                log.info("DDP: bucket_cap_mb %s, find_unused_parameters %s, broadcast_buffers %s, "
+                         "static_graph %s, sync_batchnorm %s", cfg.bucket_cap_mb, cfg.find_unused_parameters,
+                         cfg.broadcast_buffers, cfg.static_graph, cfg.sync_batchnorm)
             wrapped = self.ddp
             if cfg.ddp_comm_hook != "none":
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -618,7 +656,8 @@ class Trainer:
             _log_line(pbar, msg)
             pending.clear()
 
-        while self.step < self.total_steps and not stopped:
+        self.stop.phase = "training"
+        while self.step < self.total_steps and self.epoch < cfg.epochs and not stopped:
             exhausted = False
             for batch in self.epoch_batches():
                 batch = self.to_device(batch)
@@ -665,6 +704,7 @@ class Trainer:
                     self.save()  # checkpoint time counts against throughput
                 if self.vote.poll(self.stop.requested(self.step)):
                     stopped = True
+                    self.stop.acted.set()
                     break
                 if self.step >= self.total_steps:
                     break
@@ -674,7 +714,9 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
                 step_loss = None
             if exhausted or (self.micro_per_epoch is not None and self.micro >= self.micro_per_epoch):
-                if cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not stopped:
+                # the last epoch's evaluation comes after the final checkpoint (below)
+                if (cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not stopped
+                        and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
                     flush()
                     last_eval = self.evaluate()
                     last_eval_step = self.step
@@ -707,7 +749,8 @@ class Trainer:
             if cfg.eval_every_epochs and last_eval_step != self.step:
                 last_eval = self.evaluate()
                 if last_eval:
-                    self.write({"eval": True, "step": self.step, "epoch": self.epoch, **last_eval})
+                    epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
+                    self.write({"eval": True, "step": self.step, "epoch": epoch, **last_eval})
 
         # Every rank leaves a checksum file; the summary lists ranks, hosts and checksums.
         # Parameters are what DDP keeps equal; buffers are compared only where it does too
@@ -747,6 +790,7 @@ class Trainer:
             "first_step_s": first_step_s,
             "launch_marks": {k: round(v - self.t0, 4) for k, v in self.marks.items()},
             "device": str(self.device),
+            "threads_per_rank": torch.get_num_threads(),
             "hostnames": sorted({r["hostname"] for r in ranks}),
             "ranks": ranks,
             "final_params_sha256": sha if identical else None,

@@ -99,10 +99,14 @@ def format_summary(s: dict) -> str:
         ("status", s.get("status", "-")),
         ("steps", f"{s.get('steps')} ({s.get('world_size')} ranks, global batch {s.get('global_batch')})"),
         ("loss", f"{num('first_loss', '.4f')} -> {num('final_loss', '.4f')}"),
-        ("eval", f"loss {num('eval_loss', '.4f')}, accuracy {num('eval_accuracy', '.3f')}"),
+        ("eval", ", ".join([f"loss {num('eval_loss', '.4f')}", f"accuracy {num('eval_accuracy', '.3f')}"] + [
+            f"{k.removeprefix('eval_')} {num(k, '.4f')}" for k in s
+            if k.startswith("eval_") and k not in ("eval_loss", "eval_accuracy")])),
         ("samples/s", num("samples_per_s", ".0f")),
         ("first step", f"{num('first_step_s', '.1f')} s after launch; wall {num('wall_s', '.1f')} s"),
         ("parameters", "identical on every rank" if s.get("params_identical") else "DIFFER across ranks"),
+        ("buffers", {True: "identical on every rank", False: "DIFFER across ranks"}.get(
+            s.get("buffers_identical"), "not compared (none, or rank-local BatchNorm statistics)")),
         ("run dir", s.get("run_dir", "-")),
     ]
     return "\n".join(f"  {k:<11} {v}" for k, v in rows)

@@ -1,0 +1,101 @@
+"""Small user workloads for tests/test_workloads.py, loaded by the trainer as
+`tests.user_workloads:<function>` (the repository is on PYTHONPATH in those runs)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, IterableDataset, TensorDataset
+
+from trainer.models import Workload
+
+
+def _blobs(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return x, (x[:, :4].sum(1) > x[:, 4:].sum(1)).long()
+
+
+class Numbered(IterableDataset):
+    """An iterable of `n` (x, y) samples (its length is not known to the trainer)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        yield from zip(self.x, self.y, strict=True)
+
+
+def iterable(cfg) -> Workload:
+    """IterableDataset for training and evaluation; `model_args.samples` sets the size."""
+    x, y = _blobs(int(cfg.model_args.get("samples", 203)))
+    torch.manual_seed(0)
+    return Workload(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)),
+                    Numbered(x[:-40], y[:-40]), Numbered(x[-40:], y[-40:]))
+
+
+class Counting(nn.Module):
+    """BatchNorm (rank-local running statistics) plus a buffer each rank bumps by rank+1 per
+    training forward: with DDP's broadcast_buffers it restarts from rank 0's value each step."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))
+        self.register_buffer("bumps", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x):
+        if self.training:
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            self.bumps += rank + 1
+        return {"logits": self.net(x), "bumps": self.bumps.clone()}
+
+
+def batchnorm(cfg) -> Workload:
+    x, y = _blobs(512)
+    torch.manual_seed(0)
+
+    def loss(out, target):
+        return F.cross_entropy(out["logits"], target)
+
+    return Workload(Counting(), TensorDataset(x, y), TensorDataset(x[:64], y[:64]), loss_fn=loss,
+                    accuracy=False, metrics=lambda out, batch: {"bumps": out["bumps"]})
+
+
+def bad_loss(cfg) -> Workload:
+    """A shape error in the loss: an error of the run, not of the job file."""
+    x, y = _blobs(256)
+    torch.manual_seed(0)
+
+    def loss(out, target):
+        raise ValueError(f"loss got logits {tuple(out.shape)} and targets {tuple(target.shape)}: shapes do not match")
+
+    return Workload(nn.Linear(8, 2), TensorDataset(x, y), loss_fn=loss)
+
+
+def failing_eval(cfg) -> Workload:
+    x, y = _blobs(256)
+    torch.manual_seed(0)
+
+    def metric(out, batch):
+        raise RuntimeError("the evaluation metric failed")
+
+    return Workload(nn.Linear(8, 2), TensorDataset(x, y), TensorDataset(x[:32], y[:32]), metrics=metric)
+
+
+class Augmented(Dataset):
+    """Random augmentation (noise from the global torch RNG) in __getitem__."""
+
+    def __init__(self):
+        self.x, self.y = _blobs(384)
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.3 * torch.randn(8), self.y[i]
+
+
+def augmented(cfg) -> Workload:
+    torch.manual_seed(0)
+    return Workload(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), Augmented())
