@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -191,4 +192,37 @@ def test_a_pod_that_cannot_start_fails_at_once_without_restarts(image, tmp_path)
     result = ddpkit("run", str(path), "--docker", "--flavor", "job", cwd=tmp_path, timeout=120)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     assert "could not start" in result.stdout and "restarting" not in result.stdout
+    assert leftovers(name) == ("", "")
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
+def test_your_own_torchrun_script_runs_unchanged_in_the_pods(image, tmp_path, flavor):
+    """examples/own_script/train.py baked into an image made FROM ddpkit's (the documented way
+    to ship a script), run as `script:` by the rendered pods: 2 nodes x 2 ranks, identical."""
+    from deploy.image import docker_binary, docker_env
+
+    own_image = "ddpkit-own-script:test"
+    shutil.copy(REPO / "examples" / "own_script" / "train.py", tmp_path / "train.py")
+    (tmp_path / "Dockerfile").write_text(f"FROM {image}\nCOPY train.py /workspace/train.py\n")
+    built = subprocess.run([docker_binary(), "build", "-q", "-t", own_image, str(tmp_path)],
+                           env=docker_env(), capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-3000:]
+    name = f"e2e-own-{flavor}"
+    path = tmp_path / f"{name}.yaml"
+    job = (REPO / "examples" / "own-script.yaml").read_text()
+    path.write_text(job.replace("name: own-script", f"name: {name}").replace("image: ddpkit:0.1", f"image: {own_image}")
+                    .replace("nodes: 1", "nodes: 2").replace("script: examples/own_script/train.py", "script: train.py")
+                    .replace("args: [--epochs, 2, --out, runs/own-script]",
+                             "args: [--epochs, 1, --samples, 1024, --out, /workspace/out]")
+                    + "volumes: [{name: out, claim: out, mount: /workspace/out}]\n")
+    result = ddpkit("run", str(path), "--docker", "--flavor", flavor, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    lines = re.findall(r"rank (\d)/4 on (\S+): params sha256 ([0-9a-f]{64})", result.stdout)
+    assert sorted(int(r) for r, _, _ in lines) == [0, 1, 2, 3], result.stdout[-3000:]
+    assert len({h for _, h, _ in lines}) == 2  # two containers
+    assert len({s for _, _, s in lines}) == 1  # identical on every rank
+    out = tmp_path / "runs" / f"{name}-docker-{flavor}" / "volumes" / "claim-out"
+    assert {p.read_text().strip() for p in out.glob("params-rank*.sha256")} == {lines[0][2]}
+    assert len(list(out.glob("params-rank*.sha256"))) == 4
+    assert "[node 1] " in result.stdout and "train.py --epochs 1" in result.stdout + result.stderr
     assert leftovers(name) == ("", "")
