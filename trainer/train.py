@@ -431,7 +431,7 @@ class Trainer:
                 try:
                     self.ddp.register_comm_hook(None, hook[cfg.ddp_comm_hook])
                 except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
-                    raise ValueError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
+                    raise ConfigError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
                                      f"({str(e).splitlines()[0]}); use fp16 or none") from None
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.marks["DDP"] = time.time()
@@ -509,7 +509,9 @@ class Trainer:
         else:
             state = self.broadcast(checkpoint.load(Path(path)) if self.is_main else None)
         if state["world_size"] != self.world:
-            raise ValueError(world_size_refusal(path, state, self.world, self.ckpt_dir))
+            from trainer.config import ConfigError
+
+            raise ConfigError(world_size_refusal(path, state, self.world, self.ckpt_dir))
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
