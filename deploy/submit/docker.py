@@ -345,6 +345,11 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
         gpus = [v for k, v in limits.items() if k.endswith("/gpu")]
         if gpus:
             create += ["--gpus", str(gpus[0])]
+        if pod.spec.get("hostNetwork"):
+            raise UserError(f"pod {pod.name}: hostNetwork is not supported by --docker (the pods "
+                            "share a private Docker network); run without k8s.host_network")
+        for cap in ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []:
+            create += ["--cap-add", str(cap)]
         sc = {**(pod.spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
         if sc.get("runAsUser") is not None:
             create += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
