@@ -159,11 +159,9 @@ TORCH_DISTRIBUTED_RUNTIME = {
     "metadata": {"name": "torch-distributed"},
     "spec": {"template": {"spec": {"replicatedJobs": [{
         "name": NODE,
+        # the ancestor label is on the Job template, not on the pods
         "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
-                     "spec": {"template": {
-                         "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
-                         "spec": {"containers": [{"name": NODE}]},
-                     }}},
+                     "spec": {"template": {"spec": {"containers": [{"name": NODE}]}}}},
     }]}}},
 }
 
