@@ -241,6 +241,7 @@ def test_script_sets_the_launch_contract_and_quotes_every_value(tmp_path):
     assert env["DDPKIT_MASTER_PORT"] == str(15000 + 4242 % 10000)
     assert env["DDPKIT_NNODES"] == "2" and env["DDPKIT_NPROC_PER_NODE"] == "2"
     assert env["DDPKIT_RUN_ID"] == "demo" and env["DDPKIT_LAUNCHER"] == "torchrun"
+    assert env["DDPKIT_STOP_GRACE_S"] == "120"  # the signal's lead (docs/CONTRACT.md)
     job_file = Path(env["DDPKIT_JOB_FILE"])
     assert job_file == tmp_path / "logs" / "demo-4242.job.yaml"
     assert yaml.safe_load(job_file.read_text()) == yaml.safe_load(job.to_yaml())

@@ -272,6 +272,9 @@ slurm:
     assert params["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=8"]
     assert recorded["fn"].container == ["apptainer", "exec", "--rocm", "--bind", "/lustre/d:/data:ro",
                                         "docker://ghcr.io/org/t:1"]
+    env = recorded["fn"].environment({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "5",
+                                      "SLURM_JOB_NUM_NODES": "2"})
+    assert env["DDPKIT_STOP_GRACE_S"] == "120"  # the signal's lead, as the script exports it
     # the same #SBATCH options as the script
     sbatch = directives_of(render_slurm(job))
     assert "--mail-type=END" in sbatch and "--nodes=2-4" in sbatch

@@ -334,6 +334,7 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "mounts": container_mounts(job),
         "requeue": s.requeue,
         "signal_trap": signal_option(job) is not None,
+        "stop_grace_s": s.signal_seconds,
         "signal": s.signal,
         "launch": launch_line(job),
     }

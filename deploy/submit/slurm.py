@@ -197,7 +197,8 @@ def _submit_submitit(job, *, cwd) -> str:
     try:
         submitted = executor.submit(SlurmLaunch(job.to_yaml(), job.name, s.log_dir, job.nproc_per_node,
                                                 job.restarts, s.launcher, job.command,
-                                                requeue=s.requeue, container=_container_argv(job)))
+                                                requeue=s.requeue, container=_container_argv(job),
+                                                stop_grace_s=s.signal_seconds))
     except Exception as exc:  # submitit wraps sbatch's refusal in its own exception types
         raise RuntimeFailure(f"submitit could not submit the job: {_last_line(str(exc))}") from None
     return f"slurm://{submitted.job_id}"
@@ -252,11 +253,11 @@ class SlurmLaunch:
 
     def __init__(self, job_yaml: str, name: str, log_dir: str, nproc_per_node: int, restarts: int,
                  launcher: str, command: list[str] | None, *, requeue: bool = False,
-                 container: list[str] = ()):
+                 container: list[str] = (), stop_grace_s: int = 120):
         self.job_yaml, self.name, self.log_dir = job_yaml, name, log_dir
         self.nproc_per_node, self.restarts = nproc_per_node, restarts
         self.launcher, self.command, self.requeue = launcher, command, requeue
-        self.container = list(container)
+        self.container, self.stop_grace_s = list(container), stop_grace_s
 
     def checkpoint(self, *args, **kwargs):
         """submitit's hook on preemption: run this same launch again (None: do not requeue)."""
@@ -281,6 +282,7 @@ class SlurmLaunch:
             "DDPKIT_NPROC_PER_NODE": str(self.nproc_per_node),
             "DDPKIT_MAX_RESTARTS": str(self.restarts),
             "DDPKIT_LAUNCHER": self.launcher,
+            "DDPKIT_STOP_GRACE_S": str(self.stop_grace_s),
             "DDPKIT_JOB_FILE": str(job_file),
         }
 
