@@ -330,7 +330,7 @@ def _break(flavor: str, obj: dict) -> str:
         return 'admission webhook "validator.pytorchjob.training-operator.kubeflow.org" denied'
     if flavor == "jobset":
         spec["successPolicy"] = {"operator": "All", "targetReplicatedJobs": ["no-such-job"]}
-        return 'admission webhook "vjobset.kb.io" denied'
+        return "does not appear in .spec.ReplicatedJobs"  # JobSet's webhook, not the schema
     if flavor == "trainjob":
         spec["runtimeRef"]["name"] = "no-such-runtime"
         return 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied'

@@ -45,7 +45,7 @@ NEEDED_FILES = ["/usr/sbin/runc", "/usr/lib/cni/bridge", "/usr/lib/cni/host-loca
                 "/usr/lib/cni/loopback", "/bin/busybox"]
 NEEDED_COMMANDS = ["iptables", "curl", "openssl"]
 PAUSE_IMAGE = "ddpkit-pause:3.10"
-BUSYBOX_IMAGE = "ddpkit-busybox:1"
+BUSYBOX_IMAGE = "ddpkit-busybox:3"
 #: images imported from Docker by `up` when Docker has them (ddpkit's default training image)
 DEFAULT_IMAGES = ["ddpkit:0.1"]
 NODE = "ddpkit-k8s-node"
@@ -240,10 +240,28 @@ def base_images() -> None:
         _import(docker_archive(PAUSE_IMAGE, {"/pause": pause}, ["/pause"]))
     if _normalized(BUSYBOX_IMAGE) not in have:
         busybox = Path("/bin/busybox").read_bytes()
-        files: dict[str, bytes | str] = {"/bin/busybox": busybox}
-        for applet in ("sh", "seq", "nslookup", "sleep", "hostname", "cat", "echo", "ls", "wget"):
+        # Debian's dash as sh (with the libc it links): busybox's own sh runs its nslookup
+        # applet directly, bypassing the wrapper below
+        files: dict[str, bytes | str] = {
+            "/bin/busybox": busybox, "/bin/nslookup": NSLOOKUP,
+            "/bin/sh": Path("/bin/dash").read_bytes(),
+            "/lib64/ld-linux-x86-64.so.2": Path("/lib64/ld-linux-x86-64.so.2").resolve().read_bytes(),
+            "/lib/x86_64-linux-gnu/libc.so.6": Path("/lib/x86_64-linux-gnu/libc.so.6").resolve().read_bytes(),
+        }
+        for applet in ("seq", "sleep", "hostname", "cat", "echo", "ls", "grep", "wget"):
             files[f"/bin/{applet}"] = "busybox"
         _import(docker_archive(BUSYBOX_IMAGE, files, ["/bin/sh"]))
+
+
+#: training-operator's init container loops on `nslookup <job>-master-0` until it exits 0. The
+#: operator's default image (alpine 3.10, busybox 1.30) exits 0 once the name resolves; Debian's
+#: busybox 1.35 exits 1 when any search-domain variant is NXDOMAIN, even though the name
+#: resolved through another. This keeps the old exit status: 0 when an answer names the host.
+NSLOOKUP = b"""#!/bin/sh
+out=$(/bin/busybox nslookup "$@" 2>&1)
+echo "$out"
+echo "$out" | /bin/busybox grep -q '^Name:'
+"""
 
 
 def _docker_image_id(tag: str) -> str:

@@ -476,7 +476,7 @@ install_controllers() {
   # its cert rotator writes the certificate into a Secret and waits for it in the hard-coded
   # /tmp/k8s-webhook-server/serving-certs: give it a /tmp of its own (a mount namespace)
   start_bg training-operator training-operat unshare --mount --propagation private sh -c \
-    "mount --bind '$DIR/training-operator/tmp' /tmp && exec env KUBECONFIG='$DIR/kubeconfig/training-operator.kubeconfig' MY_POD_NAMESPACE=kubeflow training-operator.v1 --enable-scheme=pytorchjob --leader-elect=false --metrics-bind-address=127.0.0.1:18080 --health-probe-bind-address=127.0.0.1:18081 --webhook-server-port=19443 --pytorch-init-container-image=ddpkit-busybox:1"
+    "mount --bind '$DIR/training-operator/tmp' /tmp && exec env KUBECONFIG='$DIR/kubeconfig/training-operator.kubeconfig' MY_POD_NAMESPACE=kubeflow training-operator.v1 --enable-scheme=pytorchjob --leader-elect=false --metrics-bind-address=127.0.0.1:18080 --health-probe-bind-address=127.0.0.1:18081 --webhook-server-port=19443 --pytorch-init-container-image=ddpkit-busybox:3"
   log "JobSet, webhook https://127.0.0.1:19444"
   start_bg jobset jobset env KUBECONFIG="$DIR/kubeconfig/jobset.kubeconfig" jobset \
     --config "$DIR/jobset/config.yaml" --leader-elect=false --metrics-bind-address=0 \
