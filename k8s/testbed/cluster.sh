@@ -39,8 +39,8 @@ SVC_NET=${NET%.*}.$((${NET##*.} + 1))
 GW=$NET.1
 BRIDGE=ddpk8s0
 NODE=ddpkit-k8s-node
-ETCD_PORT=23790
-API_PORT=16443
+ETCD_PORT=12379
+API_PORT=16643
 SOCK=$DIR/containerd/containerd.sock
 CGROOT=ddpkit-k8s
 MARK="# ddpkit-k8s-testbed"
@@ -392,8 +392,8 @@ start_control_plane() {
   log "etcd 127.0.0.1:$ETCD_PORT"
   start_bg etcd etcd etcd --name ddpkit --data-dir "$DIR/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls http://127.0.0.1:23800 --initial-advertise-peer-urls http://127.0.0.1:23800 \
-    --initial-cluster ddpkit=http://127.0.0.1:23800 --unsafe-no-fsync --log-level warn \
+    --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
+    --initial-cluster ddpkit=http://127.0.0.1:12380 --unsafe-no-fsync --log-level warn \
     --listen-metrics-urls ""
   wait_for 30 "etcd" curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
@@ -527,7 +527,7 @@ up() {
     teardown
   fi
   local port busy=""
-  for port in $ETCD_PORT 23800 $API_PORT 10357 10359 10250 10248 19443 19444 19445 18080 18081 18082 18083; do
+  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 10250 10248 19443 19444 19445 18080 18081 18082 18083; do
     ss -Hltn "sport = :$port" | grep -q . && busy="$busy $port"
   done
   [ -z "$busy" ] || fail "TCP ports already in use on this host:$busy (another cluster? see ss -ltnp)"
