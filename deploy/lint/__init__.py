@@ -93,7 +93,7 @@ def lint_object(obj: Any, crds: CRDIndex | Context | None = None, *, source: str
         if core.is_core(obj["apiVersion"]):
             add(core.validate_core(obj, ctx.version), "api")
         else:
-            _lint_custom(obj, ctx, add)
+            _lint_custom(obj, ctx, add, problems)
     except _MALFORMED as exc:
         if not problems:
             add([("", f"malformed object ({type(exc).__name__}: {exc}); check it against its schema")], "schema")
@@ -106,7 +106,7 @@ def lint_object(obj: Any, crds: CRDIndex | Context | None = None, *, source: str
     return problems
 
 
-def _lint_custom(obj: dict, ctx: Context, add) -> None:
+def _lint_custom(obj: dict, ctx: Context, add, problems: list[Problem]) -> None:
     kind, api_version = obj["kind"], obj["apiVersion"]
     group = api_version.rpartition("/")[0]
     crd = ctx.crds.lookup(api_version, kind)
@@ -150,6 +150,8 @@ def _lint_custom(obj: dict, ctx: Context, add) -> None:
     claims = [{"name": (t.get("metadata") or {}).get("name"), "persistentVolumeClaim": {"claimName": "-"}}
               for p in (pruned.get("spec") or {}).get("volumeClaimPolicies") or [] for t in p.get("templates") or []
               ] if kind == "JobSet" else []
+    if any(p.severity == ERROR for p in problems):
+        return  # refused already: the pods' problems can wait
     for path, template, _ in (advice.pod_templates(pruned) if kind != "TrainJob" else ()):
         add(((join(path, p) if p else path, f"{msg} (the controller's pods will be refused)")
              for p, msg in _template_findings(template, claims)), "pod-template", WARNING)
@@ -184,9 +186,9 @@ def documents(text: str, source: str) -> list[Any]:
 def lint_text(text: str, crds: CRDIndex | Context | None = None, *, source: str = "-",
               k8s_version: str | None = None) -> list[Problem]:
     docs = documents(text, source)
-    ctx = _context(crds, k8s_version)
-    if not isinstance(crds, Context):
-        ctx.runtimes.update(Context(ctx.crds, objects=docs).runtimes)
+    base = _context(crds, k8s_version)
+    ctx = Context(base.crds, base.k8s_version, docs)  # this text's runtimes, beside the CRDs'
+    ctx._version = base._version
     return _lint_docs(docs, ctx, source)
 
 
