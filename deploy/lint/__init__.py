@@ -130,9 +130,9 @@ def _lint_custom(obj: dict, ctx: Context, add, problems: list[Problem]) -> None:
             pass  # the schema errors below say why
         pruned, _ = schema.prune(pruned, crd["schema"])
         schema.apply_defaults(pruned, crd["schema"])
-        _, found = schema.check_custom_resource(pruned, crd["schema"])
+        _, found = schema.check_custom_resource(pruned, crd["schema"], typed=validate is not None)
     add(meta_errors, "meta")
-    for rule in ("schema", "cel"):
+    for rule in ("schema", "cel", "webhook"):
         add([(p, msg) for p, msg, r in found if r == rule], rule)
     if found or meta_errors:
         return  # the API server stops before the validating webhooks

@@ -364,7 +364,9 @@ def validate_pod_template(template: Any, path: str) -> list[Finding]:
 
 def validate_job(job: dict) -> list[Finding]:
     """ValidateJob after the Job strategy's defaults (a generated selector, restartPolicy Always)."""
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    spec = dict(job.get("spec")) if isinstance(job.get("spec"), dict) else {}
+    if spec.get("completions") is None and spec.get("parallelism") is None:
+        spec["completions"] = spec["parallelism"] = 1  # SetDefaults_Job
     name = (job.get("metadata") or {}).get("name") or ""
     found: list[Finding] = []
     for key in ("parallelism", "completions", "activeDeadlineSeconds", "backoffLimit",

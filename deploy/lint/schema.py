@@ -184,7 +184,7 @@ def _ignore(validator, value, instance, schema):
 _KEYWORDS = dict(Draft4Validator.VALIDATORS)
 _KEYWORDS.update({
     "type": _type,
-    "format": _format,
+    "format": _ignore,  # kube-openapi checks string formats the CRDs here do not use
     "x-kubernetes-list-type": _list_type,
     "x-kubernetes-validations": _cel_rules,
 })
@@ -192,6 +192,9 @@ _KEYWORDS.pop("$ref", None)  # structural schemas have no references
 StructuralValidator = jsonschema.validators.create(
     meta_schema=Draft4Validator.META_SCHEMA, validators=_KEYWORDS, type_checker=_TYPES,
     version="kubernetes-structural")
+#: The same, plus what a webhook's typed decode refuses: integers beyond their Go type
+#: (`format: int32` into an int32 field). The API server alone does not range-check them.
+TypedValidator = jsonschema.validators.extend(StructuralValidator, {"format": _format})
 
 
 def _json_type(value: Any) -> str:
@@ -201,15 +204,16 @@ def _json_type(value: Any) -> str:
             dict: "object"}.get(type(value), type(value).__name__)
 
 
-def validate_values(value: Any, schema: dict, path: str = "") -> list[tuple[str, str, str]]:
+def validate_values(value: Any, schema: dict, path: str = "", *, typed: bool = False) -> list[tuple[str, str, str]]:
     """(path, message, rule) of every value-rule violation of a pruned and defaulted object;
-    rule is `cel` for x-kubernetes-validations, else `schema`."""
+    rule is `cel` for x-kubernetes-validations, `webhook` for what only a webhook's typed decode
+    refuses (`typed`: the kind has a webhook), else `schema`."""
     found = []
-    for error in StructuralValidator(schema).iter_errors(value):
+    for error in (TypedValidator if typed else StructuralValidator)(schema).iter_errors(value):
         where = path
         for part in error.absolute_path:
             where = join(where, part)
-        rule = "cel" if error.validator == "x-kubernetes-validations" else "schema"
+        rule = {"x-kubernetes-validations": "cel", "format": "webhook"}.get(error.validator, "schema")
         found.append((*_finding(error, where), rule))
     return sorted(set(found))
 
@@ -243,7 +247,7 @@ def _finding(error: jsonschema.ValidationError, where: str) -> Finding:
 # The whole custom-resource check
 
 
-def check_custom_resource(obj: dict, schema: dict) -> tuple[dict, list[tuple[str, str, str]]]:
+def check_custom_resource(obj: dict, schema: dict, *, typed: bool = False) -> tuple[dict, list[tuple[str, str, str]]]:
     """(the object as the API server stores it: pruned and defaulted, (path, message, rule)s).
 
     Unknown fields are reported first and alone, as strict field validation does (the server
@@ -257,7 +261,7 @@ def check_custom_resource(obj: dict, schema: dict) -> tuple[dict, list[tuple[str
     meta = pruned.get("metadata") if isinstance(pruned.get("metadata"), dict) else {}
     # CEL rules at the root see metadata.name and metadata.generateName only.
     body["metadata"] = {k: meta[k] for k in ("name", "generateName") if k in meta}
-    return pruned, validate_values(body, _without_metadata_schema(schema))
+    return pruned, validate_values(body, _without_metadata_schema(schema), typed=typed)
 
 
 def _without_metadata_schema(schema: dict) -> dict:
