@@ -70,10 +70,9 @@ def main() -> int:
             t_json = median_ms(lambda f=crd_file, t=text: schema._cached_documents(f, t), args.repeats)
             t_schema = median_ms(lambda o=obj, c=crd: schema.check_custom_resource(o, c["schema"]), args.repeats)
             pruned, _ = schema.check_custom_resource(obj, crd["schema"])
-            default, validate = WEBHOOKS[(group, obj["kind"])]
+            hook = WEBHOOKS[(group, obj["kind"])]
             ctx = lint.Context(crds)
-            t_hook = median_ms(lambda p=pruned, v=validate: v(p, ctx.find_runtime) if obj["kind"] == "TrainJob"
-                               else v(p), args.repeats)
+            t_hook = median_ms(lambda p=pruned, h=hook, c=ctx: h.validate(p, c.find_runtime), args.repeats)
             t_core = median_ms(lambda o=obj: [core.validate_pod_template(t, p) for p, t, _ in advice.pod_templates(o)],
                                args.repeats)
         else:

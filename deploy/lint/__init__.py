@@ -122,29 +122,26 @@ def _lint_custom(obj: dict, ctx: Context, add, problems: list[Problem]) -> None:
     if unknown or unknown_meta:
         add(unknown_meta + unknown, "schema")  # strict field validation answers 400 here
         return
-    default, validate = WEBHOOKS.get((group, kind), (None, None))
-    if default is not None:
+    hook = WEBHOOKS.get((group, kind))
+    if hook is not None:
         try:
-            default(pruned)
+            hook.default(pruned)
         except _MALFORMED:
             pass  # the schema errors below say why
         pruned, _ = schema.prune(pruned, crd["schema"])
         schema.apply_defaults(pruned, crd["schema"])
-        _, found = schema.check_custom_resource(pruned, crd["schema"], typed=validate is not None)
+        _, found = schema.check_custom_resource(pruned, crd["schema"], typed=True)
     add(meta_errors, "meta")
     for rule in ("schema", "cel", "webhook"):
         add([(p, msg) for p, msg, r in found if r == rule], rule)
     if found or meta_errors:
         return  # the API server stops before the validating webhooks
-    if validate is not None:
+    if hook is not None:
         try:
-            add(validate(pruned, ctx.find_runtime) if kind == "TrainJob" else validate(pruned), "webhook")
+            add(hook.validate(pruned, ctx.find_runtime), "webhook")
+            add(hook.warnings(pruned), "webhook", WARNING)
         except _MALFORMED as exc:
             add([("", f"the admission webhook would fail on this object ({type(exc).__name__}: {exc})")], "webhook")
-        if (group, kind) == ("kubeflow.org", "PyTorchJob"):
-            from deploy.lint.admission import pytorchjob
-
-            add(pytorchjob.warnings(pruned), "webhook", WARNING)
     # A TrainJob's runtime patches are partial pod specs merged into the runtime's: not judged alone.
     # The JobSet controller adds a volume per VolumeClaimPolicy template to its Jobs' pods.
     claims = [{"name": (t.get("metadata") or {}).get("name"), "persistentVolumeClaim": {"claimName": "-"}}

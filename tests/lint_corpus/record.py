@@ -17,7 +17,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from deploy.testbed import k8s as testbed  # noqa: E402
-from tests.test_lint_corpus import FILES, header, known_disagreements, lint_verdict, server_verdict, verdict_word  # noqa: E402
+from tests.test_lint_corpus import (  # noqa: E402
+    FILES,
+    header,
+    known_disagreements,
+    lint_verdict,
+    server_verdict,
+    verdict_word,
+)
 
 
 def main(argv: list[str]) -> int:
