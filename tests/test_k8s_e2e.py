@@ -21,6 +21,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -358,3 +359,36 @@ def test_kind_e2e_script_runs_against_the_testbed(cluster, image, tmp_path):
                           capture_output=True, text=True, timeout=4 * JOB_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "every flavor succeeded: job pytorchjob jobset trainjob" in proc.stderr
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
+def test_your_own_torchrun_script_runs_unchanged_across_pods(cluster, image, handles, tmp_path, flavor):
+    """examples/own_script/train.py (textbook DDP, no ddpkit) as `script:` on a hostPath volume
+    (the script reaches the pods by a volume; baking it into the image is the other way):
+    2 pods x 2 ranks, identical parameters on all four, files on the shared volume."""
+    code, out = tmp_path / "code", tmp_path / "out"
+    code.mkdir()
+    out.mkdir()
+    os.chmod(out, 0o777)  # the image runs as uid 1000
+    shutil.copy(REPO / "examples" / "own_script" / "train.py", code / "train.py")
+    name = f"e2e-own-{flavor}"
+    job = yaml.safe_load((REPO / "examples" / "own-script.yaml").read_text())
+    job.update(name=name, image=image, nodes=2, script="/code/train.py",
+               args=["--epochs", "1", "--samples", "1024", "--out", "/out"],
+               resources={"cpus_per_node": 0.7, "memory": "2Gi", "shm": "256Mi"},
+               volumes=[{"name": "code", "mount": "/code", "host_path": str(code), "read_only": True},
+                        {"name": "out", "mount": "/out", "host_path": str(out)}],
+               k8s={"flavor": flavor})
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    handle = submit(cluster, handles, path)
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    text = logs(cluster, handle, 0) + logs(cluster, handle, 1)
+    lines = set(re.findall(r"rank (\d)/4 on (\S+): params sha256 ([0-9a-f]{64})", text))
+    assert sorted(int(r) for r, _, _ in lines) == [0, 1, 2, 3], text[-3000:]
+    assert len({h for _, h, _ in lines}) == 2  # two pods
+    assert len({s for _, _, s in lines}) == 1  # identical on every rank
+    sums = {p.name: p.read_text().strip() for p in out.glob("params-rank*.sha256")}
+    assert sorted(sums) == [f"params-rank{r}.sha256" for r in range(4)]
+    assert set(sums.values()) == {s for _, _, s in lines}
+    assert "context " in text and "/code/train.py --epochs 1" in text
