@@ -42,7 +42,8 @@ SCRIPTS = [
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     ("k8s_testbed", "k8s_testbed.py", [], [], 600),
-    ("goodput", "goodput.py", [], [], 420),
+    # faults every 60 s need minutes of training per run (4 runs + a calibration): ~15-25 min here
+    ("goodput", "goodput.py", ["--train-s", "150"], ["--train-s", "20", "--fault-every", "10"], 1800),
 ]
 
 
