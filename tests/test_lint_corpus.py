@@ -125,11 +125,11 @@ def server_verdict(path: Path, env: dict, text: str | None = None) -> str:
     namespaces = sorted({(d.get("metadata") or {}).get("namespace") for d in docs} - {None, "", "default"})
     created = []
     try:
-        for ns in namespaces:  # cluster state lint cannot know: the namespaces exist
+        for ns in namespaces:  # cluster state lint cannot know: the namespaces exist (and are kept:
+            # a deleted one stays Terminating for a while and refuses what the next file creates)
             exists = subprocess.run(["kubectl", "get", "namespace", ns], env=env, capture_output=True, timeout=60)
             if exists.returncode != 0:
                 subprocess.run(["kubectl", "create", "namespace", ns], env=env, capture_output=True, timeout=60)
-                created.append({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for doc in prereq:
             done = subprocess.run(["kubectl", "create", "-f", "-"], input=yaml.safe_dump(doc), env=env,
                                   capture_output=True, text=True, timeout=60)
