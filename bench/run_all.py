@@ -5,11 +5,12 @@ needs a testbed that is down, or root, gets a "skipped" result that says why, an
 a "failed" result with the end of its output, so one missing testbed never loses the others'
 figures. At the end `bench/report.py` writes `bench/report/BENCHMARKS.md` and the charts.
 
-    python bench/run_all.py [--only NAME...] [--skip NAME...] [--up] [--quick]
+    python bench/run_all.py [--only NAME...] [--skip NAME...] [--up] [--quick | --light] [--timeout-scale F]
 
 `--up` brings up the Docker and Slurm testbeds when they are down (root) and takes down again
 only the ones it brought up. `--quick` runs every script with tiny settings (a smoke test of
-the whole pipeline, figures meaningless).
+the whole pipeline, figures meaningless); `--light` fewer repeats and steps, for a machine
+other work shares (the report says which settings ran: each section shows its command).
 """
 
 from __future__ import annotations
@@ -29,15 +30,15 @@ sys.path.insert(0, str(HERE.parent))
 
 from bench_common import REPO, Result, is_root, load_average, results_dir  # noqa: E402
 
-# name, script, full arguments, quick arguments, timeout (s)
+# name, script, full arguments, light arguments (a loaded machine), timeout (s) with full arguments
 SCRIPTS = [
     ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "200", "--repeats", "3"],
-     ["--steps", "30", "--repeats", "1"], 420),
-    ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "10", "--repeats", "1"], 300),
-    ("step_profile", "step_profile.py", ["--steps", "80", "--repeats", "2"], ["--steps", "8", "--repeats", "1"], 420),
-    ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "1"], 240),
-    ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "1", "--small"], 240),
-    ("render_speed", "render_speed.py", ["--repeats", "15"], ["--repeats", "2"], 300),
+     ["--steps", "120", "--repeats", "2"], 420),
+    ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "30", "--repeats", "2"], 300),
+    ("step_profile", "step_profile.py", ["--steps", "80", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
+    ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
+    ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
+    ("render_speed", "render_speed.py", ["--repeats", "15"], ["--repeats", "7"], 300),
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
@@ -45,6 +46,10 @@ SCRIPTS = [
     # faults every 60 s need minutes of training per run (4 runs + a calibration): ~15-25 min here
     ("goodput", "goodput.py", ["--train-s", "150"], ["--train-s", "20", "--fault-every", "10"], 1800),
 ]
+QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
+         "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
+         "checkpoint_save": ["--repeats", "1", "--small"], "render_speed": ["--repeats", "2"],
+         "lint_speed": ["--repeats", "1"]}
 
 
 def skip_reason(name: str) -> str | None:
@@ -85,12 +90,48 @@ def gpu_outcome() -> None:
                    "but no GPU figures were measured")
 
 
+def stream(argv: list[str], env: dict, timeout: float) -> tuple[str, int | None]:
+    """Run `argv`, printing its output as it comes; (output, exit code or None on a timeout).
+    On a timeout the script's whole process group is stopped."""
+    import signal
+    import threading
+
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    lines: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if "USDT:" not in line:  # kineto's profiler start/stop chatter
+                lines.append(line)
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    t = threading.Thread(target=pump, daemon=True)
+    t.start()
+    try:
+        rc: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        rc = None
+    t.join(timeout=10)
+    return "".join(lines), rc
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="+", metavar="NAME")
     p.add_argument("--skip", nargs="+", metavar="NAME", default=[])
     p.add_argument("--up", action="store_true", help="bring up testbeds that are down (root)")
     p.add_argument("--quick", action="store_true", help="tiny settings: check the pipeline, not the figures")
+    p.add_argument("--light", action="store_true", help="fewer repeats and steps (a loaded machine)")
+    p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every script's timeout")
     args = p.parse_args()
     start = time.time()
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -104,7 +145,8 @@ def main() -> int:
             brought_up.append("docker")
     load_start = load_average()
     try:
-        for name, script, full, quick, timeout in SCRIPTS:
+        for name, script, full, light, timeout in SCRIPTS:
+            timeout = int(timeout * args.timeout_scale)
             if (args.only and name not in args.only) or name in args.skip:
                 continue
             reason = skip_reason(name)
@@ -112,18 +154,12 @@ def main() -> int:
                 print(f"\n=== {name}: skipped ({reason})", flush=True)
                 record_outcome(name, "skipped", reason)
                 continue
-            argv = [sys.executable, str(HERE / script), *(quick if args.quick else full)]
+            argv = [sys.executable, str(HERE / script),
+                    *(QUICK.get(name, light) if args.quick else light if args.light else full)]
             print(f"\n=== {name}: {' '.join(argv[1:])}", flush=True)
             before = (results_dir() / f"{name}.json").stat().st_mtime if (results_dir() / f"{name}.json").exists() else 0
             t = time.time()
-            try:
-                proc = subprocess.run(argv, cwd=REPO, env=env, timeout=timeout, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-                out, rc = proc.stdout, proc.returncode
-            except subprocess.TimeoutExpired as e:
-                out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                rc = None
-            print(out[-6000:], flush=True)
+            out, rc = stream(argv, env, timeout)
             wrote = (results_dir() / f"{name}.json").exists() and (results_dir() / f"{name}.json").stat().st_mtime > before
             if rc is None:
                 record_outcome(name, "failed", f"timed out after {timeout} s", out)
@@ -142,7 +178,7 @@ def main() -> int:
             docker.down()
     preface = results_dir() / "_preface.md"
     preface.write_text(
-        f"Last `make bench`{' (quick settings: figures meaningless)' if args.quick else ''}: "
+        f"Last `make bench`{' (quick settings: figures meaningless)' if args.quick else ' (--light settings)' if args.light else ''}: "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(start))}, {time.time() - start:.0f} s in all; "
         f"load average (1/5/15 min) {load_start} at the start and {load_average()} at the end "
         f"({os.cpu_count()} cores).\n")
