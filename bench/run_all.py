@@ -44,12 +44,12 @@ SCRIPTS = [
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     ("k8s_testbed", "k8s_testbed.py", [], [], 600),
     # faults every 60 s need minutes of training per run (4 runs + a calibration): ~15-25 min here
-    ("goodput", "goodput.py", ["--train-s", "150"], ["--train-s", "20", "--fault-every", "10"], 1800),
+    ("goodput", "goodput.py", ["--train-s", "150"], ["--train-s", "120"], 1800),
 ]
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
          "checkpoint_save": ["--repeats", "1", "--small"], "render_speed": ["--repeats", "2"],
-         "lint_speed": ["--repeats", "1"]}
+         "lint_speed": ["--repeats", "1"], "goodput": ["--train-s", "20", "--fault-every", "10"]}
 
 
 def skip_reason(name: str) -> str | None:
@@ -126,14 +126,23 @@ def stream(argv: list[str], env: dict, timeout: float) -> tuple[str, int | None]
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--only", nargs="+", metavar="NAME")
+    p.add_argument("--only", nargs="+", metavar="NAME", choices=[e[0] for e in SCRIPTS] + ["gpu"])
     p.add_argument("--skip", nargs="+", metavar="NAME", default=[])
     p.add_argument("--up", action="store_true", help="bring up testbeds that are down (root)")
     p.add_argument("--quick", action="store_true", help="tiny settings: check the pipeline, not the figures")
     p.add_argument("--light", action="store_true", help="fewer repeats and steps (a loaded machine)")
     p.add_argument("--timeout-scale", type=float, default=1.0, help="multiply every script's timeout")
+    p.add_argument("--deadline", metavar="HH:MM", help="UTC: stop starting scripts then (the rest are recorded "
+                   "as not run) and cut the running one's timeout to it")
     args = p.parse_args()
     start = time.time()
+    deadline = None
+    if args.deadline:
+        import calendar
+
+        hh, mm = (int(x) for x in args.deadline.split(":"))
+        day = time.gmtime(start)
+        deadline = calendar.timegm((day.tm_year, day.tm_mon, day.tm_mday, hh, mm, 0))
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     brought_up: list[str] = []
     if args.up and is_root():
@@ -145,9 +154,18 @@ def main() -> int:
             brought_up.append("docker")
     load_start = load_average()
     try:
-        for name, script, full, light, timeout in SCRIPTS:
+        order = [e for n in args.only for e in SCRIPTS if e[0] == n] if args.only else SCRIPTS
+        for name, script, full, light, timeout in order:  # --only NAME...: in that order
             timeout = int(timeout * args.timeout_scale)
-            if (args.only and name not in args.only) or name in args.skip:
+            if deadline is not None:
+                left = deadline - time.time()
+                if left < 60:
+                    reason = f"not run: the run's deadline ({args.deadline} UTC) came first"
+                    print(f"\n=== {name}: {reason}", flush=True)
+                    record_outcome(name, "skipped", reason)
+                    continue
+                timeout = int(min(timeout, left))
+            if name in args.skip:
                 continue
             reason = skip_reason(name)
             if reason:
