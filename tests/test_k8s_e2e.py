@@ -314,6 +314,9 @@ def test_every_example_and_flavor_passes_server_side_dry_run(cluster, example):
         manifest = rendered(cluster, example, flavor, refusal_ok=True)
         if manifest is None:
             continue
+        # the example's namespace (e.g. ml) exists on the user's cluster; make it here
+        for ns in {d["metadata"].get("namespace") for d in yaml.safe_load_all(manifest) if d} - {None}:
+            kubectl(cluster, "create", "namespace", ns, check=False)
         proc = kubectl(cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
                        input=manifest, check=False)
         assert proc.returncode == 0, f"{example.name} --flavor {flavor}: {proc.stderr}"
