@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from deploy import lint
-from tests.conftest import EXAMPLES, REPO, require
+from tests.conftest import EXAMPLES, IN_CI, REPO, require
 
 CORPUS = REPO / "tests" / "lint_corpus"
 FILES = sorted(CORPUS.rglob("*.yaml"))
@@ -100,13 +100,13 @@ def _testbed():
 def server():
     """The testbed's client environment (the cluster is brought up if it is down, and taken down
     at the end only then)."""
-    import fcntl
+    from tests.test_k8s_conformance import take_lock  # the testbed's lock, shared by its tests
 
-    if not os.environ.get("CI") and not os.environ.get("DDPKIT_K8S_E2E"):
-        require(False, "live lint-corpus checks run with CI=true or DDPKIT_K8S_E2E=1 (they use the k8s testbed)")
+    require(IN_CI or os.environ.get("DDPKIT_K8S_E2E") == "1",
+            "live lint-corpus checks run with CI=true or DDPKIT_K8S_E2E=1 (they use the k8s testbed)")
     testbed = _testbed()
     lock = open(f"{testbed.testbed_dir()}.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_SH)
+    take_lock(lock)
     was_up = testbed.status(quiet=True)
     if not was_up:
         testbed.up()
