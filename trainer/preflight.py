@@ -38,6 +38,7 @@ from typing import Any
 
 EXIT_OK, EXIT_FAILED = 0, 1
 PREFIX = "ddpkit-preflight"
+_KEEP: list[Any] = []  # the worker store, alive as long as the process (see run_checks)
 
 
 class PreflightError(Exception):
@@ -118,6 +119,10 @@ def run_checks(env: dict[str, str], want_device: str, timeout_s: int) -> dict[st
     except Exception as e:  # noqa: BLE001  (RuntimeError/DistNetworkError: message is the point)
         raise PreflightError(f"worker store {addr}:{port} not reachable: {str(e).splitlines()[0]}") from None
     store_ms = (time.perf_counter() - t) * 1000
+    # Rank 0 hosts the store for the whole process: the training's init_process_group joins the
+    # same multi-tenant server (same port). Dropping it here would close it under the other
+    # ranks, which may already be connecting to it for the training.
+    _KEEP.append(store)
     store = dist.PrefixStore(f"{PREFIX}/{env.get('TORCHELASTIC_RUN_ID', '')}/"
                              f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
     if kind == "cuda":

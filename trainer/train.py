@@ -30,6 +30,7 @@ from typing import Any
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG, EXIT_STOPPED = 0, 1, 2, 143
+EXIT_STOPPED_UNSAVED = 137  # stopped before a checkpoint of that moment could be written
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
 # A stop signal no step boundary acted on within half the target's grace period (SIGTERM to
 # SIGKILL, DDPKIT_STOP_GRACE_S, default 120 s): exit 143 anyway (a collective waits for a lost rank).
@@ -76,11 +77,10 @@ class StopRequest:
                        "waiting for a lost rank?); the last checkpoint stands")
 
     def _exit(self, why: str) -> None:
-        print(f"ddpkit: stop signal {why}: exiting {EXIT_STOPPED}", file=sys.stderr, flush=True)
-        if os.environ.get("DDPKIT_STOP_FILE"):
-            with contextlib.suppress(OSError):
-                Path(os.environ["DDPKIT_STOP_FILE"]).touch()  # trainer.launch: 143, not a crash
-        os._exit(EXIT_STOPPED)
+        # No checkpoint of this moment was written: 137, not 143 (143 promises one, CONTRACT.md),
+        # and no DDPKIT_STOP_FILE (trainer.launch reads it as "the stop checkpoint exists").
+        print(f"ddpkit: stop signal {why}: exiting {EXIT_STOPPED_UNSAVED}", file=sys.stderr, flush=True)
+        os._exit(EXIT_STOPPED_UNSAVED)
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.signum is not None and signum == signal.SIGINT:
