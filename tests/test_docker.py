@@ -291,7 +291,7 @@ def test_exit_code_policy_retries_only_128_to_255():
 def test_capabilities_become_cap_add_and_host_network_is_refused(tmp_path):
     from deploy.spec import parse_job
 
-    job = parse_job({"name": "caps", "image": "img:1", "nodes": 2, "k8s": {"flavor": "job", "capabilities": ["IPC_LOCK"]}})
+    job = parse_job({"name": "caps", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True}, "k8s": {"flavor": "job", "capabilities": ["IPC_LOCK"]}})
     plans = plan(render_objects(job), tmp_path)
     assert all(opt(p.create_args, "--cap-add") == ["IPC_LOCK"] for p in plans)
     job = parse_job({"name": "hostnet", "image": "img:1", "k8s": {"flavor": "job", "host_network": True}})
