@@ -39,7 +39,8 @@ fi
 
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'e2e: %s\n' "$*" >&2; exit 1; }
-ddpkit() { (cd "$REPO" && "${DDPKIT[@]}" "$@"); }
+# `command`: with ddpkit on PATH, DDPKIT=(ddpkit) would otherwise call this function again
+ddpkit() { (cd "$REPO" && command "${DDPKIT[@]}" "$@"); }
 
 EXISTING=0
 [[ "$CLUSTER" == existing ]] && EXISTING=1
