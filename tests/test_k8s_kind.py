@@ -28,6 +28,11 @@ def test_e2e_script_is_driven_by_ddpkit_render_and_checks_status():
     assert all('-f "$manifest"' in a or "?ref=$" in a or "download/$JOBSET_REF" in a for a in applied)
 
 
+def test_e2e_script_calls_the_ddpkit_command_not_itself():
+    # with ddpkit on PATH the wrapper function named ddpkit must not recurse (a fork bomb)
+    assert 'command "${DDPKIT[@]}"' in (KIND / "e2e.sh").read_text()
+
+
 def test_e2e_script_pins_operator_releases():
     script = (KIND / "e2e.sh").read_text()
     for pin in ('TRAINING_OPERATOR_REF:-v1.9.0', 'TRAINER_REF:-v2.3.0', 'JOBSET_REF:-v0.12.0'):
