@@ -50,8 +50,21 @@ def image() -> str:
     return IMAGE
 
 
+def clear_leftovers(name: str) -> None:
+    """Remove what an earlier, killed session left under this test's names: `leftovers` must
+    see only this run (a CI run once failed on two exited containers of a run killed earlier)."""
+    containers, networks = leftovers(name)
+    if containers:
+        docker("rm", "--force", *containers.split())
+    if networks:
+        docker("network", "rm", *networks.split())
+    assert leftovers(name) == ("", "")
+
+
 def job_file(tmp_path: Path, name: str, extra: str = "") -> Path:
-    """quickstart-2node (2 nodes x 2 CPU processes) under another name, with this image."""
+    """quickstart-2node (2 nodes x 2 CPU processes) under another name, with this image; nothing
+    of an earlier run of the same name left on the daemon."""
+    clear_leftovers(name)
     path = tmp_path / f"{name}.yaml"
     path.write_text(QUICK.replace("name: quickstart-2node", f"name: {name}")
                     .replace("image: ddpkit:0.1", f"image: {IMAGE}") + extra)
@@ -162,7 +175,9 @@ def test_ctrl_c_stops_and_removes_every_container_and_the_network(image, tmp_pat
     assert leftovers(name) == ("", "")
 
 
-@pytest.mark.parametrize("flavor, message", [("pytorchjob", "restarting it (1/1"),
+# restarts: 1 on 2 nodes: PyTorchJob's backoffLimit is restarts x nodes (the operator counts the
+# restarts of all pods; see deploy/k8s/pytorchjob.py), JobSet's maxRestarts is restarts
+@pytest.mark.parametrize("flavor, message", [("pytorchjob", "restarting it (1/2, runPolicy.backoffLimit 2)"),
                                              ("jobset", "restarting every pod (1/1")])
 def test_a_failed_pod_is_restarted_as_its_controller_would(image, tmp_path, flavor, message):
     name = f"e2e-restart-{flavor}"

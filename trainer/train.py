@@ -79,7 +79,7 @@ class StopRequest:
     def _exit(self, why: str) -> None:
         # No checkpoint of this moment was written: 137, not 143 (143 promises one, CONTRACT.md),
         # and no DDPKIT_STOP_FILE (trainer.launch reads it as "the stop checkpoint exists").
-        print(f"ddpkit: stop signal {why}: exiting {EXIT_STOPPED_UNSAVED}", file=sys.stderr, flush=True)
+        say(f"stop signal {why}: exiting {EXIT_STOPPED_UNSAVED}")
         os._exit(EXIT_STOPPED_UNSAVED)
 
     def _handle(self, signum: int, frame: Any) -> None:
@@ -195,6 +195,14 @@ def step_optimizer(optimizer: Any, scaler: Any) -> bool:
     scaler.step(optimizer)
     scaler.update()
     return scaler.get_scale() >= before  # the scale only shrinks on a skipped step
+
+
+def say(message: str) -> None:
+    """One `ddpkit: ...` line on stderr in one write: every rank may say it at once into the
+    same pipe, and `print` writes the text and its newline separately when Python is unbuffered
+    (PYTHONUNBUFFERED, as the operators set it), so two ranks' lines could merge into one."""
+    sys.stderr.write(f"ddpkit: {message}\n")
+    sys.stderr.flush()
 
 
 def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: Path) -> str:
@@ -895,15 +903,15 @@ def main() -> int:
         job = load_job_sections()
         denv = read_dist_env()
     except ValidationError as e:
-        print(f"ddpkit: bad job file: {error_line(e)}", file=sys.stderr)
+        say(f"bad job file: {error_line(e)}")
         return EXIT_BAD_CONFIG
     except (OSError, ValueError) as e:  # the job file or the worker variables (DistEnvError)
-        print(f"ddpkit: {e}", file=sys.stderr)
+        say(str(e))
         return EXIT_BAD_CONFIG
     try:
         return run(job, denv, t0)
     except ConfigError as e:  # a bad setting found while building the workload: no traceback
-        print(f"ddpkit: {e}", file=sys.stderr)
+        say(str(e))
         return EXIT_BAD_CONFIG
     # Anything else is a failure of the run: it propagates (traceback, exit 1) through
     # `entry`'s @record, which writes torchrun's error file so its failure summary names it.

@@ -483,15 +483,17 @@ class DockerRun:
         label = f"label={RUN_LABEL}={self.run_id}"
         error = ""
         for attempt in range(attempts):
-            left = docker("ps", "--all", "--quiet", "--filter", label, check=False,
-                          timeout=60).stdout.split()
+            listed = docker("ps", "--all", "--quiet", "--filter", label, check=False, timeout=60)
+            left = listed.stdout.split()
             if left:
                 error = docker("rm", "--force", *left, check=False, timeout=120).stderr.strip()
-            networks = docker("network", "ls", "--quiet", "--filter", label, check=False,
-                              timeout=60).stdout.split()
+            nets = docker("network", "ls", "--quiet", "--filter", label, check=False, timeout=60)
+            networks = nets.stdout.split()
             if networks:
                 error = docker("network", "rm", *networks, check=False, timeout=60).stderr.strip() or error
-            if not left and not networks:
+            if listed.returncode or nets.returncode:  # a failed listing proves nothing is left
+                error = (listed.stderr or nets.stderr).strip() or error
+            elif not left and not networks:
                 return
             time.sleep(min(0.5 * (attempt + 1), 3))
         self._print(f"ddpkit: could not remove every container of this run ({error}); remove them "
