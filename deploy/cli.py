@@ -198,7 +198,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    print(_handle_module(args.handle).status(args.handle))
+    module = _handle_module(args.handle)
+    print(getattr(module, "describe", module.status)(args.handle))
     return 0
 
 

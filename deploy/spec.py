@@ -553,7 +553,7 @@ _DERIVED_DIRECTIVES = {
     "cpus-per-task": "resources.cpus_per_node", "mem": "resources.memory (or slurm.all_memory for --mem=0)",
     "time": "time_limit", "partition": "slurm.partition", "account": "slurm.account",
     "qos": "slurm.qos", "constraint": "slurm.constraint", "exclusive": "slurm.exclusive",
-    "output": "slurm.log_dir", "error": "slurm.log_dir", "requeue": "slurm.requeue",
+    "output": "slurm.log_dir", "error": "slurm.log_dir", "requeue": "restarts (>= 1)", "no-requeue": "restarts (0)",
     "signal": "slurm.signal", "open-mode": "(always append)",
 }
 #: sbatch options that contradict what ddpkit renders, and why.
@@ -564,7 +564,6 @@ _CONFLICTING_DIRECTIVES = {
     "ntasks-per-gpu": "ddpkit lays out tasks (slurm.launcher): one per node or one per GPU",
     "ntasks-per-socket": "ddpkit lays out tasks (slurm.launcher): one per node or one per GPU",
     "ntasks-per-core": "ddpkit lays out tasks (slurm.launcher): one per node or one per GPU",
-    "no-requeue": "requeueing is slurm.requeue (with restarts)",
     "export": "the job step needs the environment the script exports (DDPKIT_*, env:); "
               "--export=NONE drops it",
     "export-file": "the job step needs the environment the script exports (DDPKIT_*, env:)",
@@ -752,7 +751,8 @@ class JobSpec(Strict):
                             "one verdict line per node, and no training when a check fails.")
     torchrun_args: TorchrunArgs = Field(default_factory=list)
     restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
-                          "torchrun `--max-restarts`, backoffLimit, Slurm requeues.")
+                          "torchrun `--max-restarts`, backoffLimit, Slurm requeues (after a node "
+                          "failure; before the time limit with `slurm.requeue`).")
     time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "
                                        "Slurm `--time`, activeDeadlineSeconds.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,

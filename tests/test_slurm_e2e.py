@@ -189,6 +189,47 @@ def test_preempted_job_checkpoints_requeues_resumes_and_never_reruns(cluster, jo
     assert len(summaries(log)) == 2  # nothing trained again
 
 
+@pytest.mark.parametrize("restarts,lost", [(1, "ddpkit-node1"), (0, "ddpkit-node2")])
+def test_a_lost_node_requeues_and_resumes_or_ends_the_job_as_restarts_say(cluster, jobs, tmp_path, restarts, lost):
+    """A node lost without warning (its slurmd and every job process SIGKILLed, no signal
+    first; node1 is also the master and the batch host): slurmctld marks it DOWN after the
+    testbed's SlurmdTimeout (10 s) and ends the job NODE_FAIL. With restarts >= 1 the job is
+    requeued (--requeue), runs again once the node is back and resumes from the last
+    checkpoint: steps lost <= checkpoint.every_steps (20). With restarts: 0 (--no-requeue)
+    it stays FAILED and `ddpkit status` says why."""
+    handle = submit(cluster, jobs, tmp_path, "--set", "train.max_steps=120", "--set", "train.epochs=100",
+                    "--set", "train.plot=false", "--set", f"restarts={restarts}",
+                    "--set", f"slurm.requeue={'true' if restarts else 'false'}")
+    wait_for_step(cluster, handle, tmp_path, 30)
+    try:
+        assert testbed.kill_node(lost)
+        ended = wait_for(cluster, handle, {"RESTARTING"} if restarts else {"FAILED"})
+        last_step = max(metric_steps(tmp_path))  # nothing trains while a node is gone
+        line = ddpkit("status", handle, env=cluster).stdout.strip()
+    finally:
+        testbed.start_node(lost)  # the node "reboots"; ReturnToService=2 takes it back
+    checkpoints = sorted((tmp_path / "runs/quickstart-2node/checkpoints").glob("ckpt-*.pt"))
+    assert checkpoints, "no checkpoint before the node was lost"
+    if not restarts:
+        assert ended == "FAILED" and job_field(cluster, handle, "JobState") == "NODE_FAIL"
+        assert job_field(cluster, handle, "Restarts") == "0"
+        assert line.startswith("FAILED (NODE_FAIL: a node of the job stopped responding"), line
+        assert "not requeueable (restarts: 0)" in line, line
+        return
+    assert line.startswith("RESTARTING") and "restart 1" in line, line
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    assert job_field(cluster, handle, "Restarts") == "1"
+    log = job_log(cluster, handle)
+    assert f"(job {submit_slurm.job_id(handle)}, restart 1)" in log
+    [final] = summaries(log)  # the lost run never got to write one
+    lost_steps = last_step - final["resumed_from_step"]
+    print(f"node lost at step {last_step}, resumed from {final['resumed_from_step']}: {lost_steps} steps lost")
+    assert final["resumed_from_step"] % 20 == 0 and 0 <= lost_steps <= 20, (last_step, final)
+    assert final["steps"] == 120
+    assert_trained_on_two_nodes(final)
+    assert (tmp_path / "runs/quickstart-2node/checkpoints/FINISHED").exists()
+
+
 def test_cancel_leaves_no_process_on_either_node(cluster, jobs, tmp_path):
     handle = submit(cluster, jobs, tmp_path, "--set", "train.max_steps=100000",
                     "--set", "train.epochs=1000")

@@ -140,7 +140,7 @@ def test_requeue_adds_requeue_and_a_usr2_to_the_batch_shell():
     assert "--requeue" in d and "--signal=B:USR2@300" in d
     # a time limit alone still gets the signal (checkpoint before the limit), not the requeue
     limited = render_slurm(job_from(BASE))
-    assert "--requeue" not in directives(limited) and "--signal=B:USR2@120" in directives(limited)
+    assert "--signal=B:USR2@120" in directives(limited)
     assert "trap forward_signal USR2" in limited and "scontrol requeue" not in limited
     # neither: nothing to trap
     plain = render_slurm(job_from(BASE.replace("time_limit: 30m\n", "")))
@@ -273,6 +273,23 @@ def test_a_finished_job_exits_at_once(tmp_path):
     rc, out = run_script(tmp_path, render_slurm(job_from(BASE, "slurm.requeue=true")), body="exit 1")
     assert rc == 0 and "already finished" in out
     assert not (tmp_path / "srun.args").exists()
+
+
+def test_restarts_decide_whether_slurm_requeues_after_a_node_failure():
+    """Slurm requeues a requeueable job whose node failed (JobRequeue=1 is its default, seen on
+    the testbed: a job without --requeue shows Requeue=1): `restarts` says so both ways."""
+    assert "--requeue" in directives(render_slurm(job_from(BASE)))
+    none = directives(render_slurm(job_from(BASE, "restarts=0")))
+    assert "--no-requeue" in none and "--requeue" not in none
+
+
+def test_a_job_requeued_more_often_than_its_restarts_does_not_start(tmp_path):
+    script = render_slurm(job_from(BASE, "restarts=2"))
+    rc, out = run_script(tmp_path, script, env={"SLURM_RESTART_COUNT": "3"})
+    assert rc == 1 and "this is restart 3 and the job allows restarts: 2: not starting" in out, out
+    assert not (tmp_path / "srun.args").exists()
+    rc, out = run_script(tmp_path, script, env={"SLURM_RESTART_COUNT": "2"})
+    assert rc == 0 and (tmp_path / "srun.args").exists(), out
 
 
 BODY_CHECKPOINTS = ("trap 'echo checkpointed > \"$FAKE_DIR/ckpt\"; exit 143' USR2; "
@@ -433,7 +450,7 @@ def test_typed_gpus_all_memory_and_gpu_cpus():
      "slurm.extra_directives.1: '--cpus-per-gpu=8' conflicts with the script ddpkit renders"),
     ({"slurm": {"extra_directives": ["--export=NONE"]}}, "--export=NONE drops it"),
     ({"slurm": {"extra_directives": ["--array=0-3"]}}, "one ddpkit job is one training run"),
-    ({"slurm": {"extra_directives": ["--no-requeue"]}}, "requeueing is slurm.requeue"),
+    ({"slurm": {"extra_directives": ["--no-requeue"]}}, "ddpkit derives --no-requeue; set restarts (0) instead"),
     ({"slurm": {"extra_directives": ["--chdir=/x"]}}, "paths are relative to the submit directory"),
     ({"slurm": {"extra_directives": ["--mem-per-gpu=8G"]}}, "Slurm allows one memory option"),
     ({"slurm": {"extra_directives": ["--mem=0"]}}, "set resources.memory (or slurm.all_memory for --mem=0) instead"),

@@ -85,6 +85,21 @@ def test_status_speaks_the_shared_vocabulary(state, restarts, shared):
     assert fake.calls[0][0] == ["scontrol", "show", "job", "-o", "12"]
 
 
+@pytest.mark.parametrize("fields,line", [
+    # what real slurmctld 22.05 showed on the testbed after a node's slurmd was killed
+    ("JobState=NODE_FAIL Reason=NodeDown Requeue=0 Restarts=0",
+     "FAILED (NODE_FAIL: a node of the job stopped responding (Slurm marked it DOWN); "
+     "not requeued: the job is not requeueable (restarts: 0))"),
+    ("JobState=PENDING Reason=Nodes_required_for_job_are_DOWN,_DRAINED Requeue=1 Restarts=1",
+     "RESTARTING (Slurm reason: Nodes_required_for_job_are_DOWN,_DRAINED; restart 1)"),
+    ("JobState=COMPLETED Reason=None Requeue=1 Restarts=1", "SUCCEEDED"),
+])
+def test_status_line_says_why_slurm_ended_or_holds_a_job(fields, line):
+    fake = FakeSlurm(scontrol=(0, f"JobId=12 JobName=demo {fields} BatchFlag=1 WorkDir=/w\n", ""))
+    assert slurm.describe("slurm://12", runner=fake) == line
+    assert slurm.status("slurm://12", runner=fake) == line.split()[0]
+
+
 def test_status_falls_back_to_sacct_when_slurmctld_forgot_the_job():
     fake = FakeSlurm(scontrol=(1, "", "slurm_load_jobs error: Invalid job id specified\n"),
                      sacct=(0, "COMPLETED\n", ""))

@@ -13,6 +13,10 @@ Choices worth knowing:
   to steps, and a torchrun task pinned to one CPU runs all its workers on it.
 - The requeue path (trap, forward, wait, `scontrol requeue`) lives in the batch shell, outside
   any container, bounded by `restarts` through SLURM_RESTART_COUNT.
+- A lost node (slurmd silent for SlurmdTimeout: node DOWN, job NODE_FAIL) requeues the job only
+  when it is requeueable: `--requeue` with `restarts` >= 1, `--no-requeue` with 0 (Slurm's
+  JobRequeue=1 default would requeue it). The script refuses to start restart N+1 of a job
+  with `restarts: N` (Slurm counts every requeue in SLURM_RESTART_COUNT).
 - The run id is the job name, so a resubmitted job finds its checkpoints and its FINISHED marker.
 """
 
@@ -217,8 +221,9 @@ def directives(job: JobSpec) -> list[str]:
     out.append(_directive("output", log, field="slurm.log_dir"))
     out.append(_directive("error", log, field="slurm.log_dir"))
     out.append("--open-mode=append")
-    if s.requeue:
-        out.append("--requeue")
+    # Slurm requeues a job whose node failed when the job is requeueable (its JobRequeue=1
+    # default): so `restarts` says it explicitly, both ways; the script bounds the count.
+    out.append("--requeue" if job.restarts else "--no-requeue")
     signal = signal_option(job)
     if signal is not None:
         out.append(f"--signal={signal}")

@@ -347,11 +347,7 @@ def status(handle: str, *, runner: Runner = subprocess.run) -> str:
     """The job's state in the shared vocabulary."""
     info = show_job(handle, runner=runner)
     if info is not None:
-        raw = info.get("JobState", "")
-        state = STATES.get(raw.split()[0].rstrip("+"), "FAILED" if raw else "PENDING")
-        if state == "PENDING" and int(info.get("Restarts", "0") or 0) > 0:
-            return "RESTARTING"
-        return state
+        return _state(info)
     jobid = job_id(handle)
     proc = _run(runner, ["sacct", "-n", "-X", "-P", "-o", "State", "-j", jobid], check=False)
     raw = proc.stdout.strip().splitlines()[-1].split()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
@@ -359,6 +355,46 @@ def status(handle: str, *, runner: Runner = subprocess.run) -> str:
         raise RuntimeFailure(f"Slurm no longer knows job {jobid} (and the cluster keeps no "
                              "accounting): look in the job's log directory")
     return STATES.get(raw.rstrip("+"), "FAILED")
+
+
+def _state(info: dict[str, str]) -> str:
+    raw = info.get("JobState", "")
+    state = STATES.get(raw.split()[0].rstrip("+"), "FAILED") if raw else "PENDING"
+    if state == "PENDING" and int(info.get("Restarts", "0") or 0) > 0:
+        return "RESTARTING"
+    return state
+
+
+#: Why Slurm ended a job, for states that say more than FAILED.
+_ENDED_BECAUSE = {
+    "NODE_FAIL": "a node of the job stopped responding (Slurm marked it DOWN)",
+    "TIMEOUT": "the job reached its time limit",
+    "OUT_OF_MEMORY": "a task ran out of memory",
+    "BOOT_FAIL": "a node failed to boot",
+    "DEADLINE": "the job reached its deadline",
+}
+
+
+def describe(handle: str, *, runner: Runner = subprocess.run) -> str:
+    """`ddpkit status`'s line: the shared state first, then what Slurm says when it is more
+    than that state, e.g. `FAILED (NODE_FAIL: a node of the job stopped responding ...; not
+    requeued: the job is not requeueable (restarts: 0))`."""
+    info = show_job(handle, runner=runner)
+    if info is None:
+        return status(handle, runner=runner)
+    state = _state(info)
+    raw = info.get("JobState", "").split(" ")[0].rstrip("+")
+    reason = info.get("Reason", "None")
+    notes = []
+    if raw in _ENDED_BECAUSE:
+        notes.append(f"{raw}: {_ENDED_BECAUSE[raw]}")
+    elif reason not in ("None", ""):
+        notes.append(f"Slurm reason: {reason}")
+    if state == "FAILED" and raw == "NODE_FAIL" and info.get("Requeue") == "0":
+        notes.append("not requeued: the job is not requeueable (restarts: 0)")
+    if state == "RESTARTING":
+        notes.append(f"restart {info.get('Restarts', '?')}")
+    return f"{state} ({'; '.join(notes)})" if notes else state
 
 
 def log_path(handle: str, *, runner: Runner = subprocess.run) -> Path:

@@ -5,6 +5,8 @@
 #   node  ddpkit-node1  netns ddpkit-node1  $NET.11   slurmd
 #   node  ddpkit-node2  netns ddpkit-node2  $NET.12   slurmd
 #
+# `node-up NODE` starts a node's slurmd again after a test killed it (a node that rebooted).
+#
 # Every cluster address exists only inside the network namespaces made here; the root
 # namespace gets an "unreachable" route for the subnet, so no packet for it can leave through
 # the host's real interfaces. Each daemon also runs in its own UTS namespace, so `hostname`
@@ -33,6 +35,8 @@ NODES=(ddpkit-node1 ddpkit-node2)
 MARK="# ddpkit-slurm-testbed"
 CONF=$DIR/slurm.conf
 SOCK=$DIR/munge/munge.socket.2
+
+ON_FAIL=up_failed  # what wait_for calls on a timeout
 
 log() { echo "testbed: $*"; }
 fail() { echo "testbed: error: $*" >&2; exit 1; }
@@ -120,7 +124,7 @@ wait_for() {  # seconds description cmd...
   shift 2
   local end=$((SECONDS + t))
   until "$@" >/dev/null 2>&1; do
-    [ $SECONDS -lt $end ] || up_failed "timed out after ${t}s waiting for $what"
+    [ $SECONDS -lt $end ] || "$ON_FAIL" "timed out after ${t}s waiting for $what"
     sleep 0.2
   done
 }
@@ -184,7 +188,9 @@ ReturnToService=2
 KillWait=5
 MinJobAge=600
 InactiveLimit=0
-SlurmdTimeout=60
+# Slurm's default is 300 s: a node lost without a word (tests/test_slurm_e2e.py kills one) is
+# then DOWN, and its job NODE_FAIL (requeued or not), about 30 s later instead of minutes.
+SlurmdTimeout=10
 NodeName=DEFAULT CPUs=$NODE_CPUS Sockets=1 CoresPerSocket=$NODE_CPUS ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
 EOF
   for n in "${NODES[@]}"; do
@@ -216,6 +222,28 @@ exec nsenter -t "\$pid" -n -u -- "\$@"
 EOF
   chmod +x "$DIR"/bin/*
   echo "export PATH=$DIR/bin:\$PATH" >"$DIR/env.sh"
+}
+
+start_slurmd() {  # node
+  log "slurmd in $1"
+  start_bg "slurmd-$1" slurmd nsenter --net="/run/netns/$1" unshare --uts /bin/sh -c \
+    "hostname $1 && exec slurmd -D -N $1 -f $CONF"
+}
+
+wait_idle() {  # node
+  wait_for 45 "node $1 to be idle" bash -c \
+    "SLURM_CONF=$CONF ip netns exec $HEAD sinfo -h -N -n $1 -o %T | grep -Eq '^(idle|mixed|allocated)$'"
+}
+
+node_up() {  # node: start a node's slurmd again after a fault test killed it (a node reboot)
+  local n=$1
+  printf '%s\n' "${NODES[@]}" | grep -qx "$n" || fail "no node $n (nodes: ${NODES[*]})"
+  pid_ok "$DIR/pids/slurmctld.pid" || fail "the cluster is not up"
+  ON_FAIL=fail  # a node that does not come back leaves the rest of the cluster as it is
+  pid_ok "$DIR/pids/slurmd-$n.pid" || start_slurmd "$n"
+  # ReturnToService=2: a DOWN node whose slurmd registers again is usable at once
+  wait_idle "$n"
+  log "node $n is up"
 }
 
 up() {
@@ -279,15 +307,8 @@ up() {
   start_bg slurmctld slurmctld nsenter --net="/run/netns/$HEAD" unshare --uts /bin/sh -c \
     "hostname $HEAD && exec slurmctld -D -c -f $CONF"
   wait_for 30 "slurmctld to answer" bash -c "SLURM_CONF=$CONF ip netns exec $HEAD scontrol ping | grep -q 'is UP'"
-  for n in "${NODES[@]}"; do
-    log "slurmd in $n"
-    start_bg "slurmd-$n" slurmd nsenter --net="/run/netns/$n" unshare --uts /bin/sh -c \
-      "hostname $n && exec slurmd -D -N $n -f $CONF"
-  done
-  for n in "${NODES[@]}"; do
-    wait_for 45 "node $n to be idle" bash -c \
-      "SLURM_CONF=$CONF ip netns exec $HEAD sinfo -h -N -n $n -o %T | grep -Eq '^(idle|mixed|allocated)$'"
-  done
+  for n in "${NODES[@]}"; do start_slurmd "$n"; done
+  for n in "${NODES[@]}"; do wait_idle "$n"; done
   write_wrappers
 
   # self-test through the wrappers: both nodes must answer, with distinct hostnames
@@ -323,6 +344,10 @@ status() {
 
 [ "$(id -u)" = 0 ] || fail "must run as root"
 case ${1:-} in
+  node-up)
+    [ $# = 2 ] || fail "usage: slurm-testbed.sh node-up NODE"
+    node_up "$2"
+    ;;
   up | down | status)
     if [ "$1" = up ]; then
       for b in slurmctld slurmd munged munge unmunge sinfo scontrol ip unshare nsenter setsid timeout; do
@@ -331,5 +356,5 @@ case ${1:-} in
     fi
     "$1"
     ;;
-  *) fail "usage: slurm-testbed.sh up|down|status" ;;
+  *) fail "usage: slurm-testbed.sh up|down|status|node-up NODE" ;;
 esac

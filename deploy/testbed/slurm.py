@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -88,6 +89,25 @@ def node_pids(node: str) -> list[int]:
     """PIDs of the processes living in a testbed node's network namespace (slurmd included)."""
     out = subprocess.run(["ip", "netns", "pids", node], capture_output=True, text=True)
     return [int(p) for p in out.stdout.split()]
+
+
+def kill_node(node: str) -> list[int]:
+    """A node lost without warning: SIGKILL, no signal first, to its slurmd and every process
+    in its namespace (slurmstepd, the job's tasks). Returns the PIDs it killed."""
+    pids = node_pids(node)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def start_node(node: str) -> None:
+    """Start a node's slurmd again (the node rebooted); returns once slurmctld has it idle."""
+    _require_root()
+    if subprocess.run(["bash", str(SCRIPT), "node-up", node]).returncode != 0:
+        raise RuntimeFailure(f"the Slurm testbed's node {node} did not come back (see above)")
 
 
 def main(action: str) -> int:
