@@ -109,11 +109,16 @@ def main() -> None:
     cache = testbed.cache_dir()
     total = 0
     print("cold build (build.sh, per component, s):")
-    for stamp in sorted(cache.glob("*/.seconds")):
+    listed = cache / "components"  # build.sh's current set (older versions may linger beside it)
+    names = listed.read_text().split() if listed.exists() else [p.parent.name for p in cache.glob("*/.seconds")]
+    for name in sorted(names):
+        stamp = cache / name / ".seconds"
+        if not stamp.exists():
+            continue
         seconds = int(stamp.read_text())
         total += seconds
-        print(f"  {stamp.parent.name:28s} {seconds:6d}")
-    print(f"  {'total':28s} {total:6d}")
+        print(f"  {name:48s} {seconds:6d}")
+    print(f"  {'total':48s} {total:6d}")
     print(f"disk: binaries {du(cache, 'go-build', 'src')}, Go build cache {du(cache / 'go-build')}, "
           f"module sources {du(cache, 'go-build', 'bin', 'manifests')}, "
           f"images {du(Path(os.environ.get('DDPKIT_K8S_TESTBED_IMAGES', '/var/lib/ddpkit-k8s-images')))}")

@@ -66,8 +66,6 @@ def skip_reason(name: str) -> str | None:
             return f"the Docker daemon has no {docker.BASE_IMAGE} base image (`sudo ddpkit testbed docker up`)"
     if name == "slurm_testbed" and not is_root():
         return "needs root (the Slurm testbed uses network namespaces)"
-    if name == "lint_speed" and not (REPO.parent / "shared" / "crds").is_dir():
-        return "no CRD directory next to the repository (`python bench/lint_speed.py --crds DIR`)"
     return None
 
 

@@ -89,55 +89,76 @@ containerd() {   # its go.mod has exclude directives, which `go install pkg@vers
     -o "$out/" "$p/cmd/containerd" "$p/cmd/containerd-shim-runc-v2" "$p/cmd/ctr"
 }
 
-coredns() {
-  GOBIN=$2 go install -trimpath -ldflags "-s -w" "github.com/coredns/coredns@v$1"
-}
-
-# copy_manifests MODULE@VERSION OUT DIR...: the controller's own upstream manifests (CRDs,
-# RBAC, webhook configurations, kustomizations) next to its binary, for cluster.sh
+# copy_manifests MODULE@VERSION OUT NAME DIR...: the controller's own upstream manifests (CRDs,
+# RBAC, webhook configurations, kustomizations) in <component>/manifests/NAME, for cluster.sh
 copy_manifests() {
   local src; src=$(go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
-  local out=$2/../manifests d; shift 2
+  local out=$2/../manifests/$3 d; shift 3
   for d in "$@"; do mkdir -p "$out/$(dirname "$d")"; cp -r "$src/$d" "$out/$d"; done
   chmod -R u+w "$out"
 }
 
-training_operator() {
+training_operator() {   # k8s.io v0.31 / controller-runtime v0.19: nothing to share, built alone
   GOBIN=$2 go install -trimpath -ldflags "-s -w" \
     "github.com/kubeflow/training-operator/cmd/training-operator.v1@v$1"
-  copy_manifests "github.com/kubeflow/training-operator@v$1" "$2" manifests
+  copy_manifests "github.com/kubeflow/training-operator@v$1" "$2" . manifests
 }
 
-jobset() {
-  # `go install sigs.k8s.io/jobset@v` first asks the module proxy for the module's version list
-  # (its deprecation check), which the proxy here refuses (403): build in the module's own
-  # directory instead, with its own go.mod and go.sum (main.go is at the module root).
-  local src; src=$(go mod download -json "sigs.k8s.io/jobset@v$1" | sed -n 's/.*"Dir": "\(.*\)",*/\1/p')
-  (cd "$src" && GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w" -o "$2/jobset" .)
-  copy_manifests "sigs.k8s.io/jobset@v$1" "$2" config
-}
+# Trainer, JobSet and CoreDNS in one wrapper module and one `go build`: Trainer requires exactly
+# this JobSet, both sit on k8s.io v0.36 / controller-runtime v0.24, and CoreDNS's kubernetes
+# plugin (k8s.io v0.35 in its go.mod) takes the same client-go by minimal version selection, so
+# the libraries they share (most of their code) compile once instead of three times. CoreDNS
+# is its coremain with only the plugins the testbed's Corefile uses (cluster.sh writes it):
+# upstream's main imports every plugin, with the cloud SDKs behind them. The JobSet main builds
+# from the wrapper, which also avoids `go install sigs.k8s.io/jobset@v`'s version-list query
+# (the module proxy here refuses it: 403).
+controllers() {
+  local out=$2
+  go mod init ddpkit.local/k8s-controllers >/dev/null 2>&1
+  go mod edit -go=1.26.0
+  mkdir -p coredns
+  cat > coredns/main.go <<'EOF'
+// CoreDNS with the plugins of the testbed's Corefile (k8s/testbed/cluster.sh) and no others.
+package main
 
-trainer() {
-  GOBIN=$2 go install -trimpath -ldflags "-s -w" \
-    "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$1"
-  copy_manifests "github.com/kubeflow/trainer/v2@v$1" "$2" manifests
+import (
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/template"
+)
+
+func main() { coremain.Run() }
+EOF
+  # no `go mod tidy`: it would drop the two commands' modules, which no package here imports
+  go get "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$TRAINER_VERSION" \
+    "sigs.k8s.io/jobset@v$JOBSET_VERSION" "github.com/coredns/coredns@v$COREDNS_VERSION" >/dev/null
+  go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=v$COREDNS_VERSION" \
+    -o "$out/" "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager" \
+    "sigs.k8s.io/jobset" ./coredns
+  copy_manifests "github.com/kubeflow/trainer/v2@v$TRAINER_VERSION" "$out" trainer manifests
+  copy_manifests "sigs.k8s.io/jobset@v$JOBSET_VERSION" "$out" jobset config
 }
 
 start=$SECONDS
+CONTROLLERS=trainer$TRAINER_VERSION-jobset$JOBSET_VERSION-coredns$COREDNS_VERSION
+COMPONENTS="kubernetes-$KUBERNETES_VERSION etcd-$ETCD_VERSION containerd-$CONTAINERD_VERSION
+  training-operator-$TRAINING_OPERATOR_VERSION controllers-$CONTROLLERS"
 build kubernetes "$KUBERNETES_VERSION" kubernetes
 build etcd "$ETCD_VERSION" etcd
 build containerd "$CONTAINERD_VERSION" containerd
-build coredns "$COREDNS_VERSION" coredns
 build training-operator "$TRAINING_OPERATOR_VERSION" training_operator
-build jobset "$JOBSET_VERSION" jobset
-build trainer "$TRAINER_VERSION" trainer
-for d in kubernetes-$KUBERNETES_VERSION etcd-$ETCD_VERSION containerd-$CONTAINERD_VERSION \
-         coredns-$COREDNS_VERSION training-operator-$TRAINING_OPERATOR_VERSION \
-         jobset-$JOBSET_VERSION trainer-$TRAINER_VERSION; do
+build controllers "$CONTROLLERS" controllers
+mkdir -p "$CACHE/manifests"
+for d in $COMPONENTS; do
   ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
-  if [[ -d $CACHE/$d/manifests ]]; then
-    mkdir -p "$CACHE/manifests"; ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/${d%-*}"
-  fi
+  case $d in   # $CACHE/manifests/<controller> -> its upstream manifests
+    training-operator-*) ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/training-operator" ;;
+    controllers-*) for m in trainer jobset; do ln -sfn "$CACHE/$d/manifests/$m" "$CACHE/manifests/$m"; done ;;
+  esac
 done
+echo $COMPONENTS | tr ' ' '\n' > "$CACHE/components"   # what bench/k8s_testbed.py reports
 log "all built or cached in $((SECONDS - start)) s; $(du -sh "$CACHE" --exclude=go-build | cut -f1) of binaries"
 echo "$CACHE/bin"
