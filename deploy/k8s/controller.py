@@ -60,10 +60,12 @@ def env(name: str, value: object) -> dict:
     return {"name": name, "value": str(value)}
 
 
-def completion_index_env(name: str) -> dict:
-    """`name` as a fieldRef to the completion-index annotation of an Indexed Job's pod."""
+def completion_index_env(name: str, source: str) -> dict:
+    """`name` as a fieldRef to the completion index of an Indexed Job's pod, read from its
+    `source` ("labels" or "annotations": both carry it). apiVersion v1 is the API server's
+    default for a fieldRef, as the live pod shows it."""
     return {"name": name, "valueFrom": {"fieldRef": {
-        "fieldPath": f"metadata.annotations['{COMPLETION_INDEX_KEY}']"}}}
+        "apiVersion": "v1", "fieldPath": f"metadata.{source}['{COMPLETION_INDEX_KEY}']"}}}
 
 
 def append_env(container: dict, items: list[dict]) -> None:
@@ -104,7 +106,8 @@ def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_ind
     """An Indexed Job's pods (kubernetes pkg/controller/job/job_controller.go and
     indexed_job_utils.go): pod `i` gets hostname `<job>-<i>`, the completion-index annotation and
     label, the `batch.kubernetes.io/job-name` label, and JOB_COMPLETION_INDEX appended to every
-    container that does not set it (addCompletionIndexEnvVariable)."""
+    container that does not set it (addCompletionIndexEnvVariable; it reads the label since the
+    PodIndexLabel feature, GA in 1.32: seen on the testbed's 1.34)."""
     if job_spec.get("completionMode") != "Indexed":
         raise UserError(f"Job {job_name}: completionMode must be Indexed (pods need stable "
                         "hostnames and JOB_COMPLETION_INDEX)")
@@ -123,7 +126,7 @@ def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_ind
         tpl = copy.deepcopy(template)
         for c in [*(tpl["spec"].get("initContainers") or []), *tpl["spec"].get("containers", [])]:
             if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in c.get("env") or []):
-                append_env(c, [completion_index_env("JOB_COMPLETION_INDEX")])
+                append_env(c, [completion_index_env("JOB_COMPLETION_INDEX", "labels")])
         pod = Pod(name=hostname, index=first_index + i, namespace=namespace, hostname=hostname,
                   subdomain=subdomain or tpl["spec"].get("subdomain"), template=tpl,
                   labels={**template_labels(template), **labels,

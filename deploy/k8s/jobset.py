@@ -45,6 +45,8 @@ RESTARTS_KEY = "jobset.sigs.k8s.io/restart-attempt"
 GROUP_NAME_KEY = "jobset.sigs.k8s.io/group-name"
 GROUP_REPLICAS_KEY = "jobset.sigs.k8s.io/group-replicas"
 JOB_GROUP_INDEX_KEY = "jobset.sigs.k8s.io/job-group-index"
+#: The JobSet pod webhook labels each pod with its spec.priority (pkg/webhooks/pod_webhook.go)
+PRIORITY_KEY = "jobset.sigs.k8s.io/priority"
 DEFAULT_GROUP = "default"
 
 
@@ -121,7 +123,7 @@ def default(obj: dict) -> dict:
 def pods(obj: dict, objects: list[dict], *, override=None) -> list[Pod]:
     """jobset pkg/controllers/jobset_controller.go constructJob: replicated job `r` copy `j` is
     an Indexed Job `<jobset>-<r>-<j>` whose Job and pod template get labelAndAnnotateObject's
-    labels and annotations; with network.enableDNSHostnames every pod's subdomain is
+    labels and annotations (and the pod webhook's priority label); with network.enableDNSHostnames every pod's subdomain is
     network.subdomain or the JobSet name, a headless Service the controller creates."""
     obj = default(obj)
     meta, spec = obj["metadata"], obj["spec"]
@@ -155,6 +157,9 @@ def pods(obj: dict, objects: list[dict], *, override=None) -> list[Pod]:
                     JOB_GROUP_INDEX_KEY: str(group_offset + j)}
             made = indexed_job_pods(job_name, namespace, job_spec, first_index=len(found),
                                     labels=keys, annotations=keys, subdomain=subdomain)
+            if not job_spec["template"]["spec"].get("priorityClassName"):
+                for p in made:  # the Priority admission plugin's 0 (a class's value is the cluster's)
+                    p.labels[PRIORITY_KEY] = p.template["metadata"]["labels"][PRIORITY_KEY] = "0"
             if subdomain:
                 for p in made:
                     p.template["spec"]["subdomain"] = subdomain

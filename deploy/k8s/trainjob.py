@@ -124,6 +124,12 @@ def objects(job: JobSpec) -> list[dict]:
     pod_spec["volumes"] = volumes
     template = podlib.apply_pod_patch({"metadata": podlib.pod_metadata(job), "spec": pod_spec},
                                       k8s.pod_patch, CONTAINER)
+    # Trainer's webhook refuses env on the `node` container of a runtimePatch ("must not have
+    # envs for the ... node containers"): pod_patch's env for it goes to spec.trainer.env,
+    # merged by name as a strategic merge of the container would.
+    for c in template["spec"]["containers"]:
+        if c["name"] == CONTAINER and "env" in c:
+            upsert_env(spec["trainer"], c.pop("env"))
     spec["runtimePatches"] = [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
         "replicatedJobs": [{"name": NODE, "template": {"spec": {"template": template}}}]}}}}]
     return [{"apiVersion": API_VERSION, "kind": KIND, "metadata": podlib.workload_metadata(job),
@@ -195,7 +201,7 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
     nodes = int(trainer.get("numNodes", 1))
     nproc = trainer.get("numProcPerNode", "auto")
     pet = [env("PET_NNODES", nodes), env("PET_NPROC_PER_NODE", nproc),
-           completion_index_env("PET_NODE_RANK"),
+           completion_index_env("PET_NODE_RANK", "annotations"),
            env("PET_MASTER_ADDR", f"{name}-{NODE}-0-0.{name}"), env("PET_MASTER_PORT", PORT)]
     patches = [p.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
                for p in spec.get("runtimePatches") or []]
