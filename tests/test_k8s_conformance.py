@@ -97,12 +97,15 @@ def kubectl(cluster, *args: str, input: str | None = None, check: bool = True) -
 def small_job(name: str, flavor: str, **fields) -> dict:
     """Two pods that only have to exist: the image is not on the node. imagePullPolicy Never
     keeps the kubelet from trying a registry (a TrainJob cannot set it: its pods just fail to
-    pull, which is as good)."""
+    pull, which is as good). A short grace period: a PyTorchJob Worker may still be in the
+    operator's init container (a shell loop waiting for the master's DNS name, which ignores
+    SIGTERM), and deleting it then takes the whole grace period (120 s by default: that made the
+    first test of a fresh cluster fail in CI)."""
     pull = {} if flavor == "trainjob" else {"image_pull_policy": "Never"}
     return {"name": name, "image": "ddpkit:conformance", **pull, "nodes": 2, "procs_per_node": 2, "restarts": 1,
             "resources": {"cpus_per_node": 0.1, "memory": "256Mi", "shm": "64Mi"},
             "env": {"OMP_NUM_THREADS": "1"}, "checkpoint": {"ephemeral": True},
-            "k8s": {"flavor": flavor}, **fields}
+            "k8s": {"flavor": flavor, "termination_grace": 3}, **fields}
 
 
 def cancel(cluster, flavor: str, name: str, timeout: float = 120) -> None:

@@ -395,3 +395,171 @@ def test_your_own_torchrun_script_runs_unchanged_across_pods(cluster, image, han
     assert sorted(sums) == [f"params-rank{r}.sha256" for r in range(4)]
     assert set(sums.values()) == {s for _, _, s in lines}
     assert "context " in text and "/code/train.py --epochs 1" in text
+
+
+# --------------------------------------------------------------------------------------------
+# What `restarts: N` gives on each flavor, read from the real objects (issue 10 item 5).
+# Each job is 2 pods of the testbed's busybox image (no training image needed) running a
+# script: node 1 fails (exit 1) its first FAILS runs, counted in a file on a hostPath volume
+# that survives pod replacement; node 0 waits for node 1 to finish. The jobs of every case are
+# submitted together at the start (the longest waits are the kubelet's restart back-off, 10 s
+# doubling), then each test reads its flavor's outcome.
+
+RESTART_SCRIPT = r"""
+rank=${PET_NODE_RANK:-$JOB_COMPLETION_INDEX}
+count=/out/failures-$rank
+n=$(cat $count 2>/dev/null || echo 0)
+if [ "$rank" = 1 ] && [ "$n" -lt "$FAILS" ]; then
+  echo $((n + 1)) > $count; echo "node 1: failure $((n + 1)) of $FAILS"; exit 1
+fi
+if [ "$rank" = 1 ]; then echo done > /out/done; echo "node 1: done"; exit 0; fi
+i=0; while [ ! -f /out/done ] && [ $i -lt 400 ]; do sleep 1; i=$((i + 1)); done
+echo "node 0: node 1 is done"
+"""
+#: flavor -> (restarts, node-1 failures the job survives). The survivals are the controllers':
+#: pytorchjob: the operator fails the job when the restart counts of all pods reach
+#:   runPolicy.backoffLimit = restarts x nodes + 1, so one pod alone may restart 2 times;
+#: job: backoffLimitPerIndex = restarts (each node may fail that often);
+#: jobset: failurePolicy.maxRestarts = restarts (each failure recreates every pod);
+#: trainjob: the torch-distributed runtime's pods restart in place (OnFailure) under the Job
+#:   default backoffLimit 6, whatever `restarts` says (0 here): 2 failures shown survived; the
+#:   6th restart failing it would take ~5 min of back-off and is not run.
+RESTART_CASES = {"pytorchjob": (1, 2), "job": (1, 1), "jobset": (1, 1), "trainjob": (0, 2)}
+
+
+def restart_job_file(directory: Path, name: str, flavor: str, restarts: int, fails: int) -> Path:
+    out = directory / "out"
+    out.mkdir()
+    os.chmod(out, 0o777)
+    job = {"name": name, "image": testbed.BUSYBOX_IMAGE, "nodes": 2, "procs_per_node": 1,
+           "restarts": restarts, "command": ["sh", "-c", RESTART_SCRIPT],
+           "env": {"FAILS": str(fails)}, "checkpoint": {"ephemeral": True},
+           "resources": {"cpus_per_node": 0.05, "memory": "32Mi", "shm": "16Mi"},
+           "volumes": [{"name": "out", "mount": "/out", "host_path": str(out)}],
+           "k8s": {"flavor": flavor, "termination_grace": 2}}
+    if flavor != "trainjob":  # a TrainJob cannot set it; the image is on the node either way
+        job["image_pull_policy"] = "Never"
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def restart_runs(cluster, tmp_path_factory, request):
+    """(flavor, fails) -> (handle, out dir, job file) for every case this session runs, all
+    submitted at once: `survived` failures (must succeed) and, except for trainjob, one more
+    (must fail)."""
+    selected = {item.callspec.params["flavor"] for item in request.session.items
+                if item.originalname == "test_restarts_survived_then_one_more_failure_fails_the_job"}
+    runs = {}
+    for flavor, (restarts, survived) in RESTART_CASES.items():
+        if flavor not in selected:
+            continue
+        for fails in [survived] + ([survived + 1] if flavor != "trainjob" else []):
+            name = f"rs-{flavor}-{fails}"
+            ddpkit("cancel", f"k8s://default/{flavor}/{name}", env=cluster)  # an earlier run's
+            wait_no_leftovers(cluster, flavor, name)
+            directory = tmp_path_factory.mktemp(name)
+            path = restart_job_file(directory, name, flavor, restarts, fails)
+            proc = ddpkit("submit", "k8s", str(path), env=cluster)
+            assert proc.returncode == 0, proc.stderr
+            runs[flavor, fails] = (proc.stdout.strip(), directory / "out", path)
+    yield runs
+    for handle, _, _ in runs.values():
+        ddpkit("cancel", handle, env=cluster)
+
+
+def wait_end(cluster, handle: str, timeout: float = 400) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = status(cluster, handle)
+        if state in ("SUCCEEDED", "FAILED"):
+            return state
+        if time.monotonic() > deadline:
+            pytest.fail(f"{handle} is still {state} after {timeout}s\n{describe(cluster, handle)}")
+        time.sleep(2)
+
+
+def get_json(cluster, *args: str) -> dict:
+    return json.loads(kubectl(cluster, "get", *args, "-o", "json").stdout)
+
+
+def node_pods(cluster, flavor: str, name: str) -> dict[int, list[dict]]:
+    """Every pod of the job (replaced ones too, while they exist) by node rank."""
+    from deploy.k8s import flavor as flavor_module
+
+    found = pods(cluster, name)
+    ranks: dict[int, list[dict]] = {}
+    for pod in found:
+        ranks.setdefault(flavor_module(flavor).node_rank(pod, found), []).append(pod)
+    return ranks
+
+
+def restart_count(pod: dict) -> int:
+    return sum(s.get("restartCount", 0) for s in pod["status"].get("containerStatuses") or [])
+
+
+def failures(out: Path) -> int:
+    path = out / "failures-1"
+    return int(path.read_text()) if path.exists() else 0
+
+
+def emulated_limit(path: Path):
+    """What `run --docker` would do with the same job (deploy/submit/docker.py restart_policy)."""
+    from deploy.render.k8s import render_objects
+    from deploy.spec import load_job
+    from deploy.submit.docker import restart_policy
+
+    return restart_policy(render_objects(load_job(str(path))))
+
+
+@pytest.mark.parametrize("flavor", list(RESTART_CASES))
+def test_restarts_survived_then_one_more_failure_fails_the_job(cluster, restart_runs, flavor):
+    restarts, survived = RESTART_CASES[flavor]
+    handle, out, path = restart_runs[flavor, survived]
+    name = name_of(handle)
+    assert wait_end(cluster, handle) == "SUCCEEDED", describe(cluster, handle)
+    assert failures(out) == survived
+    by_rank = node_pods(cluster, flavor, name)
+    obj = get_json(cluster, WORKLOAD[flavor], name)
+    if flavor in ("pytorchjob", "trainjob"):
+        # restarted in place (OnFailure): one pod per node, node 1's container restarted
+        # `survived` times, node 0 left alone
+        assert [len(by_rank[r]) for r in (0, 1)] == [1, 1], by_rank
+        assert [restart_count(by_rank[r][0]) for r in (0, 1)] == [0, survived]
+    if flavor == "pytorchjob":
+        assert obj["spec"]["runPolicy"]["backoffLimit"] == restarts * 2 + 1
+        assert all(r["restartPolicy"] == "OnFailure" for r in obj["spec"]["pytorchReplicaSpecs"].values())
+    if flavor == "trainjob":  # what the runtime made of it: the JobSet's Job, read live
+        [job] = get_json(cluster, "jobs", "-l", f"jobset.sigs.k8s.io/jobset-name={name}")["items"]
+        assert job["spec"]["backoffLimit"] == 6
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+    if flavor == "job":
+        # node 1's pod replaced (a new pod per failure, the failed ones kept); node 0's untouched
+        assert len(by_rank[0]) == 1 and restart_count(by_rank[0][0]) == 0
+        assert len(by_rank[1]) == survived + 1
+        assert obj["status"]["failed"] == survived and obj["status"]["succeeded"] == 2
+        assert obj["spec"]["backoffLimitPerIndex"] == restarts and obj["spec"]["maxFailedIndexes"] == 0
+    if flavor == "jobset":
+        # every Job recreated per failure: node 0's pod is new too
+        assert obj["status"]["restarts"] == survived
+        attempts = {p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"]
+                    for r in (0, 1) for p in by_rank[r]}
+        assert attempts == {str(survived)}, attempts
+    policy = emulated_limit(path)  # run --docker says the same
+    if flavor == "trainjob":  # the runtime's limit: the 6th restart reaches backoffLimit 6
+        assert policy.limit == job["spec"]["backoffLimit"] - 1 and policy.scope == "pod", policy
+        return
+    assert policy.limit == survived, policy
+    handle, out, _ = restart_runs[flavor, survived + 1]
+    assert wait_end(cluster, handle) == "FAILED", describe(cluster, handle)
+    assert failures(out) == survived + 1  # it was not restarted again
+    obj = get_json(cluster, WORKLOAD[flavor], name_of(handle))
+    failed = next(c for c in obj["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["status"] == "True"
+    if flavor == "pytorchjob":
+        assert "backoff limit" in failed["message"], failed
+    if flavor == "job":
+        assert obj["status"]["failedIndexes"] == "1", obj["status"]
+    if flavor == "jobset":
+        assert obj["status"]["restarts"] == survived, obj["status"]

@@ -114,7 +114,9 @@ def test_any_valid_job_renders_to_objects_that_pass_lint(spec, crds):
             assert err.problems and all(":" in p for p in err.problems)
             continue
         rendered += 1
-        assert lint.lint_text(text, crds, source=flavor) == []
+        found = lint.lint_text(text, crds, source=flavor)
+        # a TrainJob on the upstream runtime is told its pods' restarts are the runtime's
+        assert [p for p in found if p.rule != "runtime-restarts"] == []
         objects = k8s.parse_objects(text)
         assert yaml.safe_load(objects[0]["data"]["job.yaml"]) == spec.model_dump(mode="json")
         for pod in controller_pods(objects):

@@ -341,6 +341,15 @@ def test_rule_env_owned_only_where_the_controller_owns_it(crds):
     assert problems(js, crds, "env-owned") == []
 
 
+def test_rule_runtime_restarts_only_for_the_upstream_runtime(crds):
+    assert [(p.path, p.severity) for p in problems(trainjob(), crds, "runtime-restarts")] == [
+        ("spec.runtimeRef", lint.WARNING)]
+    assert "up to 5 times" in problems(trainjob(), crds, "runtime-restarts")[0].message
+    other = trainjob()
+    other["spec"]["runtimeRef"] = {"name": "my-torch"}  # a runtime we know nothing about
+    assert problems(other, crds, "runtime-restarts") == []
+
+
 def test_rule_env_duplicate(crds):
     obj = job()  # core pods accept a duplicate (the API server only warns)
     obj["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]

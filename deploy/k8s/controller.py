@@ -19,6 +19,7 @@ from deploy.errors import UserError
 from deploy.k8s.names import COMPLETION_INDEX_KEY
 
 CLUSTER_DOMAIN = "cluster.local"
+INDEX_FAILURES_KEY = "batch.kubernetes.io/job-index-failure-count"
 
 
 @dataclass
@@ -44,16 +45,45 @@ class Pod:
 @dataclass
 class Restarts:
     """What the workload's controller does after a pod fails: restart that pod (`pod`), every
-    pod (`gang`) or nothing, at most `limit` times in all."""
+    pod (`gang`) or nothing, at most `limit` times in all (`per_pod`: `limit` times for each
+    pod, as a Job's backoffLimitPerIndex counts)."""
 
     scope: str = "none"
     limit: int = 0
     retryable: tuple[int, int] = (1, 255)  # exit codes that may be retried
     source: str = "no restarts"
+    per_pod: bool = False
 
     def allows(self, rc: int, used: int) -> bool:
         return (self.scope != "none" and used < self.limit
                 and self.retryable[0] <= rc <= self.retryable[1])
+
+
+def counted_restarts(backoff_limit: int) -> int:
+    """How many in-place restarts a limit on the summed container restart counts allows: the
+    Job controller (pastBackoffLimitOnFailure) and the training operator (PastBackoffLimit) fail
+    the job when the sum *reaches* the limit (0: at the first restart), so one fewer."""
+    return max(backoff_limit - 1, 0)
+
+
+def job_restarts(job_spec: dict, what: str = "") -> Restarts:
+    """What the Job controller (kubernetes pkg/controller/job) does after a pod of `job_spec`
+    fails: `Never` pods are replaced until more than backoffLimit pods failed, or per index
+    with backoffLimitPerIndex (the Job fails once more than maxFailedIndexes indexes failed);
+    `OnFailure` containers restart in place until their restart counts sum to backoffLimit.
+    `what` names the Job in the message (`the runtime's Job`)."""
+    policy = ((job_spec.get("template") or {}).get("spec") or {}).get("restartPolicy", "Never")
+    limit = job_spec.get("backoffLimit")
+    limit = 6 if limit is None else int(limit)  # the API server's default
+    prefix = f"{what} " if what else ""
+    per_index = job_spec.get("backoffLimitPerIndex")
+    if per_index is not None and policy == "Never":
+        return Restarts("pod", int(per_index), (1, 255),
+                        f"{prefix}backoffLimitPerIndex {per_index}", per_pod=True)
+    if policy == "OnFailure":
+        return Restarts("pod", counted_restarts(limit), (1, 255),
+                        f"{prefix}backoffLimit {limit}, restarts of all pods")
+    return Restarts("pod", limit, (1, 255), f"{prefix}backoffLimit {limit}, failed pods")
 
 
 def env(name: str, value: object) -> dict:
@@ -120,6 +150,8 @@ def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_ind
     if completions != count:
         raise UserError(f"Job {job_name}: parallelism {count} != completions {completions}: "
                         "some nodes would never start together with the others")
+    # with backoffLimitPerIndex each pod carries its index's failures so far (none: first pods)
+    per_index = {INDEX_FAILURES_KEY: "0"} if job_spec.get("backoffLimitPerIndex") is not None else {}
     pods = []
     for i in range(count):
         hostname = f"{job_name}-{i}"
@@ -133,7 +165,7 @@ def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_ind
                           "batch.kubernetes.io/job-name": job_name, "job-name": job_name,
                           COMPLETION_INDEX_KEY: str(i)},
                   annotations={**template_annotations(template), **annotations,
-                               COMPLETION_INDEX_KEY: str(i)})
+                               COMPLETION_INDEX_KEY: str(i), **per_index})
         tpl.setdefault("metadata", {})["labels"] = dict(pod.labels)
         tpl["metadata"]["annotations"] = dict(pod.annotations)
         pods.append(pod)

@@ -17,7 +17,7 @@ import hashlib
 from typing import TYPE_CHECKING
 
 from deploy.k8s import pod as podlib
-from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, service_names
+from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, job_restarts, service_names
 from deploy.problems import Problem
 
 if TYPE_CHECKING:
@@ -179,14 +179,14 @@ def _suspended(name: str) -> Exception:
 def restarts(obj: dict, objects: list[dict]) -> Restarts:
     """After the webhook's defaults: while a replicated job's Job has backoffLimit left
     (Kubernetes' default 6) its failed pod is restarted alone (restartPolicy OnFailure, the
-    JobSet default) or replaced (Never); when the Job fails, failurePolicy.maxRestarts
-    (default 0) recreates every Job of the set. ddpkit renders backoffLimit 0, so only the
-    second applies. (--docker emulates the first level that applies, not both.)"""
+    JobSet default) or replaced (Never), as controller.job_restarts says; when the Job fails,
+    failurePolicy.maxRestarts (default 0) recreates every Job of the set. ddpkit renders
+    backoffLimit 0, so only the second applies. (--docker emulates the first level that
+    applies, not both.)"""
     spec = default(obj)["spec"]
     rjobs = spec.get("replicatedJobs") or [{}]
-    backoff = (rjobs[0].get("template") or {}).get("spec", {}).get("backoffLimit")
-    backoff = 6 if backoff is None else int(backoff)
-    if backoff > 0:
-        return Restarts("pod", backoff, (1, 255), f"the Job's backoffLimit {backoff}")
+    job_spec = (rjobs[0].get("template") or {}).get("spec") or {}
+    if job_spec.get("backoffLimit") is None or int(job_spec["backoffLimit"]) > 0:
+        return job_restarts(job_spec, "the Job's")
     limit = int((spec.get("failurePolicy") or {}).get("maxRestarts", 0))
     return Restarts("gang", limit, (1, 255), f"failurePolicy.maxRestarts {limit}")

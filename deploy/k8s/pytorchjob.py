@@ -5,14 +5,16 @@ operator names pods `<name>-<type>-<i>`, each behind a headless Service of the s
 gives them PET_* / MASTER_* / RANK / WORLD_SIZE (node 0 is `<name>-master-0:23456`).
 
 Restarts (training-operator pkg/core/job.go PastBackoffLimit): pods are `OnFailure`, so the
-kubelet restarts a failed container in place and the operator sums the container restart
-counts of all running pods against `runPolicy.backoffLimit`. A failed node makes every other
-node's collectives fail too, and they restart as well, so one failure of the job costs about
-`nodes` restarts: `restarts: N` renders `backoffLimit: N x nodes`. `ExitCode` is never
+kubelet restarts a failed container in place (the other pods are left alone) and the operator
+fails the job once the container restart counts of all running pods *reach*
+`runPolicy.backoffLimit`. A failed node makes every other node's collectives fail too, and they
+restart as well, so one failure of the job costs `nodes` restarts: `restarts: N` renders
+`backoffLimit: N x nodes + 1` (N failures of the job, or N x nodes restarts of single pods;
+verified on the testbed). `ExitCode` is never
 rendered: it recreates pods instead, whose restart counts start at 0 again, so backoffLimit
 never stops it (kubeflow/trainer#2045). With `restarts: 0` the pods are `Never` and the first
 failure fails the job. Elastic jobs restart inside torchrun (elasticPolicy.maxRestarts =
-restarts) and keep `backoffLimit: restarts` for the pods.
+restarts) and get `backoffLimit: restarts + 1` for the pods.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from deploy.k8s.controller import (
     Pod,
     Restarts,
     append_env,
+    counted_restarts,
     env,
     service_names,
     template_annotations,
@@ -70,7 +73,12 @@ def master_endpoint(job: JobSpec) -> tuple[str, int]:
 
 
 def backoff_limit(job: JobSpec) -> int:
-    return job.restarts if job.nodes.elastic else job.restarts * job.nodes.max
+    """runPolicy.backoffLimit for `restarts` failures of the job: each restarts every node in
+    place (one pod for an elastic job, whose other nodes re-rendezvous inside torchrun), and the
+    operator fails the job when the restart counts *reach* the limit, hence the + 1."""
+    if not job.restarts:
+        return 0
+    return job.restarts * (1 if job.nodes.elastic else job.nodes.max) + 1
 
 
 def objects(job: JobSpec) -> list[dict]:
@@ -282,17 +290,18 @@ def init_container(job_name: str) -> dict:
 
 
 def restarts(obj: dict, objects: list[dict]) -> Restarts:
-    """The replicas' restartPolicy restarts the failed pod; `ExitCode` only for codes 128-255
-    (IsRetryableExitCode); runPolicy.backoffLimit caps the restarts of all pods together (unset:
-    no cap, which --docker reads as 6, the Job default)."""
+    """The replicas' restartPolicy restarts the failed container in place; `ExitCode` recreates
+    the pod, only for codes 128-255 (IsRetryableExitCode); the operator fails the job when the
+    restart counts of all running pods reach runPolicy.backoffLimit (unset: no limit, which
+    --docker reads as 6, the Job default)."""
     obj = default(obj)
     spec = obj["spec"]
     policies = {r["restartPolicy"] for r in spec["pytorchReplicaSpecs"].values()}
     limit = spec["runPolicy"].get("backoffLimit")
     limit = 6 if limit is None else int(limit)
-    source = f"runPolicy.backoffLimit {limit}"
+    source = f"runPolicy.backoffLimit {limit}, restarts of all pods"
     if policies & {"OnFailure", "Always"}:
-        return Restarts("pod", limit, (1, 255), source)
+        return Restarts("pod", counted_restarts(limit), (1, 255), source)
     if "ExitCode" in policies:
-        return Restarts("pod", limit, (128, 255), source + ", ExitCode policy")
+        return Restarts("pod", counted_restarts(limit), (128, 255), source + ", ExitCode policy")
     return Restarts(source="restartPolicy Never")

@@ -3,10 +3,14 @@
 The pods come from the ClusterTrainingRuntime `k8s.runtime` (default `torch-distributed`:
 replicated job `node`, container `node`); Trainer turns the TrainJob into a JobSet of that name.
 What `spec.trainer` cannot say (volumes, /dev/shm, pod metadata, scheduling) goes in
-`runtimePatches` (manager `ddpkit`). The torch plugin gives PET_* (node 0 is
-`<name>-node-0-0.<name>:29500`). Restarts: the runtime owns the JobSet's failure policy
-(`torch-distributed` has none: a failed pod fails the TrainJob), so `restarts: N` is torchrun's
-`--max-restarts N` inside each pod (DDPKIT_MAX_RESTARTS).
+`runtimePatches` (manager `ddpkit.io/render`). The torch plugin gives PET_* (node 0 is
+`<name>-node-0-0.<name>:29500`). Restarts: `restarts: N` is torchrun's `--max-restarts N`
+inside each pod (DDPKIT_MAX_RESTARTS). The pods' own restarts are the runtime's, and Trainer
+v2.3's runtimePatches cannot set a restartPolicy, backoffLimit or failurePolicy:
+`torch-distributed` has none, so a failed pod restarts in place (OnFailure, the JobSet
+webhook's default) up to 5 times (the Job default backoffLimit 6 is reached by the 6th
+restart), also with `restarts: 0` (verified on the testbed). For other semantics, use a
+ClusterTrainingRuntime that sets them (`k8s.runtime`).
 """
 
 from __future__ import annotations
@@ -238,6 +242,9 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
 
 
 def restarts(obj: dict, objects: list[dict]) -> Restarts:
-    """The runtime JobSet's failurePolicy.maxRestarts recreates every pod (default 0)."""
+    """The runtime's JobSet decides (jobset.restarts): `torch-distributed` sets neither a
+    restartPolicy nor a backoffLimit, so its pods restart in place (OnFailure, the JobSet
+    webhook's default) until their restarts reach the Job default backoffLimit 6: 5 restarts,
+    whatever `restarts` says (that one is torchrun's --max-restarts inside each pod)."""
     runtime = find_runtime((obj.get("spec") or {}).get("runtimeRef") or {}, objects)
     return jobset.restarts({"spec": runtime["spec"]["template"]["spec"]}, objects)

@@ -18,6 +18,7 @@ RULES = {
     "env-duplicate": "no env var is set twice in one container (the later one silently wins)",
     "nproc-gpus": "processes per node equal the GPU limit of the training container",
     "restart-policy": "PyTorchJob replicas restart OnFailure or Never (ExitCode ignores backoffLimit)",
+    "runtime-restarts": "a TrainJob on torch-distributed knows its pods restart by the runtime's rules",
     "hostnames": "every pod hostname/Service name the controller will create fits in 63 characters",
     "job-subdomain": "an Indexed Job's subdomain is a headless Service in the file selecting its pods",
     "pod-template": "pod templates inside custom resources pass the API server's pod validation",
@@ -37,6 +38,17 @@ TORCHRUN_WORKER_ENV = frozenset({"LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
 JOB_ENV = frozenset({"JOB_COMPLETION_INDEX"})
 
 Advice = tuple[str, str, str]  # (rule, path, message)
+
+#: Kubeflow Trainer's upstream ClusterTrainingRuntime (deploy/lint/crds/), and what it makes of
+#: a failing pod: it sets no restartPolicy, backoffLimit or failurePolicy, and a TrainJob's
+#: runtimePatches cannot (Trainer v2.3), so the JobSet webhook's OnFailure and the Job default
+#: backoffLimit 6 apply (tests/test_k8s_e2e.py shows it on the testbed).
+TORCH_DISTRIBUTED = "torch-distributed"
+TORCH_DISTRIBUTED_RESTARTS = (
+    "the torch-distributed runtime restarts a failed pod in place up to 5 times (OnFailure; the Job "
+    "default backoffLimit 6 is reached by the 6th restart) and then fails the TrainJob, whatever the "
+    "job's own restart setting (ddpkit's `restarts` is torchrun's --max-restarts inside each pod); "
+    "for other pod restarts, refer to a ClusterTrainingRuntime that sets them")
 
 
 def pod_templates(obj: dict) -> Iterator[tuple[str, dict, str | None]]:
@@ -101,6 +113,9 @@ def advise(obj: dict) -> list[Advice]:
     if kind == "TrainJob":
         trainer = spec.get("trainer") or {}
         found += _env(trainer.get("env"), "spec.trainer.env", owned=frozenset(), launch=False)
+        ref = spec.get("runtimeRef") or {}
+        if ref.get("name") == TORCH_DISTRIBUTED and ref.get("kind", "ClusterTrainingRuntime") == "ClusterTrainingRuntime":
+            found.append(("runtime-restarts", "spec.runtimeRef", TORCH_DISTRIBUTED_RESTARTS))
         found += _gpus(trainer.get("resourcesPerNode"), trainer.get("numProcPerNode"), "spec.trainer.resourcesPerNode")
     for path, template, _role in pod_templates(obj):
         pod = template.get("spec") if isinstance(template.get("spec"), dict) else {}

@@ -18,8 +18,9 @@ controllers add to a pod is emulated from the manifest itself (the table of sour
 - the image is never pulled: it must be on the daemon (`ddpkit image build`).
 
 Output is streamed with a `[node N]` prefix. A failed pod is restarted as the workload's
-controller would (`restart_policy`: the pod alone for PyTorchJob and Job, every pod for JobSet,
-within backoffLimit / maxRestarts). The exit code is the job's: 0 when every pod succeeded, else
+controller would (`restart_policy`: the pod alone for PyTorchJob, Job and TrainJob, every pod
+for JobSet, as many times as the flavor's `restarts` says the controller allows, per pod for a
+Job's backoffLimitPerIndex). The exit code is the job's: 0 when every pod succeeded, else
 the code of the pod that failed the job (the others are then stopped). Containers and the
 network are removed afterwards, also on Ctrl-C or SIGTERM (pods get SIGTERM and their grace
 period).
@@ -436,7 +437,7 @@ class DockerRun:
     def _supervise(self) -> int:
         """Wait for every pod; restart failed ones as the workload's controller would; return 0
         when all succeeded, else the exit code of the pod that failed the job."""
-        policy, used = self.restarts, 0
+        policy, used, per_pod = self.restarts, 0, {}
         running = {p.container_name for p in self.plans}
         for plan in self.plans:
             self._start(plan)
@@ -449,11 +450,13 @@ class DockerRun:
                 self._print(f"ddpkit: pod {plan.pod.name} could not start: {error}; stopping "
                             "the others\n")
                 return 1
-            if policy.allows(rc, used):
+            count = per_pod.get(plan.pod.name, 0) if policy.per_pod else used
+            if policy.allows(rc, count):
                 used += 1
+                per_pod[plan.pod.name] = per_pod.get(plan.pod.name, 0) + 1
                 what = "restarting it" if policy.scope == "pod" else "restarting every pod"
                 self._print(f"ddpkit: pod {plan.pod.name} exited with {rc}; {what} "
-                            f"({used}/{policy.limit}, {policy.source})\n")
+                            f"({count + 1}/{policy.limit}, {policy.source})\n")
                 if policy.scope == "gang":
                     self._stop()
                     for _ in range(len(running)):
