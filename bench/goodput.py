@@ -22,6 +22,7 @@ checkpoint. Printed per checkpoint interval:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -51,8 +52,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_pids(run_id: str) -> dict[int, int]:
-    """{rank: pid} of the live trainer processes of `run_id` (from /proc)."""
+def worker_pids(job_file: Path) -> dict[int, int]:
+    """{rank: pid} of the live trainer processes started for `job_file` (from /proc; the path
+    is this run's own, so a concurrent run of this bench or of the tests is never hit)."""
     found: dict[int, int] = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -61,7 +63,7 @@ def worker_pids(run_id: str) -> dict[int, int]:
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if env.get(b"DDPKIT_RUN_ID") == run_id.encode() and b"RANK" in env:
+        if env.get(b"DDPKIT_JOB_FILE") == str(job_file).encode() and b"RANK" in env:
             found[int(env[b"RANK"])] = int(pid)
     return found
 
@@ -80,12 +82,13 @@ def read_records(run_dir: Path) -> list[dict]:
     return out
 
 
-def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, fault_every: float | None) -> dict:
+def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, fault_every: float | None,
+             tree: Path = REPO) -> dict:
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {**TRAIN, "max_steps": max_steps},
                                    "checkpoint": {"every_steps": every, "keep": 2}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "DDPKIT_"))}
-    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "DDPKIT_JOB_FILE": str(job),
+    env.update({"PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "DDPKIT_JOB_FILE": str(job),
                 "DDPKIT_NPROC_PER_NODE": str(nproc), "DDPKIT_MASTER_PORT": str(free_port()),
                 "DDPKIT_MAX_RESTARTS": "1000"})
     run_dir = work / "runs" / name
@@ -110,7 +113,7 @@ def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, faul
                     first_steps.append(attempt_started - t0)
             if (fault_every and attempt_started is not None and time.monotonic() - attempt_started >= fault_every
                     and not any(r.get("summary") for r in recs)):
-                pids = worker_pids(name)
+                pids = worker_pids(job)
                 rank = len(kills) % 2 if len(kills) % 2 in pids else next(iter(pids), None)
                 if rank is not None:
                     os.kill(pids[rank], signal.SIGKILL)
@@ -155,6 +158,9 @@ def main() -> int:
     ap.add_argument("--train-s", type=float, default=240.0, help="fault-free training time to aim for")
     ap.add_argument("--intervals", type=int, nargs=2, default=[20, 100], help="two checkpoint intervals (steps)")
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--baseline", type=Path, help="an earlier source tree (e.g. `git archive COMMIT | tar -x "
+                    "-C DIR`): its trainer runs the same fault runs, interleaved with this one's, and the "
+                    "table gets this / baseline ratios (the fault-free runs are skipped)")
     args = ap.parse_args()
     res = Result("goodput", "Goodput with a rank killed every K seconds")
     with tempfile.TemporaryDirectory(prefix="ddpkit-goodput-") as tmp:
@@ -162,21 +168,33 @@ def main() -> int:
         calib = run_once(work, "calib", 1000, 60, args.nproc, None)
         max_steps = max(50, int(args.train_s / calib["median_step_s"]))
         print(f"calibration: {calib['median_step_s'] * 1000:.0f} ms/step -> max_steps {max_steps}", flush=True)
-        rows, data = [], {}
-        for every in args.intervals:
-            for label, fault in (("faults", args.fault_every), ("none", None)):
-                r = run_once(work, f"c{every}-{label}", every, max_steps, args.nproc, fault)
-                data[f"every{every}-{label}"] = r
-                lost = r["lost"]
-                rows.append([every, label if fault is None else f"every {fault:.0f} s", r["status"], r["steps"],
-                             r["faults"], fmt(r["wall_s"], ".0f"), fmt(r["median_step_s"] * 1000, ".0f"),
-                             fmt(statistics.mean(lost), ".1f") if lost else "-", max(lost) if lost else "-",
-                             fmt(statistics.median(r["restart_s"]), ".1f") if r["restart_s"] else "-",
-                             fmt(r["goodput"], ".3f"), fmt(r["goodput_after_start"], ".3f")])
-                print(rows[-1], flush=True)
+        rows, data, ratios = [], {}, []
+        trees = [("this", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+        runs = [("faults", args.fault_every)] + ([] if args.baseline else [("none", None)])
+        for every, (label, fault), (tag, tree) in itertools.product(args.intervals, runs, trees):
+            r = run_once(work, f"c{every}-{label}-{tag}", every, max_steps, args.nproc, fault, tree)
+            data[f"{tag}-every{every}-{label}"] = r
+            lost = r["lost"]
+            rows.append([every if tag == "this" else f"{every} (baseline)",
+                         label if fault is None else f"every {fault:.0f} s", r["status"], r["steps"],
+                         r["faults"], fmt(r["wall_s"], ".0f"), fmt(r["median_step_s"] * 1000, ".0f"),
+                         fmt(statistics.mean(lost), ".1f") if lost else "-", max(lost) if lost else "-",
+                         fmt(statistics.median(r["restart_s"]), ".1f") if r["restart_s"] else "-",
+                         fmt(r["goodput"], ".3f"), fmt(r["goodput_after_start"], ".3f")])
+            print(rows[-1], flush=True)
+        for every in args.intervals if args.baseline else []:
+            this, base = data[f"this-every{every}-faults"], data[f"baseline-every{every}-faults"]
+            restart = (statistics.median(this["restart_s"]) / statistics.median(base["restart_s"])
+                       if this["restart_s"] and base["restart_s"] else None)
+            ratios.append([every, fmt(this["goodput"] / base["goodput"], ".2f"),
+                           fmt(this["goodput_after_start"] / base["goodput_after_start"], ".2f"),
+                           fmt(restart, ".2f")])
     res.table(f"cnn, {args.nproc} ranks (gloo, 1 thread each), {max_steps} steps; goodput = steps x median "
               "step time / wall time", ["ckpt every", "kills", "status", "steps", "faults", "wall s", "ms/step",
                                         "lost/fault", "max lost", "kill->step s", "goodput", "after start"], rows)
+    if args.baseline:
+        res.table(f"this tree / baseline ({args.baseline}), same run, interleaved", ["ckpt every", "goodput",
+                  "after start", "kill->step"], ratios)
     res.doc["data"] = {"max_steps": max_steps, "calibration": calib, "runs": data, "args": vars(args)}
     res.text(f"A worker is SIGKILLed after every {args.fault_every:.0f} s of training; torchrun restarts "
              "the group, which resumes from the newest checkpoint. `after start` leaves out the first "

@@ -33,14 +33,14 @@ OURS = ["torchrun started", "worker started", "job read", "torch imported", "pro
 TEXTBOOK = ["worker started", "torch imported", "process group", "data, model, DDP, optimizer", "first step"]
 
 
-def run_ours(work: Path, nproc: int, i: int, steps: int) -> dict:
+def run_ours(work: Path, nproc: int, i: int, steps: int, tree: Path = REPO, samples: int | None = None) -> dict:
     import yaml
 
-    name = f"lt-{nproc}-{i}"
+    name = f"lt-{nproc}-{i}-{abs(hash(str(tree))) % 1000}"
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {
-        "max_steps": steps, "threads": 1, "eval_every_epochs": 0, "plot": False}}))
-    env = {**base_env(1), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
+        "max_steps": steps, "threads": 1, "eval_every_epochs": 0, "plot": False, "data_samples": samples}}))
+    env = {**base_env(1), "PYTHONPATH": str(tree), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
            "DDPKIT_MASTER_PORT": str(free_port()), "DDPKIT_LAUNCH_T0": repr(time.time())}
     subprocess.run([sys.executable, "-m", "trainer.launch"], cwd=work, env=env, check=True, capture_output=True)
     s = json.loads((work / "runs" / name / "metrics.jsonl").read_text().splitlines()[-1])
@@ -77,15 +77,22 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--baseline", type=Path, help="an earlier source tree (`git archive COMMIT | tar -x -C "
+                   "DIR`): its trainer is launched too, interleaved, and compared as a ratio")
+    p.add_argument("--data-samples", type=int, help="train.data_samples of the cnn job (default: all 16384)")
     args = p.parse_args()
     r = Result("launch_time", "Where launch to first step goes (ours vs the textbook loop)")
-    ours, textbook = [], []
+    ours, textbook, baseline = [], [], []
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as tmp:
         for i in range(args.repeats):
             textbook.append(run_textbook(Path(tmp), args.nproc, args.steps))
-            ours.append(run_ours(Path(tmp), args.nproc, i, args.steps))
+            ours.append(run_ours(Path(tmp), args.nproc, i, args.steps, samples=args.data_samples))
+            if args.baseline:
+                baseline.append(run_ours(Path(tmp), args.nproc, i, args.steps, args.baseline.resolve(),
+                                         samples=args.data_samples))
             print(f"  repeat {i + 1}/{args.repeats}: first step textbook {textbook[-1]['first step']:.2f} s, "
-                  f"ours {ours[-1]['first step']:.2f} s", flush=True)
+                  f"ours {ours[-1]['first step']:.2f} s"
+                  + (f", baseline {baseline[-1]['first step']:.2f} s" if baseline else ""), flush=True)
 
     def at(runs: list[dict], mark: str) -> Stats:
         return Stats([m[mark] for m in runs if mark in m])
@@ -114,6 +121,14 @@ def main() -> int:
               ("torch imported", "torch imported", "torch imported"),
               ("process group joined", "process group", "process group"),
               ("first step", "first step", "first step")]
+    if baseline:
+        rows = []
+        for mark in OURS:
+            a, b = at(ours, mark), at(baseline, mark)
+            if a["median"] is not None and b["median"] is not None:
+                rows.append([mark, a.fmt(".2f"), b.fmt(".2f"), fmt(ratio(a["median"], b["median"]), ".2f")])
+        r.table(f"this tree vs baseline {args.baseline} (same run, interleaved), seconds since launch",
+                ["mark", "this", "baseline", "this / baseline"], rows)
     r.chart("launch_time.png", f"launch timeline, {args.nproc} rank(s) (median)", "seconds since launch",
             [c[0] for c in common], {"textbook": [at(textbook, c[2])["median"] for c in common],
                                      "ddpkit": [at(ours, c[1])["median"] for c in common]})
@@ -124,7 +139,7 @@ def main() -> int:
             [[m, f"{t:.3f}"] for m, t in shim[:5]])
     r.table("python -X importtime: our worker's imports (cumulative s, top 8; the textbook loop imports torch only)",
             ["module", "s"], [[m, f"{t:.3f}"] for m, t in worker[:8]])
-    r.doc["data"] = {"ours": ours, "textbook": textbook, "importtime_shim": shim, "importtime_worker": worker}
+    r.doc["data"] = {"ours": ours, "textbook": textbook, "baseline": baseline, "importtime_shim": shim, "importtime_worker": worker}
     r.save()
     return 0
 

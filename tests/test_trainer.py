@@ -245,3 +245,26 @@ def test_bad_train_settings_exit_2_with_one_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "ddpkit: train.model: cannot load 'nosuchmodule:build': No module named 'nosuchmodule'"]
+
+
+@pytest.mark.parametrize("samples", [1, 1000, 4096])
+def test_a_smaller_cnn_data_set_is_the_full_ones_first_rows_bit_for_bit(samples):
+    """synthetic_images draws only the rows it returns when no held-out set follows (a worker
+    start, so a restart, pays for it): they must equal the full set's, which the textbook loop
+    (bench/textbook_ddp.py) builds with the recipe in the docstring."""
+    import torch
+
+    from trainer.data import synthetic_images
+
+    g = torch.Generator().manual_seed(1234)
+    templates = torch.randn(10, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (16384,), generator=g)
+    x = torch.randn(16384, 3, 32, 32, generator=g) + 0.5 * templates[y]
+    small, held_out = synthetic_images(samples, held_out=False)
+    assert held_out is None and len(small) == samples
+    assert torch.equal(small.x, x[:samples]) and torch.equal(small.y, y[:samples])
+    full, held_out = synthetic_images(samples, held_out=True)  # the eval set continues the generator
+    assert torch.equal(full.x, x[:samples]) and torch.equal(full.y, y[:samples])
+    y_eval = torch.randint(0, 10, (2048,), generator=g)
+    assert torch.equal(held_out.y, y_eval)
+    assert torch.equal(held_out.x, torch.randn(2048, 3, 32, 32, generator=g) + 0.5 * templates[y_eval])

@@ -47,11 +47,17 @@ def synthetic_images(samples: int | None = None, held_out: bool = True) -> tuple
     Generated in this order from one generator seeded 1234 (so a plain loop can rebuild it):
     `T = randn(10,3,32,32)`, `y = randint(0,10,(16384,))`, `x = randn(16384,3,32,32) + 0.5*T[y]`;
     the held-out set continues the same generator (2048 samples).
+    Without the held-out set only the first `samples` images are drawn: torch's CPU `randn`
+    fills from the generator in order, so they are the full set's first rows bit for bit
+    (tests/test_trainer.py checks it) at a fraction of the cost (every worker start pays it,
+    and a restart is a worker start).
     """
     g = torch.Generator().manual_seed(1234)
     templates = torch.randn(10, 3, 32, 32, generator=g)
     y = torch.randint(0, 10, (CNN_TRAIN_SAMPLES,), generator=g)
-    x = torch.randn(CNN_TRAIN_SAMPLES, 3, 32, 32, generator=g) + 0.5 * templates[y]
+    n = CNN_TRAIN_SAMPLES if samples is None or held_out else min(samples, CNN_TRAIN_SAMPLES)
+    y = y[:n]
+    x = torch.randn(n, 3, 32, 32, generator=g) + 0.5 * templates[y]
     if samples is not None:
         x, y = x[:samples], y[:samples]
     if not held_out:  # skip generating what nobody evaluates (startup time)
