@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from deploy import __version__
@@ -57,6 +56,8 @@ def write_output(text: str, output: str | None) -> None:
         raise UserError(f"-o {output}: is a directory; give a file name")
     if not target.parent.exists():
         raise UserError(f"-o {output}: directory {target.parent} does not exist")
+    import tempfile  # only when writing a file (render speed)
+
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

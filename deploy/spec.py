@@ -11,7 +11,6 @@ Every field carries a description: the README's job-file reference is generated 
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Annotated, Any, Literal
 
@@ -52,6 +51,14 @@ from trainer.config import (
     TrainConfig,
     entry_problems,
 )
+
+
+def _close_matches(word: str, choices, **kwargs) -> list[str]:
+    """difflib's "did you mean", imported only when a job file has a typo (render speed)."""
+    import difflib
+
+    return difflib.get_close_matches(word, choices, **kwargs)
+
 
 # --------------------------------------------------------------------------------------------
 # Names and reserved variables
@@ -404,7 +411,7 @@ def pod_patch_problems(patch: Any) -> list[Problem]:
         else:
             for key in spec:
                 if key not in POD_SPEC_FIELDS:
-                    close = difflib.get_close_matches(str(key), POD_SPEC_FIELDS, n=1)
+                    close = _close_matches(str(key), POD_SPEC_FIELDS, n=1)
                     problems.append(Problem(f"spec.{key}", "not a PodSpec field",
                                             f"did you mean '{close[0]}'?" if close else
                                             "see `kubectl explain pod.spec`"))
@@ -950,7 +957,7 @@ def _message(err: dict) -> str:
     if kind == "extra_forbidden":
         model = _model_at(loc[:-1])
         valid = sorted(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
+        close = _close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
         hint = f", did you mean '{close[0]}'?" if close else (
             f"; valid: {', '.join(valid)}" if valid else "")
         return f"unknown field{hint}"
