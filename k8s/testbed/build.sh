@@ -144,21 +144,21 @@ EOF
 
 start=$SECONDS
 CONTROLLERS=trainer$TRAINER_VERSION-jobset$JOBSET_VERSION-coredns$COREDNS_VERSION
-COMPONENTS="kubernetes-$KUBERNETES_VERSION etcd-$ETCD_VERSION containerd-$CONTAINERD_VERSION
-  training-operator-$TRAINING_OPERATOR_VERSION controllers-$CONTROLLERS"
+COMPONENTS=("kubernetes-$KUBERNETES_VERSION" "etcd-$ETCD_VERSION" "containerd-$CONTAINERD_VERSION"
+  "training-operator-$TRAINING_OPERATOR_VERSION" "controllers-$CONTROLLERS")
 build kubernetes "$KUBERNETES_VERSION" kubernetes
 build etcd "$ETCD_VERSION" etcd
 build containerd "$CONTAINERD_VERSION" containerd
 build training-operator "$TRAINING_OPERATOR_VERSION" training_operator
 build controllers "$CONTROLLERS" controllers
 mkdir -p "$CACHE/manifests"
-for d in $COMPONENTS; do
+for d in "${COMPONENTS[@]}"; do
   ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
   case $d in   # $CACHE/manifests/<controller> -> its upstream manifests
     training-operator-*) ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/training-operator" ;;
     controllers-*) for m in trainer jobset; do ln -sfn "$CACHE/$d/manifests/$m" "$CACHE/manifests/$m"; done ;;
   esac
 done
-echo $COMPONENTS | tr ' ' '\n' > "$CACHE/components"   # what bench/k8s_testbed.py reports
+printf '%s\n' "${COMPONENTS[@]}" > "$CACHE/components"   # what bench/k8s_testbed.py reports
 log "all built or cached in $((SECONDS - start)) s; $(du -sh "$CACHE" --exclude=go-build | cut -f1) of binaries"
 echo "$CACHE/bin"
