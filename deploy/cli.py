@@ -209,7 +209,11 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    _handle_module(args.handle).cancel(args.handle)
+    module = _handle_module(args.handle)
+    if args.wait is None:
+        module.cancel(args.handle)
+    else:
+        module.cancel(args.handle, wait_s=args.wait)
     print(f"cancelled {args.handle}")
     return 0
 
@@ -324,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")
     p.add_argument("handle", metavar="HANDLE")
+    p.add_argument("--wait", type=float, metavar="SECONDS", default=None,
+                   help="wait until the job has ended and its objects are gone (default: 30 for "
+                        "Slurm, 300 for Kubernetes, as `kubectl delete` waits; 0: return at once)")
 
     p = _command(sub, "lint", cmd_lint, "check manifests offline as the API server and the operators' webhooks would",
                  "ddpkit render k8s job.yaml -o job.k8s.yaml && ddpkit lint job.k8s.yaml")

@@ -49,6 +49,19 @@ def ddpkit(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout:
                           capture_output=True, text=True, timeout=timeout, input=input)
 
 
+def build_test_image(tag: str, base_image: str) -> str:
+    """`ddpkit image build --offline` of the working tree as `tag`, then remove the ddpkit
+    images that rebuild left untagged (each is the size of torch: a day of test runs filled
+    the disk with them)."""
+    from deploy.image import docker_binary
+
+    built = ddpkit("image", "build", "--offline", "--base-image", base_image, "--tag", tag, timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    subprocess.run([docker_binary(), "image", "prune", "--force", "--filter",
+                    "label=org.opencontainers.image.title=ddpkit"], capture_output=True, timeout=300)
+    return tag
+
+
 @pytest.fixture
 def golden(request):
     """`golden(path, text)`: compare with tests/golden/<path>, or rewrite it with --update-golden."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, ddpkit, require
+from tests.conftest import REPO, build_test_image, ddpkit, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -44,9 +44,7 @@ def image() -> str:
     require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
     require(docker("image", "inspect", BASE_IMAGE).returncode == 0,
             f"base image {BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
-    built = ddpkit("image", "build", "--offline", "--base-image", BASE_IMAGE, "--tag", IMAGE,
-                   timeout=1800)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    build_test_image(IMAGE, BASE_IMAGE)
     return IMAGE
 
 

@@ -112,7 +112,8 @@ def cancel(cluster, flavor: str, name: str, timeout: float = 120) -> None:
     """`ddpkit cancel` (foreground deletion), then wait until the workload and its pods are gone:
     a submit of the same name while the old object is still terminating is refused ("already
     exists"), which is what made every test after a first run fail."""
-    ddpkit("cancel", f"k8s://default/{flavor}/{name}", env=cluster)
+    ddpkit("cancel", f"k8s://default/{flavor}/{name}", "--wait", str(timeout), env=cluster,
+           timeout=timeout + 30)
     kind = flavor_module(flavor).KIND.lower()
     deadline = time.monotonic() + timeout
     while True:
@@ -243,9 +244,10 @@ def test_submit_is_server_side_apply_with_field_manager_ddpkit(cluster, tmp_path
         assert ("ddpkit", "Apply") in managers
         again = ddpkit("submit", "k8s", str(path), env=cluster)
         assert again.returncode == 1 and "already exists; cancel it first" in again.stderr
-        assert ddpkit("cancel", "k8s://default/job/conf-ssa", env=cluster).returncode == 0
+        assert ddpkit("cancel", "k8s://default/job/conf-ssa", "--wait", "0", env=cluster).returncode == 0
         gone = kubectl(cluster, "get", "job", "conf-ssa", "-o", "json", check=False)
         # foreground deletion: the Job waits (deletionTimestamp + finalizer) until its pods are gone
+        # (not waited for here, so that the finalizer can be seen)
         assert gone.returncode != 0 or "foregroundDeletion" in json.loads(gone.stdout)["metadata"].get(
             "finalizers", []), gone.stdout[-2000:]
     finally:

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from deploy.testbed import k8s as testbed
-from tests.conftest import EXAMPLES, IN_CI, REPO, ddpkit, require
+from tests.conftest import EXAMPLES, IN_CI, REPO, build_test_image, ddpkit, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -82,9 +82,7 @@ def image(cluster) -> str:
     require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
     require(docker("image", "inspect", BASE_IMAGE).returncode == 0,
             f"base image {BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
-    built = ddpkit("image", "build", "--offline", "--base-image", BASE_IMAGE, "--tag", IMAGE,
-                   timeout=1800)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    build_test_image(IMAGE, BASE_IMAGE)
     testbed.load_image(IMAGE)
     return IMAGE
 
@@ -121,7 +119,7 @@ def handles(cluster):
     submitted: list[str] = []
     yield submitted
     for handle in submitted:
-        ddpkit("cancel", handle, env=cluster)
+        ddpkit("cancel", handle, "--wait", "0", env=cluster)
 
 
 def submit(cluster, handles, path: Path) -> str:
@@ -251,8 +249,12 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     assert log1.strip() and "ddpkit-summary" not in log1  # rank 1's own log, not rank 0's
     assert log1 != log0
 
-    proc = ddpkit("cancel", handle, env=cluster)
+    proc = ddpkit("cancel", handle, env=cluster, timeout=360)
     assert proc.returncode == 0, proc.stderr
+    # cancel waits, as `kubectl delete` does: when it returns the workload is gone, so the same
+    # name can be submitted again at once
+    workload = kubectl(cluster, "get", WORKLOAD[flavor], name, check=False)
+    assert workload.returncode != 0 and "NotFound" in workload.stderr, workload.stdout + workload.stderr
     wait_no_leftovers(cluster, flavor, name)
 
 
@@ -294,7 +296,7 @@ def test_readme_path_render_pipe_kubectl_apply_then_wait(cluster, image, tmp_pat
         assert "which kubectl" not in proc.stderr
         assert status(cluster, f"k8s://default/pytorchjob/{name}") == "SUCCEEDED"
     finally:
-        ddpkit("cancel", f"k8s://default/pytorchjob/{name}", env=cluster)
+        ddpkit("cancel", f"k8s://default/pytorchjob/{name}", "--wait", "0", env=cluster)
 
 
 def rendered(cluster, example: Path, flavor: str, *, refusal_ok: bool = False) -> str | None:
@@ -457,7 +459,7 @@ def restart_runs(cluster, tmp_path_factory, request):
             continue
         for fails in [survived] + ([survived + 1] if flavor != "trainjob" else []):
             name = f"rs-{flavor}-{fails}"
-            ddpkit("cancel", f"k8s://default/{flavor}/{name}", env=cluster)  # an earlier run's
+            ddpkit("cancel", f"k8s://default/{flavor}/{name}", "--wait", "0", env=cluster)  # an earlier run's
             wait_no_leftovers(cluster, flavor, name)
             directory = tmp_path_factory.mktemp(name)
             path = restart_job_file(directory, name, flavor, restarts, fails)
@@ -466,7 +468,7 @@ def restart_runs(cluster, tmp_path_factory, request):
             runs[flavor, fails] = (proc.stdout.strip(), directory / "out", path)
     yield runs
     for handle, _, _ in runs.values():
-        ddpkit("cancel", handle, env=cluster)
+        ddpkit("cancel", handle, "--wait", "0", env=cluster)
 
 
 def wait_end(cluster, handle: str, timeout: float = 400) -> str:

@@ -204,6 +204,52 @@ def test_cancel_deletes_the_workload_then_its_configmap_and_service():
         sub.cancel("k8s://ml/job/demo", cluster=cluster)
 
 
+class TerminatingCluster(FakeCluster):
+    """A foreground deletion: the workload stays readable for `lingers` more gets."""
+
+    def __init__(self, lingers):
+        super().__init__()
+        self.lingers, self.deleted = lingers, {}
+
+    def delete(self, kind, namespace, name):
+        obj = self.objects.get((kind, namespace, name))
+        super().delete(kind, namespace, name)
+        self.deleted[(kind, namespace, name)] = obj
+
+    def get(self, kind, namespace, name):
+        key = (kind, namespace, name)
+        if key in self.deleted and self.lingers > 0:
+            self.lingers -= 1
+            self.calls.append(("get", kind, name))
+            return self.deleted[key]
+        return super().get(kind, namespace, name)
+
+
+def test_cancel_waits_until_the_workload_is_gone_as_kubectl_delete_does():
+    cluster = TerminatingCluster(lingers=3)
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    sub.cancel("k8s://ml/pytorchjob/demo", cluster=cluster, poll_s=0)
+    gets_after = [c for c in cluster.calls[cluster.calls.index(("delete", "PyTorchJob", "demo")):]
+                  if c[0] == "get"]
+    assert gets_after == [("get", "PyTorchJob", "demo")] * 4  # 3 while terminating, then 404
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)  # the name is free at once
+
+
+def test_cancel_that_outlasts_its_wait_says_so_and_how_not_to_wait():
+    cluster = TerminatingCluster(lingers=10**6)
+    sub.submit(job(), flavor="job", cluster=cluster)
+    with pytest.raises(RuntimeFailure) as err:
+        sub.cancel("k8s://ml/job/demo", cluster=cluster, wait_s=0.05, poll_s=0.01)
+    assert str(err.value) == ("Job ml/demo is deleted but still there 0 s later (its pods are "
+                              "stopping: kubectl get pods -n ml); `ddpkit cancel --wait 0` returns "
+                              "without waiting")
+    cluster = TerminatingCluster(lingers=10**6)
+    sub.submit(job(), flavor="job", cluster=cluster)
+    before = len(cluster.calls)
+    sub.cancel("k8s://ml/job/demo", cluster=cluster, wait_s=0)
+    assert [c[0] for c in cluster.calls[before:]] == ["delete"] * 3  # no get: it did not wait
+
+
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_every_flavor_submits_through_known_kinds_and_cancel_removes_all_of_it(flavor):
     """The API versions status/cancel use and cancel's list of objects match what the

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -317,8 +318,12 @@ def status_from(kind: str, obj: dict) -> str:
     return module.state(obj)
 
 
-def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
-    """Delete the workload (foreground: its pods go first), then its ConfigMap and Service.
+def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0,
+           poll_s: float = 1.0) -> None:
+    """Delete the workload (foreground: its pods go first), then its ConfigMap and Service, and
+    wait (up to wait_s; 0: not at all) until the workload is gone, as `kubectl delete` does: a
+    foreground deletion keeps the object until its pods have stopped (their grace period), and
+    a `submit` of the same name before then is refused as "already exists".
 
     A workload already gone (cancelled, or removed after ttlSecondsAfterFinished) is not an
     error while its ConfigMap or Service was still there to delete.
@@ -339,6 +344,25 @@ def cancel(handle: str, *, cluster: Cluster | None = None) -> None:
                 missing = err
     if missing is not None and not deleted:
         raise RuntimeFailure(explain(missing, h.kind, h.namespace, h.name, "delete"))
+    if missing is None and wait_s > 0:
+        _wait_until_gone(cluster, h, wait_s, poll_s)
+
+
+def _wait_until_gone(cluster: Cluster, h: Handle, wait_s: float, poll_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cluster.get(h.kind, h.namespace, h.name)
+        except ApiError as err:
+            if err.status == 404:
+                return
+            raise RuntimeFailure(explain(err, h.kind, h.namespace, h.name, "get")) from None
+        if time.monotonic() >= deadline:
+            raise RuntimeFailure(
+                f"{h.kind} {h.namespace}/{h.name} is deleted but still there {wait_s:.0f} s later "
+                f"(its pods are stopping: kubectl get pods -n {h.namespace}); `ddpkit cancel --wait 0` "
+                "returns without waiting")
+        time.sleep(poll_s)
 
 
 # --------------------------------------------------------------------------------------------

@@ -450,11 +450,13 @@ def _line_rank(line: str) -> int | None:
 
 
 def cancel(handle: str, *, runner: Runner = subprocess.run, wait_s: float = 30.0) -> None:
-    """`scancel`, then wait (up to wait_s) until Slurm reports the job ended."""
+    """`scancel`, then wait (up to wait_s; 0: not at all) until Slurm reports the job ended."""
     jobid = job_id(handle)
     proc = _run(runner, ["scancel", jobid], check=False)
     if proc.returncode != 0:
         raise RuntimeFailure(f"scancel {jobid} failed: {_last_line(proc.stderr or proc.stdout)}")
+    if wait_s <= 0:
+        return
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         info = show_job(handle, runner=runner)
