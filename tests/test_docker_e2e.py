@@ -152,9 +152,14 @@ def test_a_failing_pod_fails_the_job_with_its_exit_code(image, tmp_path):
 def test_ctrl_c_stops_and_removes_every_container_and_the_network(image, tmp_path):
     name = "e2e-ctrlc"
     path = job_file(tmp_path, name, "command: [sleep, '300']\n")
+    # Ctrl-C as a terminal sends it: SIGINT with its default disposition. A test run started in
+    # the background (`cmd &` in a script, as a CI harness may) inherits SIGINT *ignored*, and
+    # Python then installs no KeyboardInterrupt handler: the run never saw the signal, the test
+    # killed it, and its containers were left for the next run to trip over.
     proc = subprocess.Popen([sys.executable, "-m", "deploy", "run", str(path), "--docker"],
                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
