@@ -42,9 +42,9 @@ SCRIPTS = [
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
-    ("k8s_testbed", "k8s_testbed.py", [], [], 600),
-    # faults every 60 s need minutes of training per run (4 runs + a calibration): ~15-25 min here
-    ("goodput", "goodput.py", ["--train-s", "150"], ["--train-s", "120"], 1800),
+    ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
+    # faults every 60 s need minutes of training per run (4 runs + a calibration): ~8-10 min here
+    ("goodput", "goodput.py", ["--train-s", "120"], ["--train-s", "90"], 1200),
 ]
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
