@@ -39,10 +39,15 @@ def run_summary(args: list[str], cwd: Path) -> dict:
                           capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         sys.exit(f"`ddpkit {' '.join(args)}` failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
-    for line in proc.stdout.splitlines():
+    for line in proc.stdout.splitlines():  # the pods' output (`run --docker` passes it through)
         if "ddpkit-summary " in line:
             return json.loads(line.split("ddpkit-summary ", 1)[1])
-    sys.exit(f"no summary in the output of `ddpkit {' '.join(args)}`")
+    # `run --local` prints a readable summary instead; the record is metrics.jsonl's last line
+    for metrics in sorted(cwd.rglob("metrics.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True):
+        last = metrics.read_text().strip().splitlines()[-1:]
+        if last and json.loads(last[0]).get("summary"):
+            return json.loads(last[0])
+    sys.exit(f"no summary in the output of `ddpkit {' '.join(args)}` nor in a metrics.jsonl below {cwd}")
 
 
 def main() -> None:
