@@ -25,6 +25,18 @@ def pytest_addoption(parser):
                      help="rewrite golden files under tests/golden from the current output")
 
 
+#: Test modules that need the Kubernetes testbed's Go binaries (k8s/testbed/build.sh) or its
+#: cluster. They run last: `.ci/run` starts the binaries' cold build in the background (tens of
+#: minutes on a fresh 2-core machine), and everything else runs while it compiles; the first of
+#: these tests to bring the testbed up waits on build.sh's lock until the build is done.
+K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_lint_corpus.py",
+                       "test_testbed_k8s.py"}
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: item.path.name in K8S_TESTBED_MODULES)  # stable: order kept within
+
+
 def require(condition: bool, reason: str) -> None:
     """Skip with `reason` on a laptop; fail under CI=true."""
     if condition:

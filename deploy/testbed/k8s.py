@@ -113,17 +113,24 @@ def ensure_packages() -> None:
 
 
 def ensure_binaries() -> None:
-    """Build the Go binaries unless build.sh's cache already has all of them."""
+    """Build the Go binaries unless build.sh's cache already has them. From a source checkout
+    with Go on PATH build.sh always runs: it returns at once when every component of its pinned
+    versions is cached, and when another build.sh is compiling (CI starts one in the
+    background) it waits for that one."""
     needed = ["kube-apiserver", "kubelet", "kubectl", "etcd", "containerd", "coredns",
               "training-operator.v1", "jobset", "trainer-controller-manager", "pause"]
-    if all((bin_dir() / b).exists() for b in needed) and (cache_dir() / "manifests").is_dir():
-        return
-    if shutil.which("go") is None:
-        raise RuntimeFailure(f"the Kubernetes binaries are not in {bin_dir()} and there is no Go "
-                             "toolchain to build them (Go >= 1.26: see k8s/testbed/README.md)")
-    print("testbed: building the Kubernetes testbed binaries (once; tens of minutes on 2 cores)",
-          file=sys.stderr)
-    if subprocess.run(["bash", str(scripts_dir() / "build.sh")]).returncode != 0:
+    have = all((bin_dir() / b).exists() for b in needed) and (cache_dir() / "manifests").is_dir()
+    build = scripts_dir() / "build.sh"  # not in the wheel: the binaries are built from a checkout
+    if shutil.which("go") is None or not build.is_file():
+        if have:
+            return
+        raise RuntimeFailure(f"the Kubernetes binaries are not in {bin_dir()}: build them from a "
+                             "ddpkit checkout with Go >= 1.26 (bash k8s/testbed/build.sh; see "
+                             "k8s/testbed/README.md)")
+    if not have:
+        print("testbed: building the Kubernetes testbed binaries (once; tens of minutes on 2 cores)",
+              file=sys.stderr)
+    if subprocess.run(["bash", str(build)], stdout=subprocess.DEVNULL).returncode != 0:
         raise RuntimeFailure("k8s/testbed/build.sh failed (see above)")
 
 

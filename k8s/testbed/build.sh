@@ -6,6 +6,7 @@
 # Everything lands in $DDPKIT_K8S_CACHE/<component>-<version>/ (default /var/cache/ddpkit/k8s),
 # outside the clone, so a later clone (and CI on the same machine) reuses an earlier build.
 # Each component has its own stamp: an interrupted build resumes with the next component.
+# Builds take a lock on the cache: a concurrent build.sh waits for the running one.
 set -euo pipefail
 
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-1.34.10}
@@ -141,6 +142,14 @@ EOF
   copy_manifests "github.com/kubeflow/trainer/v2@v$TRAINER_VERSION" "$out" trainer manifests
   copy_manifests "sigs.k8s.io/jobset@v$JOBSET_VERSION" "$out" jobset config
 }
+
+# One build at a time: a second build.sh (`ddpkit testbed k8s up` while .ci/run's background
+# build is still compiling) waits for the first, then finds everything cached.
+exec 9>"$CACHE/.build.lock"
+if ! flock -n 9; then
+  log "another build.sh is building into $CACHE: waiting for it to finish"
+  flock 9
+fi
 
 start=$SECONDS
 CONTROLLERS=trainer$TRAINER_VERSION-jobset$JOBSET_VERSION-coredns$COREDNS_VERSION
