@@ -1,5 +1,5 @@
 """Goodput under faults: a rank killed (SIGKILL) every K seconds of training, at two
-checkpoint intervals.
+checkpoint intervals (or those of --intervals).
 
 Each run is the `cnn` workload as 2 local ranks through `python -m trainer.launch` (torchrun
 with `--max-restarts`, exactly as every target starts it), `max_steps` sized so that training
@@ -156,7 +156,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--fault-every", type=float, default=60.0, help="seconds of training between kills")
     ap.add_argument("--train-s", type=float, default=240.0, help="fault-free training time to aim for")
-    ap.add_argument("--intervals", type=int, nargs=2, default=[20, 100], help="two checkpoint intervals (steps)")
+    ap.add_argument("--intervals", type=int, nargs="+", default=[20, 100], help="checkpoint intervals (steps)")
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--baseline", type=Path, help="an earlier source tree (e.g. `git archive COMMIT | tar -x "
                     "-C DIR`): its trainer runs the same fault runs, interleaved with this one's, and the "

@@ -32,10 +32,10 @@ from bench_common import REPO, Result, is_root, load_average, results_dir  # noq
 
 # name, script, full arguments, light arguments (a loaded machine), timeout (s) with full arguments
 SCRIPTS = [
-    ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "200", "--repeats", "3"],
+    ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "120", "--repeats", "3"],
      ["--steps", "120", "--repeats", "2"], 420),
     ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "30", "--repeats", "2"], 300),
-    ("step_profile", "step_profile.py", ["--steps", "80", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
+    ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
     ("render_speed", "render_speed.py", ["--repeats", "15"], ["--repeats", "7"], 300),
@@ -43,8 +43,10 @@ SCRIPTS = [
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
-    # faults every 60 s need minutes of training per run (4 runs + a calibration): ~8-10 min here
-    ("goodput", "goodput.py", ["--train-s", "120"], ["--train-s", "90"], 1200),
+    # one checkpoint interval (a fault run, a fault-free run and a calibration: ~3.5 min here);
+    # `python bench/goodput.py` alone runs two intervals with a kill every 60 s (~15 min)
+    ("goodput", "goodput.py", ["--train-s", "80", "--fault-every", "40", "--intervals", "20"],
+     ["--train-s", "60", "--fault-every", "30", "--intervals", "20"], 600),
 ]
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
