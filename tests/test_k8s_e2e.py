@@ -412,7 +412,7 @@ rank=${PET_NODE_RANK:-$JOB_COMPLETION_INDEX}
 count=/out/failures-$rank
 n=$(cat $count 2>/dev/null || echo 0)
 if [ "$rank" = 1 ] && [ "$n" -lt "$FAILS" ]; then
-  echo $((n + 1)) > $count; echo "node 1: failure $((n + 1)) of $FAILS"; exit 1
+  echo $((n + 1)) > $count; echo "node 1: failure $((n + 1)) of $FAILS"; exit "${CODE:-1}"
 fi
 if [ "$rank" = 1 ]; then echo done > /out/done; echo "node 1: done"; exit 0; fi
 i=0; while [ ! -f /out/done ] && [ $i -lt 400 ]; do sleep 1; i=$((i + 1)); done
@@ -565,3 +565,58 @@ def test_restarts_survived_then_one_more_failure_fails_the_job(cluster, restart_
         assert obj["status"]["failedIndexes"] == "1", obj["status"]
     if flavor == "jobset":
         assert obj["status"]["restarts"] == survived, obj["status"]
+
+
+def workload_of(objects: list[dict]) -> dict:
+    return next(o for o in objects if o["kind"] == "PyTorchJob")
+
+
+def test_pytorchjob_exit_code_policy_recreates_128_to_255_without_limit_and_fails_at_once_below(cluster, tmp_path):
+    """restartPolicy ExitCode (a user's edit: ddpkit renders OnFailure). The operator runs the pods
+    `Never`, deletes and recreates a pod that failed with a retryable code (128-255) and fails
+    the job at once on any other. A recreated pod starts at restart count 0, so
+    runPolicy.backoffLimit (3 here) never stops a retryable loop (kubeflow/trainer#2045): 4
+    failures pass. `run --docker` plans the same, and `ddpkit lint` warns about the policy."""
+    from deploy.lint import lint_object
+    from deploy.submit.docker import restart_policy
+
+    runs = {}
+    for name, code, fails in (("ec-retryable", 137, 4), ("ec-fatal", 1, 1)):
+        directory = tmp_path / name
+        directory.mkdir()
+        path = restart_job_file(directory, name, "pytorchjob", 1, fails)
+        job = yaml.safe_load(path.read_text())
+        job["env"]["CODE"] = str(code)
+        path.write_text(yaml.safe_dump(job))
+        handle = f"k8s://default/pytorchjob/{name}"
+        ddpkit("cancel", handle, "--wait", "0", env=cluster)  # an earlier run's
+        wait_no_leftovers(cluster, "pytorchjob", name)
+        proc = ddpkit("render", "k8s", str(path), env=cluster)
+        assert proc.returncode == 0, proc.stderr
+        objects = list(yaml.safe_load_all(proc.stdout))
+        workload = workload_of(objects)
+        assert workload["spec"]["runPolicy"]["backoffLimit"] == 3
+        for replica in workload["spec"]["pytorchReplicaSpecs"].values():
+            replica["restartPolicy"] = "ExitCode"
+        kubectl(cluster, "apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(objects))
+        runs[name] = (handle, directory / "out", objects)
+    try:
+        handle, out, objects = runs["ec-retryable"]
+        assert wait_end(cluster, handle) == "SUCCEEDED", describe(cluster, handle)
+        assert failures(out) == 4
+        live = pods(cluster, "ec-retryable")
+        assert all(p["spec"]["restartPolicy"] == "Never" and restart_count(p) == 0 for p in live), live
+        policy = restart_policy(objects)  # run --docker: the same, no limit
+        assert policy.limit is None and policy.allows(137, 4) and not policy.allows(1, 0), policy
+        advice = [p for p in lint_object(workload_of(objects)) if p.rule == "restart-policy"]
+        assert advice and all(f.severity == "warning" for f in advice), advice
+
+        handle, out, _ = runs["ec-fatal"]
+        assert wait_end(cluster, handle) == "FAILED", describe(cluster, handle)
+        assert failures(out) == 1  # never recreated
+        obj = get_json(cluster, "pytorchjob", "ec-fatal")
+        failed = next(c for c in obj["status"]["conditions"] if c["type"] == "Failed")
+        assert failed["status"] == "True" and "is failing because" in failed["message"], failed
+    finally:
+        for handle, _, _ in runs.values():
+            ddpkit("cancel", handle, "--wait", "0", env=cluster)

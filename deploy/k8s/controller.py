@@ -46,16 +46,16 @@ class Pod:
 class Restarts:
     """What the workload's controller does after a pod fails: restart that pod (`pod`), every
     pod (`gang`) or nothing, at most `limit` times in all (`per_pod`: `limit` times for each
-    pod, as a Job's backoffLimitPerIndex counts)."""
+    pod, as a Job's backoffLimitPerIndex counts; None: without a limit)."""
 
     scope: str = "none"
-    limit: int = 0
+    limit: int | None = 0
     retryable: tuple[int, int] = (1, 255)  # exit codes that may be retried
     source: str = "no restarts"
     per_pod: bool = False
 
     def allows(self, rc: int, used: int) -> bool:
-        return (self.scope != "none" and used < self.limit
+        return (self.scope != "none" and (self.limit is None or used < self.limit)
                 and self.retryable[0] <= rc <= self.retryable[1])
 
 

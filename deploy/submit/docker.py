@@ -456,7 +456,8 @@ class DockerRun:
                 per_pod[plan.pod.name] = per_pod.get(plan.pod.name, 0) + 1
                 what = "restarting it" if policy.scope == "pod" else "restarting every pod"
                 self._print(f"ddpkit: pod {plan.pod.name} exited with {rc}; {what} "
-                            f"({count + 1}/{policy.limit}, {policy.source})\n")
+                            f"({count + 1}/{'no limit' if policy.limit is None else policy.limit}, "
+                            f"{policy.source})\n")
                 if policy.scope == "gang":
                     self._stop()
                     for _ in range(len(running)):
