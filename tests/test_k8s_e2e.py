@@ -620,3 +620,38 @@ def test_pytorchjob_exit_code_policy_recreates_128_to_255_without_limit_and_fail
     finally:
         for handle, _, _ in runs.values():
             ddpkit("cancel", handle, "--wait", "0", env=cluster)
+
+
+def test_reimporting_a_tag_leaves_no_replaced_image_behind(cluster):
+    """A rebuilt image loaded under the same tag replaces the old one: the ID reference the CRI
+    plugin keeps for the old image is removed (the store grew by an image per rebuild)."""
+    tag = "ddpkit-reimport-check:1"
+
+    def rows() -> list[list[str]]:
+        return [x.split()[:3] for x in testbed._ctr("images", "ls", text=True).stdout.splitlines()[1:]]
+
+    def id_ref_of(manifest: str) -> bool:  # the CRI plugin adds ID references asynchronously
+        deadline = time.monotonic() + 30
+        while not any(r[0].startswith("sha256:") and r[2] == manifest for r in rows()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+    manifests = []
+    try:
+        for content in (b"one", b"two"):
+            testbed._import(testbed.docker_archive(tag, {"/bin/x": content}, ["/bin/x"]))
+            [manifest] = [r[2] for r in rows() if r[0] == f"docker.io/library/{tag}"]
+            manifests.append(manifest)
+            assert id_ref_of(manifest), rows()
+        testbed.prune_replaced_images()
+        left = rows()
+        assert not [r for r in left if r[2] == manifests[0]], left  # gone under every name
+        # the current image keeps its tag and its ID reference
+        assert [r[0].startswith("sha256:") for r in left if r[2] == manifests[1]].count(True) == 1, left
+        assert [f"docker.io/library/{tag}"] == [r[0] for r in left if r[0] == f"docker.io/library/{tag}"
+                                                and r[2] == manifests[1]], left
+    finally:
+        testbed._ctr("images", "rm", f"docker.io/library/{tag}")
+        testbed.prune_replaced_images()
