@@ -18,14 +18,20 @@ ddpkit is timed as installed: its modules are byte-compiled first (`compileall`,
 __pycache__ is missing or stale under PYTHONDONTWRITEBYTECODE=1 recompiles every module it
 imports on every run (about 0.05 s for a fresh clone).
 
-Usage: python bench/render_speed.py [--repeats N] [--torchx-venv DIR]
+With --instructions (needs valgrind) it also counts the instructions of one run of each command
+and of a ladder of partial programs (the floor, then ddpkit's modules one step at a time): the
+figures do not move with the machine's load, and the steps say where the time goes.
+
+Usage: python bench/render_speed.py [--repeats N] [--torchx-venv DIR] [--instructions]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,11 +75,45 @@ def wall(argv: list[str], cwd: Path) -> tuple[float, float]:
     return elapsed, cpu
 
 
+def instructions(argv: list[str], cwd: Path) -> int:
+    """Instructions executed by one run of `argv` (valgrind's cachegrind, no cache simulation)."""
+    result = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                             "--cachegrind-out-file=/dev/null", *argv],
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
+    if result.returncode != 0 or not match:
+        raise SystemExit(f"valgrind {' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
+    return int(match.group(1).replace(",", ""))
+
+
+def ladder() -> list[tuple[str, str]]:
+    """Partial programs, each the one before plus one more step of `ddpkit render k8s`."""
+    steps = [
+        ("Python itself", "pass\n"),
+        ("+ argparse, pyyaml, pydantic and one model (the floor)", FLOOR_CODE),
+        ("+ ddpkit's helper modules", "import deploy.errors, deploy.k8s.names, deploy.image_forms, "
+                                      "deploy.units, deploy.yamlfile, deploy.problems\n"),
+        ("+ trainer.config (3 models)", "import trainer.config\n"),
+        ("+ deploy.spec (13 models)", "import deploy.spec\n"),
+        ("+ the argument parser", "import deploy.cli\ndeploy.cli.build_parser()\n"),
+        ("+ reading and validating the job", f"job = deploy.spec.load_job({str(JOB)!r}, [])\n"),
+        ("+ the Kubernetes objects as YAML", "import deploy.render.k8s\n"
+                                             "deploy.render.k8s.render_k8s(job, flavor=None, source='job.yaml')\n"),
+    ]
+    programs, code = [], ""
+    for label, step in steps:
+        code = step if label == "Python itself" else code.replace("pass\n", "") + step
+        programs.append((label, code))
+    return programs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--torchx-venv", type=Path,
                         default=Path(tempfile.gettempdir()) / f"ddpkit-bench-torchx-{TORCHX_VERSION}")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count instructions with valgrind (one run each; about a minute)")
     args = parser.parse_args()
     r = Result("render_speed", "Render time vs TorchX's dry run")
     try:
@@ -135,6 +175,29 @@ def main() -> int:
            f"argparse, pyyaml and pydantic and defining one one-field model, no ddpkit code) is "
            f"{floor:.2f}x wall, {floor_cpu:.2f}x CPU")
     r.doc["data"] = {"wall_s": times, "cpu_s": cpus}
+    if args.instructions and not shutil.which("valgrind"):
+        print("--instructions: valgrind is not installed; skipped")
+    elif args.instructions:
+        counts = {name: instructions(argv, workdir) for name, argv in commands.items()}
+        base_ir = counts["torchx --dryrun slurm"]
+        steps, before = [], 0
+        for label, code in ladder():
+            count = instructions([sys.executable, "-c", code], workdir)
+            steps.append((label, count, count - before))
+            before = count
+        print("\ninstructions, one run each (millions; ratio = / torchx's)")
+        for name, count in counts.items():
+            print(f"{name:<56}{count / 1e6:>9.1f}{count / base_ir:>8.2f}x")
+        print("where `render k8s` spends them (each program = the one above plus one step):")
+        for label, count, step in steps:
+            print(f"{label:<56}{count / 1e6:>9.1f}{count / base_ir:>8.2f}x  (+{step / 1e6:.1f})")
+        r.table("instructions of one run (millions, valgrind); ratio = / torchx's",
+                ["command", "M instructions", "vs torchx"],
+                [[f"`{name}`", f"{c / 1e6:.1f}", f"{c / base_ir:.2f}"] for name, c in counts.items()])
+        r.table("where `render k8s` spends them: each program is the one above plus one step",
+                ["program", "M instructions", "step", "vs torchx"],
+                [[label, f"{c / 1e6:.1f}", f"+{d / 1e6:.1f}", f"{c / base_ir:.2f}"] for label, c, d in steps])
+        r.doc["data"]["instructions"] = {"commands": counts, "ladder": {label: c for label, c, _ in steps}}
     r.save()
     return 0
 

@@ -38,7 +38,7 @@ SCRIPTS = [
     ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
-    ("render_speed", "render_speed.py", ["--repeats", "15"], ["--repeats", "7"], 300),
+    ("render_speed", "render_speed.py", ["--repeats", "15", "--instructions"], ["--repeats", "7", "--instructions"], 420),
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
