@@ -46,10 +46,11 @@ def test_threads_per_rank_for_each_target(target, env, cpus, threads, source):
     assert f"threads per rank: {threads} per rank (from {source})" in plan.notes
 
 
-def test_the_users_omp_num_threads_wins_then_train_threads():
+def test_train_threads_wins_then_the_users_omp_num_threads_in_launcher_and_worker_alike():
     env = {"DDPKIT_NPROC_PER_NODE": "2", "OMP_NUM_THREADS": "3"}
     plan = plan_launch(env, python="/py", cpus=CPUs(64, threads=5))
-    assert plan.env["OMP_NUM_THREADS"] == "3"
+    assert plan.env["OMP_NUM_THREADS"] == "5"
+    assert plan_launch(env, python="/py", cpus=CPUs(64)).env["OMP_NUM_THREADS"] == "3"
     assert threads_per_rank({}, CPUs(64, job=4.0, threads=5), 2, False) == ("5", "5 (train.threads)")
     assert trainer_threads(None, {"OMP_NUM_THREADS": "3"}, 8) == 3
     assert trainer_threads(7, {"OMP_NUM_THREADS": "3"}, 8) == 7

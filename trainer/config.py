@@ -259,7 +259,7 @@ class TrainConfig(BaseModel):
     )
     threads: int | None = Field(
         None, ge=1, le=1024,
-        description="CPU threads per rank (`torch.set_num_threads`); default: CPUs / local ranks.",
+        description="CPU threads per rank (`torch.set_num_threads`, and `OMP_NUM_THREADS` for the ranks: it wins over one in `env`); default: the job's OMP_NUM_THREADS, else CPUs / local ranks.",
     )
     eval_every_epochs: int = Field(
         1, ge=0, description="Evaluate on the held-out set every N epochs and at the end (0: never)."

@@ -284,15 +284,16 @@ def cgroup_cpus(root: str = "/sys/fs/cgroup") -> float | None:
 def threads_per_rank(env: Env, cpus: CPUs, ranks_on_node: int, one_task_per_rank: bool) -> tuple[str | None, str]:
     """`OMP_NUM_THREADS` for each rank (None: leave the user's) and why.
 
-    The user's `OMP_NUM_THREADS` wins, then `train.threads`; else the tightest of: the
+    `train.threads` wins (the worker sets it with `torch.set_num_threads` too), then the user's
+    `OMP_NUM_THREADS`; else the tightest of: the
     affinity (shared by the node's ranks, except a srun task's, which is its own), Slurm's
     `SLURM_CPUS_PER_TASK` (likewise), the cgroup quota and `resources.cpus_per_node` (both per
     node, shared by its ranks). torchrun alone would set 1 for every rank.
     """
-    if env.get("OMP_NUM_THREADS"):
-        return None, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} (set by the job)"
     if cpus.threads:
         return str(cpus.threads), f"{cpus.threads} (train.threads)"
+    if env.get("OMP_NUM_THREADS"):
+        return None, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} (set by the job)"
     share = 1 if one_task_per_rank else max(1, ranks_on_node)
     per_node = max(1, ranks_on_node)
     bounds = {"affinity": cpus.affinity / share}
