@@ -32,21 +32,21 @@ from bench_common import REPO, Result, is_root, load_average, results_dir  # noq
 
 # name, script, full arguments, light arguments (a loaded machine), timeout (s) with full arguments
 SCRIPTS = [
-    ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "120", "--repeats", "3"],
+    ("trainer_vs_textbook", "trainer_vs_textbook.py", ["--steps", "200", "--repeats", "3"],
      ["--steps", "120", "--repeats", "2"], 420),
     ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "30", "--repeats", "2"], 300),
     ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
-    ("render_speed", "render_speed.py", ["--repeats", "15", "--instructions"], ["--repeats", "7", "--instructions"], 420),
+    ("render_speed", "render_speed.py", ["--repeats", "7", "--instructions"], ["--repeats", "7", "--instructions"], 420),
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
-    # one checkpoint interval (a fault run, a fault-free run and a calibration: ~3.5 min here);
+    # one checkpoint interval (a fault run, a fault-free run and a calibration: ~3 min here);
     # `python bench/goodput.py` alone runs two intervals with a kill every 60 s (~15 min)
-    ("goodput", "goodput.py", ["--train-s", "80", "--fault-every", "40", "--intervals", "20"],
-     ["--train-s", "60", "--fault-every", "30", "--intervals", "20"], 600),
+    ("goodput", "goodput.py", ["--train-s", "60", "--fault-every", "30", "--intervals", "20"],
+     ["--train-s", "45", "--fault-every", "20", "--intervals", "20"], 600),
 ]
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
