@@ -57,7 +57,7 @@ REFUSALS = [
      "volumes: [{name: c, host_path: /lustre/c, mount: /ckpt}]\nslurm: {partition: gpu}\n", "slurm",
      None, "4: checkpoint.dir: /ckpt/a is under the mount of volume c"),
     ("restarts nothing implements", "restarts: 2\nslurm: {launcher: srun}\n", "slurm", None,
-     "3: restarts: 2 in srun mode, but nothing restarts"),
+     "3: restarts: 2 in srun mode, but with slurm.requeue off only a lost node"),
     ("CPUs that do not split over srun tasks", "gpus_per_node: 4\nresources: {cpus_per_node: 10}\n"
      "slurm: {launcher: srun}\n", "slurm", None, "4: resources.cpus_per_node: 10 CPUs over 4 Slurm tasks"),
     ("a time limit inside the signal lead", "time_limit: 90s\nslurm: {signal_seconds: 120}\n", "slurm",

@@ -55,8 +55,8 @@ def check(job: JobSpec) -> list[Problem]:
     problems += durability.slurm_problems(job)
     if s.launcher == "srun" and job.restarts and not s.requeue:
         problems.append(Problem(
-            "restarts", f"{job.restarts} in srun mode, but nothing restarts an srun-mode job "
-            "(no torchrun to restart workers, and slurm.requeue is off)",
+            "restarts", f"{job.restarts} in srun mode, but with slurm.requeue off only a lost node "
+            "would requeue the job; a crashed rank ends it (srun mode has no torchrun to restart workers)",
             "set slurm.requeue: true (requeue before the time limit), use slurm.launcher: "
             "torchrun, or set restarts: 0"))
     cpus = job.resources.cpus_per_node
