@@ -1,0 +1,100 @@
+"""The launch contract: what every target hands `python -m trainer.launch`, as one type.
+
+Standard library only: `deploy` (the renderers, `run --local`, submitit) and `trainer` (the
+launcher, the workers) both import it, and neither imports the other. Every fact that a
+producer and a reader must agree on lives here once: the `DDPKIT_*` variable names
+(`LaunchEnv`), the exit codes after a stop, the default rendezvous port, the stop grace, the
+launch command, and the Slurm port formula. docs/CONTRACT.md says the same in prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+#: torchrun's and Kubeflow Trainer's default rendezvous port (JobSet and Indexed Job use it too).
+DEFAULT_PORT = 29500
+#: Seconds between SIGTERM and SIGKILL when the target says nothing: ddpkit's default
+#: terminationGracePeriodSeconds and Slurm signal lead. torchrun gets it as --shutdown-timeout.
+DEFAULT_STOP_GRACE_S = 120
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+#: A bad job file, a bad launch environment, a missing script: retrying cannot help.
+EXIT_BAD_CONFIG = 2
+#: Stopped by a signal after every rank's stop checkpoint was complete (128 + SIGTERM).
+EXIT_STOPPED = 143
+#: Stopped by a signal with no checkpoint of that moment (killed mid-step or mid-save, or
+#: stopped before training began): what SIGKILL gives (128 + 9). A restart resumes from the
+#: previous checkpoint. Both stop codes are in Kubeflow's ExitCode policy's retryable range.
+EXIT_STOPPED_UNSAVED = 137
+
+#: The node-level entry point every target starts (the container image has `python`).
+LAUNCH_MODULE = "trainer.launch"
+LAUNCH_ARGV = ("python", "-m", LAUNCH_MODULE)
+
+#: Slurm: a port per job so that jobs sharing a node do not collide on one port.
+SLURM_PORT_BASE = 15000
+SLURM_PORT_SPAN = 10000
+
+
+def slurm_port(job_id: int) -> int:
+    """The rendezvous port of Slurm job `job_id`; the sbatch script's bash says the same:
+    `$((SLURM_PORT_BASE + SLURM_JOB_ID % SLURM_PORT_SPAN))`."""
+    return SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN
+
+
+def slurm_port_bash(job_id_var: str = "SLURM_JOB_ID") -> str:
+    """`slurm_port` as a bash arithmetic expansion, for the sbatch template."""
+    return f"$(({SLURM_PORT_BASE} + {job_id_var} % {SLURM_PORT_SPAN}))"
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """The `DDPKIT_*` variables a target sets for `trainer.launch` (docs/CONTRACT.md).
+
+    The field order is the order renderers write them in. None means "not set by this target"
+    (the launcher then reads the scheduler's own variables, `trainer.launch.CONTEXTS`).
+    """
+
+    job_file: str | None = None
+    run_id: str | None = None
+    nnodes: str | None = None  # N, or MIN:MAX for an elastic job
+    nproc_per_node: int | None = None
+    max_restarts: int | None = None
+    launcher: str | None = None  # torchrun (one task per node) | srun (one task per process)
+    stop_grace_s: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that are set, as strings, in field order."""
+        return {var(f.name): str(value) for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LaunchEnv:
+        """The contract as `env` carries it (unset or empty: None); ValueError names the
+        variable whose value is not a number where one is needed."""
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            text = env.get(var(f.name)) or None
+            if text is not None and f.type == "int | None":
+                try:
+                    text = int(text)
+                except ValueError:
+                    raise ValueError(f"{var(f.name)}={text!r} is not a number") from None
+            values[f.name] = text
+        return cls(**values)
+
+
+def var(field_name: str) -> str:
+    """The variable that carries `LaunchEnv.<field_name>`: `DDPKIT_<FIELD_NAME>`."""
+    return "DDPKIT_" + field_name.upper()
+
+
+#: Variables the launcher and the workers set for each other (not a target's to set).
+LAUNCH_T0_VAR = "DDPKIT_LAUNCH_T0"  # when the node's launch began (time.time()): launch cost
+TORCHRUN_T0_VAR = "DDPKIT_TORCHRUN_T0"  # when torchrun was started
+STOP_FILE_VAR = "DDPKIT_STOP_FILE"  # a worker writes the checkpointed step here on a stop
+CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
+PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
