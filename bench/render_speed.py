@@ -91,14 +91,14 @@ def ladder() -> list[tuple[str, str]]:
     steps = [
         ("Python itself", "pass\n"),
         ("+ argparse, pyyaml, pydantic and one model (the floor)", FLOOR_CODE),
-        ("+ ddpkit's helper modules", "import deploy.errors, deploy.k8s.names, deploy.image_forms, "
+        ("+ ddpkit's helper modules", "import deploy.errors, deploy.kube, deploy.image_forms, "
                                       "deploy.units, deploy.yamlfile, deploy.problems\n"),
         ("+ trainer.config (3 models)", "import trainer.config\n"),
         ("+ deploy.spec (13 models)", "import deploy.spec\n"),
         ("+ the argument parser", "import deploy.cli\ndeploy.cli.build_parser()\n"),
         ("+ reading and validating the job", f"job = deploy.spec.load_job({str(JOB)!r}, [])\n"),
-        ("+ the Kubernetes objects as YAML", "import deploy.render.k8s\n"
-                                             "deploy.render.k8s.render_k8s(job, flavor=None, source='job.yaml')\n"),
+        ("+ the Kubernetes objects as YAML", "import deploy.k8s.render\n"
+                                             "deploy.k8s.render.render_k8s(job, flavor=None, source='job.yaml')\n"),
     ]
     programs, code = [], ""
     for label, step in steps:

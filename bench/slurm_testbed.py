@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
-from deploy.submit import slurm as submit_slurm  # noqa: E402
+from deploy.slurm import submit as submit_slurm  # noqa: E402
 from deploy.testbed import slurm as testbed  # noqa: E402
 
 JOB = REPO / "examples" / "quickstart-2node.yaml"

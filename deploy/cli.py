@@ -17,7 +17,7 @@ from pathlib import Path
 
 from deploy import __version__
 from deploy.errors import RuntimeFailure, UserError
-from deploy.k8s.names import FLAVOR_KIND
+from deploy.kube import FLAVOR_KIND
 
 STARTER = Path(__file__).with_name("starter.yaml")
 
@@ -73,7 +73,7 @@ def _handle_module(handle: str):
     if not sep or scheme not in ("k8s", "slurm"):
         raise UserError(f"{handle!r} is not a job handle: expected k8s://NAMESPACE/FLAVOR/NAME "
                         "or slurm://JOBID (printed by `ddpkit submit`)")
-    return _module(f"deploy.submit.{scheme}", f"{scheme} jobs")
+    return _module(f"deploy.{scheme}.submit", f"{scheme} jobs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,12 +143,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_render(args: argparse.Namespace) -> int:
     job = _load(args)
     if args.target == "k8s":
-        text = _module("deploy.render.k8s", "rendering for Kubernetes").render_k8s(
+        text = _module("deploy.k8s.render", "rendering for Kubernetes").render_k8s(
             job, flavor=args.flavor, source=args.job)
     else:
         if args.flavor:
             raise UserError("--flavor applies to `render k8s` only")
-        text = _module("deploy.render.slurm", "rendering for Slurm").render_slurm(job, source=args.job)
+        text = _module("deploy.slurm.render", "rendering for Slurm").render_slurm(job, source=args.job)
     write_output(text, args.output)
     if args.target == "slurm":
         _make_log_dir(job.slurm.log_dir)
@@ -174,11 +174,11 @@ def _make_log_dir(log_dir: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     job = _load(args)
     if args.docker:
-        runner = _module("deploy.submit.docker", "`ddpkit run --docker`")
+        runner = _module("deploy.run.docker", "`ddpkit run --docker`")
         return runner.run_docker(job, args.job, flavor=args.flavor)
     if args.flavor:
         raise UserError("--flavor applies to `run --docker` only")
-    runner = _module("deploy.submit.local", "`ddpkit run --local`")
+    runner = _module("deploy.run.local", "`ddpkit run --local`")
     return runner.run_local(job, args.job, nproc=args.nproc)
 
 
@@ -187,12 +187,12 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.target == "k8s":
         if args.via:
             raise UserError("--via applies to `submit slurm` only")
-        handle = _module("deploy.submit.k8s", "submitting to Kubernetes").submit(
+        handle = _module("deploy.k8s.submit", "submitting to Kubernetes").submit(
             job, flavor=args.flavor, dry_run=args.dry_run, source=args.job)
     else:
         if args.flavor:
             raise UserError("--flavor applies to `submit k8s` only")
-        handle = _module("deploy.submit.slurm", "submitting to Slurm").submit(
+        handle = _module("deploy.slurm.submit", "submitting to Slurm").submit(
             job, source=args.job, via=args.via or "sbatch", dry_run=args.dry_run)
     print(handle)
     return 0
@@ -219,7 +219,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    return _module("deploy.lint", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds,
+    return _module("deploy.lint.command", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds,
                                                            k8s_version=args.k8s_version,
                                                            strict=args.strict)
 

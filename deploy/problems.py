@@ -2,8 +2,8 @@
 renderers report them the same way.
 
 - `JobSpec` validation (deploy/spec.py) finds what is wrong whatever the target.
-- Each target has `check(job) -> list[Problem]`: the Slurm renderer (`deploy.render.slurm.check`)
-  and the Kubernetes renderer (`deploy.render.k8s.check(job, flavor)`, which asks the flavor's
+- Each target has `check(job) -> list[Problem]`: the Slurm renderer (`deploy.slurm.render.check`)
+  and the Kubernetes renderer (`deploy.k8s.render.check(job, flavor)`, which asks the flavor's
   own check). A check never raises; it lists everything the target cannot do with the job.
 - `target_problems(job, target)` runs one target's check; `refuse(job, problems)` turns the
   problems into one `UserError`, each line `FILE:LINE: dotted.path: message; fix` through the
@@ -59,11 +59,11 @@ class Problems(ValueError):
 def target_problems(job: JobSpec, target: str, *, flavor: str | None = None) -> list[Problem]:
     """What `target` (`k8s`, with `flavor` or k8s.flavor, or `slurm`) cannot do with `job`."""
     if target == "slurm":
-        from deploy.render.slurm import check
+        from deploy.slurm.render import check
 
         return check(job)
     if target == "k8s":
-        from deploy.render.k8s import check
+        from deploy.k8s.render import check
 
         return check(job, flavor or job.k8s.flavor)
     raise ValueError(f"unknown target {target!r}")

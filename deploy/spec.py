@@ -31,7 +31,7 @@ from pydantic import (
 from deploy import units
 from deploy.errors import UserError
 from deploy.image_forms import IMAGE_PATTERN
-from deploy.k8s.names import (
+from deploy.kube import (
     DNS1035_LABEL,
     DNS1123_LABEL,
     DNS1123_SUBDOMAIN,

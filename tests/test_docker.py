@@ -1,7 +1,7 @@
 """`ddpkit run --docker` without a daemon: what each controller would do to the rendered pods.
 
 The manifests are the real renderer's output for the examples, parsed back as YAML; the pods,
-their environment, DNS names and volumes are what `deploy.submit.docker` would hand to
+their environment, DNS names and volumes are what `deploy.run.docker` would hand to
 `docker create`. The end-to-end runs are in test_docker_e2e.py.
 """
 
@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from deploy.errors import UserError
-from deploy.render.k8s import render_objects
+from deploy.k8s.render import render_objects
 from deploy.spec import load_job
-from deploy.submit import docker as dk
+from deploy.run import docker as dk
 from tests.conftest import REPO
 
 QUICK = str(REPO / "examples" / "quickstart-2node.yaml")

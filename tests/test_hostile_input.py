@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
 from deploy.errors import UserError
-from deploy.render import k8s
-from deploy.render.slurm import render_slurm
+from deploy.k8s import render as k8s
+from deploy.slurm.render import render_slurm
 from deploy.spec import parse_job
 
 pytestmark = pytest.mark.slow  # bash and the renderers, 25 examples per property

@@ -508,9 +508,9 @@ def failures(out: Path) -> int:
 
 def emulated_limit(path: Path):
     """What `run --docker` would do with the same job (deploy/submit/docker.py restart_policy)."""
-    from deploy.render.k8s import render_objects
+    from deploy.k8s.render import render_objects
     from deploy.spec import load_job
-    from deploy.submit.docker import restart_policy
+    from deploy.run.docker import restart_policy
 
     return restart_policy(render_objects(load_job(str(path))))
 
@@ -577,8 +577,8 @@ def test_pytorchjob_exit_code_policy_recreates_128_to_255_without_limit_and_fail
     the job at once on any other. A recreated pod starts at restart count 0, so
     runPolicy.backoffLimit (3 here) never stops a retryable loop (kubeflow/trainer#2045): 4
     failures pass. `run --docker` plans the same, and `ddpkit lint` warns about the policy."""
-    from deploy.lint import lint_object
-    from deploy.submit.docker import restart_policy
+    from deploy.lint.command import lint_object
+    from deploy.run.docker import restart_policy
 
     runs = {}
     for name, code, fails in (("ec-retryable", 137, 4), ("ec-fatal", 1, 1)):

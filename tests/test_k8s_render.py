@@ -1,4 +1,4 @@
-"""deploy.render.k8s: goldens per flavor x example, lint of every rendered object, behaviours."""
+"""deploy.k8s.render: goldens per flavor x example, lint of every rendered object, behaviours."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import re
 import pytest
 import yaml
 
-from deploy import lint
+from deploy.lint import command as lint
 from deploy.errors import UserError
 from deploy.k8s import flavor as flavor_module
-from deploy.k8s.names import KUEUE_QUEUE_LABEL
-from deploy.render import k8s
+from deploy.kube import KUEUE_QUEUE_LABEL
+from deploy.k8s import render as k8s
 from deploy.spec import load_job, parse_job
-from deploy.submit.docker import controller_pods, resolve_env
+from deploy.run.docker import controller_pods, resolve_env
 from tests.conftest import EXAMPLES, ddpkit
 from tests.crds import crd_dir
 
@@ -417,7 +417,7 @@ def test_dollar_var_means_what_it_means_on_slurm_literal(flavor):
     """`$(VAR)` in env and command reaches the process as written on every target: Slurm exports
     it verbatim (test_slurm_render), and here Kubernetes' expansion (`$(VAR)`, `$$` escape, as
     the Docker runner applies it) must give back the same text."""
-    from deploy.submit.docker import expand
+    from deploy.run.docker import expand
 
     written = {"A": "x", "B": "$(A)-$$-$HOME-$(UNSET)"}
     spec = job(env=written, command=["echo", "$(A)", "$$(A)"])

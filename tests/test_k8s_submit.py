@@ -1,4 +1,4 @@
-"""deploy.submit.k8s with a fake cluster: submit, status, logs, cancel, API errors."""
+"""deploy.k8s.submit with a fake cluster: submit, status, logs, cancel, API errors."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import pytest
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import FLAVORS, flavor_of_kind
-from deploy.k8s.names import COMPLETION_INDEX_KEY
+from deploy.kube import COMPLETION_INDEX_KEY
 from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDEX
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
 from deploy.spec import parse_job
-from deploy.submit import k8s as sub
+from deploy.k8s import submit as sub
 
 
 class FakeCluster:
@@ -268,8 +268,8 @@ def test_every_flavor_submits_through_known_kinds_and_cancel_removes_all_of_it(f
 def test_node_rank_of_every_pod_the_controllers_make_is_its_rank(flavor, nodes):
     """`ddpkit logs --rank` reads ranks from pod labels and annotations as the controllers set
     them (the emulation `--docker` runs) and finds each node's pod."""
-    from deploy.render.k8s import render_objects
-    from deploy.submit.docker import controller_pods
+    from deploy.k8s.render import render_objects
+    from deploy.run.docker import controller_pods
 
     made = controller_pods(render_objects(job(nodes=nodes), flavor=flavor))
     listed = [{"metadata": {"name": p.name, "labels": p.labels, "annotations": p.annotations}}
@@ -322,7 +322,7 @@ def test_submit_module_does_not_import_kubernetes_until_a_real_cluster_is_needed
     import subprocess
     import sys
 
-    code = ("import sys, deploy.submit.k8s, deploy.render.k8s, deploy.lint; "
+    code = ("import sys, deploy.k8s.submit, deploy.k8s.render, deploy.lint; "
             "print('kubernetes' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

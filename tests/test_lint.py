@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy import lint
+from deploy.lint import command as lint
 from deploy.lint import advice, schema
 
 REPO = Path(__file__).resolve().parents[1]
@@ -386,7 +386,7 @@ def test_rule_pod_template(crds):
 
 
 def indexed_job_file(**service_spec):
-    from deploy.render.k8s import render_objects
+    from deploy.k8s.render import render_objects
     from deploy.spec import parse_job
 
     objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True}}), flavor="job")
@@ -418,9 +418,9 @@ def test_every_rule_has_a_test():
 ])
 def test_longest_hostname_is_the_longest_the_controllers_give(flavor, nodes):
     """lint's per-kind pod naming agrees with the controller emulation `--docker` runs."""
-    from deploy.render.k8s import render_objects
+    from deploy.k8s.render import render_objects
     from deploy.spec import parse_job
-    from deploy.submit.docker import controller_pods
+    from deploy.run.docker import controller_pods
 
     objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": nodes,
                                             "checkpoint": {"ephemeral": True}}), flavor=flavor)
@@ -473,7 +473,7 @@ def test_lint_never_crashes_on_malformed_objects(crds):
     problems, one line each, and never raises (a traceback would be a bug of ours)."""
     import random
 
-    from deploy.render import k8s
+    from deploy.k8s import render as k8s
     from deploy.spec import parse_job
 
     spec = parse_job({"name": "d", "image": "i:1", "nodes": 2, "gpus_per_node": 2, "checkpoint": {"ephemeral": True}})

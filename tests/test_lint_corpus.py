@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy import lint
+from deploy.lint import command as lint
 from tests.conftest import EXAMPLES, IN_CI, REPO, require
 
 CORPUS = REPO / "tests" / "lint_corpus"
@@ -162,7 +162,7 @@ def test_lint_agrees_with_the_live_api_server(server, path):
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_every_current_rendering_is_accepted_by_the_server_and_by_lint(server, example, flavor):
     from deploy.errors import UserError
-    from deploy.render.k8s import render_k8s
+    from deploy.k8s.render import render_k8s
     from deploy.spec import load_job
 
     try:

@@ -70,7 +70,7 @@ def test_every_dependency_is_imported_and_the_python_claim_is_one():
 
 def test_installed_copy_is_used_outside_the_repo(installed, tmp_path):
     _, target = installed
-    probe = "import deploy.render as r; print(r.template_dir('slurm'))"
+    probe = "import deploy.slurm.template as r; print(r.template_dir('slurm'))"
     env = {**os.environ, "PYTHONPATH": str(target)}
     result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.stdout.strip().startswith(str(target)), result.stdout + result.stderr

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.submit import slurm as submit_slurm
+from deploy.slurm import submit as submit_slurm
 from deploy.testbed import slurm as testbed
 from tests.conftest import IN_CI, REPO, ddpkit, require
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from deploy.errors import UserError
-from deploy.render.slurm import render_slurm
+from deploy.slurm.render import render_slurm
 from deploy.spec import load_job, parse_job
 from tests.conftest import EXAMPLES, REPO, ddpkit, require, venv_tool
 
@@ -386,7 +386,7 @@ def test_settings_without_meaning_on_slurm_are_named_in_the_header():
     ("images/t.sqsh", None, "images/t.sqsh"),
 ])
 def test_each_runtime_gets_the_image_form_it_reads(image, apptainer, pyxis):
-    from deploy.render import shquote
+    from deploy.slurm.template import shquote
 
     for container, want in (("apptainer", apptainer), ("pyxis", pyxis)):
         job = job_from(BASE, f"image={image}", f"slurm.container={container}")
@@ -434,7 +434,7 @@ def test_typed_gpus_all_memory_and_gpu_cpus():
                                          "slurm.launcher=srun", "slurm.requeue=true")))
     assert "--gres=gpu:h100:8" in d and "--cpus-per-task=4" in d
     # --mem=0 is Slurm's alone: the Kubernetes pod asks for no memory at all
-    from deploy.render.k8s import render_objects
+    from deploy.k8s.render import render_objects
 
     objs = render_objects(job_from(gpu, "slurm.all_memory=true", "nodes=1", "restarts=0"), flavor="job")
     [pod] = [o for o in objs if o["kind"] == "Job"]

@@ -1,4 +1,4 @@
-"""`deploy.submit.slurm` against a recorded stand-in for the Slurm commands (unit tests; the real
+"""`deploy.slurm.submit` against a recorded stand-in for the Slurm commands (unit tests; the real
 cluster is in tests/test_slurm_e2e.py)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.render.slurm import render_slurm
+from deploy.slurm.render import render_slurm
 from deploy.spec import parse_job
-from deploy.submit import slurm
+from deploy.slurm import submit as slurm
 from tests.conftest import ddpkit
 
 JOB = parse_job(yaml.safe_load("""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from deploy.submit.local import free_port  # noqa: F401  (re-exported for the tests)
+from deploy.run.local import free_port  # noqa: F401  (re-exported for the tests)
 
 REPO = Path(__file__).resolve().parent.parent
 # Small and quiet by default: 1 thread per rank, no eval, no plot.

@@ -1,7 +1,7 @@
 """Kubernetes flavors: one module each (`pytorchjob`, `trainjob`, `jobset`, `job`).
 
 A flavor module owns everything about its workload: the objects it builds (plain dicts,
-serialized once by `deploy.render.k8s`), its names and DNS endpoint, its API coordinates, what
+serialized once by `deploy.k8s.render`), its names and DNS endpoint, its API coordinates, what
 it cannot express (`check`), how its status conditions map to ddpkit's states (`state`), how a
 pod's node rank is read (`node_rank`), and what its controller makes of the object: the pods
 and the injected env (`pods`) and the restart behaviour (`restarts`), which `ddpkit run
@@ -15,7 +15,7 @@ and the injected env (`pods`) and the restart behaviour (`restarts`), which `ddp
 
 Layers (no import cycles): `names` (standard library only; the job model `deploy.spec` uses
 it) < `spec` < `pod` (the pod template and the checks every flavor shares) and `controller`
-(what controllers make of pods, for `--docker`) < the flavor modules < `deploy.render.k8s`,
+(what controllers make of pods, for `--docker`) < the flavor modules < `deploy.k8s.render`,
 `deploy.submit.{k8s,docker}`, `deploy.lint`. A flavor module imports no third-party package, so
 `status`, `logs`, `cancel` and `lint` load it cheaply.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from deploy.k8s.names import FLAVOR_KIND, FLAVORS
+from deploy.kube import FLAVOR_KIND, FLAVORS
 
 __all__ = ["FLAVORS", "flavor", "flavor_of_kind"]
 

@@ -16,7 +16,7 @@ import copy
 from dataclasses import dataclass, field
 
 from deploy.errors import UserError
-from deploy.k8s.names import COMPLETION_INDEX_KEY
+from deploy.kube import COMPLETION_INDEX_KEY
 
 CLUSTER_DOMAIN = "cluster.local"
 INDEX_FAILURES_KEY = "batch.kubernetes.io/job-index-failure-count"

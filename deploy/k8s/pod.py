@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deploy.k8s.names import (
+from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
     JOB_FILE_PATH,
@@ -391,7 +391,7 @@ def deadline(job: JobSpec) -> int | None:
 def common_refusals(job: JobSpec, flavor: str) -> list[Problem]:
     """Refusals shared by the flavors other than `pytorchjob` (which has elasticPolicy,
     schedulingPolicy and cleanPodPolicy)."""
-    from deploy.k8s.names import FLAVOR_KIND
+    from deploy.kube import FLAVOR_KIND
 
     problems: list[Problem] = []
     k8s = job.k8s
@@ -425,7 +425,7 @@ def pod_keys(pod: dict) -> dict[str, str]:
 
 
 def completion_index(pod: dict) -> int | None:
-    from deploy.k8s.names import COMPLETION_INDEX_KEY
+    from deploy.kube import COMPLETION_INDEX_KEY
 
     index = str(pod_keys(pod).get(COMPLETION_INDEX_KEY, ""))
     return int(index) if index.isdigit() else None

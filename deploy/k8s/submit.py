@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
-from deploy.k8s.names import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
+from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -245,7 +245,7 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
     applied once more with the workload as their owner, so Kubernetes deletes them with it (on
     cancel, or after ttlSecondsAfterFinished) and the same job can be submitted again.
     """
-    from deploy.render.k8s import render_objects
+    from deploy.k8s.render import render_objects
 
     flavor = flavor or job.k8s.flavor
     objects = render_objects(job, flavor=flavor)

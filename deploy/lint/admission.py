@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from deploy.lint.admission import jobset, pytorchjob, trainjob
+from deploy.k8s.jobset import operator as jobset
+from deploy.k8s.pytorchjob import operator as pytorchjob
+from deploy.k8s.trainjob import operator as trainjob
 from deploy.lint.report import Finding
 
 

@@ -29,7 +29,7 @@ import re
 
 from deploy import __version__, durability, image_forms, units
 from deploy.problems import Problem, require
-from deploy.render import render_template, shquote
+from deploy.slurm.template import render_template, shquote
 from deploy.spec import JobSpec
 from deploy.units import slurm_time
 

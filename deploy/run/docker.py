@@ -47,7 +47,7 @@ from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
 from deploy.k8s import flavor_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
-from deploy.k8s.names import FLAVOR_KIND
+from deploy.kube import FLAVOR_KIND
 from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
 
 #: Label on every container and network this module creates (for manual clean-up:
@@ -512,7 +512,7 @@ def default_run_dir(job, flavor: str) -> Path:
 def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | None = None,
                host_env: dict[str, str] | None = None) -> int:
     """Render `job` for Kubernetes and run its pods as containers; return the job's exit code."""
-    from deploy.render.k8s import parse_objects, render_k8s
+    from deploy.k8s.render import parse_objects, render_k8s
 
     flavor = flavor or job.k8s.flavor
     objects = parse_objects(render_k8s(job, flavor=flavor, source=source))
@@ -551,7 +551,7 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
     finally:
         signal.signal(signal.SIGTERM, previous)
     if runner.summary is not None:
-        from deploy.submit.local import format_summary
+        from deploy.run.local import format_summary
 
         print(f"\n{job.name}: {runner.summary.get('status')} ({flavor} in Docker)\n"
               f"{format_summary(runner.summary)}", flush=True)

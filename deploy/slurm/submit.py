@@ -95,7 +95,7 @@ def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool 
         if dry_run:
             raise UserError("--dry-run is not available with --via submitit; use --via sbatch")
         return _submit_submitit(job, cwd=cwd)
-    from deploy.render.slurm import render_slurm
+    from deploy.slurm.render import render_slurm
 
     script = render_slurm(job, source=source)
     workdir = Path(cwd or os.getcwd())
@@ -149,7 +149,7 @@ def _submit_submitit(job, *, cwd) -> str:
                              "pip install 'ddpkit[slurm]'") from None
     if shutil.which("sbatch") is None:
         raise RuntimeFailure(_NO_SLURM.format(cmd="sbatch"))
-    from deploy.render import slurm as render
+    from deploy.slurm import render
 
     s = job.slurm
     workdir = Path(cwd or os.getcwd())
@@ -207,7 +207,7 @@ def _submit_submitit(job, *, cwd) -> str:
 def _container_argv(job) -> list[str]:
     """The Apptainer prefix of the launch command (the sbatch script's, as an argv)."""
     from deploy import image_forms
-    from deploy.render import slurm as render
+    from deploy.slurm import render
 
     if job.slurm.container != "apptainer":
         return []
@@ -222,7 +222,7 @@ def _container_argv(job) -> list[str]:
 def _submitit_setup(job) -> list[str]:
     """Lines submitit runs before its srun, as the sbatch script runs them: modules, setup
     lines, the venv or conda prefix (without a container), env, and the secret_env check."""
-    from deploy.render import shquote
+    from deploy.slurm.template import shquote
 
     s = job.slurm
     lines = ["set +u"] + [f"module load {shquote(m)}" for m in s.modules] + list(s.setup)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from deploy.k8s import pod as podlib
 from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, job_restarts, service_names
-from deploy.k8s.names import COMPLETION_INDEX_KEY, pod_selector
+from deploy.kube import COMPLETION_INDEX_KEY, pod_selector
 from deploy.problems import Problem
 
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""Slurm: one SbatchRequest, laid out by the sbatch template and mapped by submitit."""
