@@ -15,8 +15,8 @@ import yaml
 
 from deploy.errors import UserError
 from deploy.k8s.render import render_objects
-from deploy.spec import load_job
 from deploy.run import docker as dk
+from deploy.spec import load_job
 from tests.conftest import REPO
 
 QUICK = str(REPO / "examples" / "quickstart-2node.yaml")

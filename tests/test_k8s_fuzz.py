@@ -13,11 +13,11 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from deploy.lint import command as lint
 from deploy.errors import UserError
 from deploy.k8s import render as k8s
-from deploy.spec import parse_job, reserved_env_reason
+from deploy.lint import command as lint
 from deploy.run.docker import controller_pods, resolve_env
+from deploy.spec import parse_job, reserved_env_reason
 from tests.crds import crd_dir
 
 NAME = st.from_regex(r"\A[a-z]([a-z0-9-]{0,16}[a-z0-9])?\Z")

@@ -7,13 +7,13 @@ import re
 import pytest
 import yaml
 
-from deploy.lint import command as lint
 from deploy.errors import UserError
 from deploy.k8s import flavor as flavor_module
-from deploy.kube import KUEUE_QUEUE_LABEL
 from deploy.k8s import render as k8s
-from deploy.spec import load_job, parse_job
+from deploy.kube import KUEUE_QUEUE_LABEL
+from deploy.lint import command as lint
 from deploy.run.docker import controller_pods, resolve_env
+from deploy.spec import load_job, parse_job
 from tests.conftest import EXAMPLES, ddpkit
 from tests.crds import crd_dir
 

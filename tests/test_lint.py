@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy.lint import command as lint
 from deploy.lint import advice, schema
+from deploy.lint import command as lint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -419,8 +419,8 @@ def test_every_rule_has_a_test():
 def test_longest_hostname_is_the_longest_the_controllers_give(flavor, nodes):
     """lint's per-kind pod naming agrees with the controller emulation `--docker` runs."""
     from deploy.k8s.render import render_objects
-    from deploy.spec import parse_job
     from deploy.run.docker import controller_pods
+    from deploy.spec import parse_job
 
     objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": nodes,
                                             "checkpoint": {"ephemeral": True}}), flavor=flavor)

@@ -47,8 +47,8 @@ from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
 from deploy.k8s import flavor_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
-from deploy.kube import FLAVOR_KIND
 from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
+from deploy.kube import FLAVOR_KIND
 
 #: Label on every container and network this module creates (for manual clean-up:
 #: `docker rm -f $(docker ps -aq --filter label=ddpkit.run)`).
