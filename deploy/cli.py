@@ -9,7 +9,6 @@ fast.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 from deploy import __version__
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import FLAVOR_KIND
+from deploy.targets import REGISTRY, TARGETS, load_module, of_handle, refuse_option
 
 STARTER = Path(__file__).with_name("starter.yaml")
 
@@ -30,19 +30,6 @@ def _load(args: argparse.Namespace):
     from deploy.spec import load_job
 
     return load_job(args.job, args.set or [])
-
-
-def _module(name: str, what: str):
-    """Import a part of ddpkit lazily; a missing optional dependency is one clear line."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (exc.name == name or name.startswith(exc.name + ".")):
-            raise RuntimeFailure(f"{what} is not available in this ddpkit build") from None
-        extra = {"kubernetes": "k8s", "submitit": "slurm", "hostlist": "slurm", "torch": "train",
-                 "matplotlib": "train"}.get((exc.name or "").split(".")[0])
-        hint = f"pip install 'ddpkit[{extra}]'" if extra else f"pip install {exc.name}"
-        raise RuntimeFailure(f"{what} needs the Python package {exc.name!r}: {hint}") from None
 
 
 def write_output(text: str, output: str | None) -> None:
@@ -66,14 +53,6 @@ def write_output(text: str, output: str | None) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _handle_module(handle: str):
-    scheme, sep, _ = handle.partition("://")
-    if not sep or scheme not in ("k8s", "slurm"):
-        raise UserError(f"{handle!r} is not a job handle: expected k8s://NAMESPACE/FLAVOR/NAME "
-                        "or slurm://JOBID (printed by `ddpkit submit`)")
-    return _module(f"deploy.{scheme}.submit", f"{scheme} jobs")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,14 +102,14 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from deploy.problems import refuse, target_problems, targets_of
+    from deploy.problems import refuse
+    from deploy.targets import targets_of
 
     job = _load(args)
     if args.flavor and args.target == "slurm":
         raise UserError("--flavor applies to --target k8s only")
     targets = [args.target] if args.target else (["k8s"] if args.flavor else targets_of(job))
-    problems = [p for t in targets for p in target_problems(job, t, flavor=args.flavor)]
-    refuse(job, problems)
+    refuse(job, [p for t in targets for p in REGISTRY[t].check(job, args.flavor if t == "k8s" else None)])
     checked = ", ".join(f"k8s ({args.flavor or job.k8s.flavor})" if t == "k8s" else t for t in targets)
     nodes = f"{job.nodes} nodes" if job.nodes.elastic else f"{job.nodes.min} node(s)"
     device = f"{job.gpus_per_node} GPU(s)" if job.gpus_per_node else "CPU"
@@ -142,90 +121,55 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     job = _load(args)
-    if args.target == "k8s":
-        text = _module("deploy.k8s.render", "rendering for Kubernetes").render_k8s(
-            job, flavor=args.flavor, source=args.job)
-    else:
-        if args.flavor:
-            raise UserError("--flavor applies to `render k8s` only")
-        text = _module("deploy.slurm.render", "rendering for Slurm").render_slurm(job, source=args.job)
-    write_output(text, args.output)
-    if args.target == "slurm":
-        _make_log_dir(job.slurm.log_dir)
+    refuse_option(args.target, "render", flavor=args.flavor)
+    target = REGISTRY[args.target]
+    write_output(target.render(job, flavor=args.flavor, source=args.job), args.output)
+    target.after_render(job)
     return 0
-
-
-def _make_log_dir(log_dir: str) -> None:
-    """sbatch opens `--output` before the script runs and fails the job, silently, when its
-    directory is missing: so `ddpkit render slurm job.yaml -o job.sbatch && sbatch job.sbatch`
-    works as written, the log directory (relative: to here, where sbatch runs) is created now."""
-    path = Path(log_dir)
-    if path.is_dir():
-        return
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        print(f"created {log_dir}/ for the job's log (sbatch needs it before the job starts)",
-              file=sys.stderr)
-    except OSError as exc:
-        print(f"note: could not create {log_dir}/ ({exc.strerror}): create it before sbatch, "
-              "which fails a job whose log directory is missing", file=sys.stderr)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     job = _load(args)
     if args.docker:
-        runner = _module("deploy.run.docker", "`ddpkit run --docker`")
+        runner = load_module("deploy.run.docker", "`ddpkit run --docker`")
         return runner.run_docker(job, args.job, flavor=args.flavor)
     if args.flavor:
         raise UserError("--flavor applies to `run --docker` only")
-    runner = _module("deploy.run.local", "`ddpkit run --local`")
+    runner = load_module("deploy.run.local", "`ddpkit run --local`")
     return runner.run_local(job, args.job, nproc=args.nproc)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     job = _load(args)
-    if args.target == "k8s":
-        if args.via:
-            raise UserError("--via applies to `submit slurm` only")
-        handle = _module("deploy.k8s.submit", "submitting to Kubernetes").submit(
-            job, flavor=args.flavor, dry_run=args.dry_run, source=args.job)
-    else:
-        if args.flavor:
-            raise UserError("--flavor applies to `submit k8s` only")
-        handle = _module("deploy.slurm.submit", "submitting to Slurm").submit(
-            job, source=args.job, via=args.via or "sbatch", dry_run=args.dry_run)
-    print(handle)
+    refuse_option(args.target, "submit", via=args.via, flavor=args.flavor)
+    print(REGISTRY[args.target].submit(job, dry_run=args.dry_run, source=args.job,
+                                       flavor=args.flavor, via=args.via))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    module = _handle_module(args.handle)
-    print(getattr(module, "describe", module.status)(args.handle))
+    print(of_handle(args.handle).describe(args.handle))
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    return _handle_module(args.handle).logs(args.handle, rank=args.rank, follow=args.follow) or 0
+    return of_handle(args.handle).logs(args.handle, rank=args.rank, follow=args.follow)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    module = _handle_module(args.handle)
-    if args.wait is None:
-        module.cancel(args.handle)
-    else:
-        module.cancel(args.handle, wait_s=args.wait)
+    of_handle(args.handle).cancel(args.handle, wait_s=args.wait)
     print(f"cancelled {args.handle}")
     return 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
-    return _module("deploy.lint.command", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds,
+    return load_module("deploy.lint.command", "`ddpkit lint`").run_lint(args.files, crds_dir=args.crds,
                                                            k8s_version=args.k8s_version,
                                                            strict=args.strict)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    plot = _module("trainer.plot", "`ddpkit plot`")
+    plot = load_module("trainer.plot", "`ddpkit plot`")
     try:
         path = plot.plot_runs(args.run_dir, args.output)
     except (FileNotFoundError, ValueError) as e:
@@ -235,11 +179,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_image(args: argparse.Namespace) -> int:
-    return _module("deploy.image", "`ddpkit image`").main(args)
+    return load_module("deploy.image", "`ddpkit image`").main(args)
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
-    return _module(f"deploy.testbed.{args.kind}", f"the {args.kind} testbed").main(args.action)
+    return load_module(f"deploy.testbed.{args.kind}", f"the {args.kind} testbed").main(args.action)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,7 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "validate", cmd_validate, "check a job file; print every problem at once",
                  "ddpkit validate examples/multinode-gpu.yaml --set nodes=4")
     _with_job(p)
-    p.add_argument("--target", choices=["k8s", "slurm"],
+    p.add_argument("--target", choices=list(TARGETS),
                    help="check for this target only (default: the targets whose section, k8s: "
                         "or slurm:, the job writes; every target when it writes neither)")
     p.add_argument("--flavor", choices=list(FLAVOR_KIND),
@@ -290,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "render", cmd_render, "print Kubernetes manifests or an sbatch script",
                  "ddpkit render k8s examples/multinode-gpu.yaml | kubectl apply -f -\n"
                  "  ddpkit render slurm examples/multinode-gpu.yaml -o job.sbatch && sbatch job.sbatch")
-    p.add_argument("target", choices=["k8s", "slurm"], metavar="TARGET", help="k8s or slurm")
+    p.add_argument("target", choices=list(TARGETS), metavar="TARGET", help="k8s or slurm")
     _with_job(p)
     p.add_argument("--flavor", choices=list(FLAVOR_KIND),
                    help="k8s: override k8s.flavor")
@@ -309,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "submit", cmd_submit, "submit to a cluster; print a job handle",
                  "ddpkit submit slurm examples/quickstart-2node.yaml")
-    p.add_argument("target", choices=["k8s", "slurm"], metavar="TARGET", help="k8s or slurm")
+    p.add_argument("target", choices=list(TARGETS), metavar="TARGET", help="k8s or slurm")
     _with_job(p)
     p.add_argument("--dry-run", action="store_true",
                    help="k8s: server-side dry run; slurm: sbatch --test-only")

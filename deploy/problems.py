@@ -1,19 +1,15 @@
 """One mechanism for every refusal: a check returns `Problem`s, `ddpkit validate` and the
-renderers report them the same way.
+renderers report them the same way. A leaf: it imports no renderer and dispatches nothing.
 
 - `JobSpec` validation (deploy/spec.py) finds what is wrong whatever the target.
-- Each target has `check(job) -> list[Problem]`: the Slurm renderer (`deploy.slurm.render.check`)
-  and the Kubernetes renderer (`deploy.k8s.render.check(job, flavor)`, which asks the flavor's
-  own check). A check never raises; it lists everything the target cannot do with the job.
-- `target_problems(job, target)` runs one target's check; `refuse(job, problems)` turns the
-  problems into one `UserError`, each line `FILE:LINE: dotted.path: message; fix` through the
-  job file's line map (or `--set KEY` when an override set the field).
-- Renderers call `require(job, target)` first, so `render`, `submit` and `run --docker` stop with
-  exactly the lines `ddpkit validate` prints, before anything is written.
-
-Which targets `ddpkit validate` checks: `--target` when given; else the targets whose section
-(`k8s:`, `slurm:`) the job file (or a `--set`) writes; a job with neither section is checked
-for every target, and one with both for both.
+- Each target's renderer has `check(job, flavor) -> list[Problem]` (deploy/targets.py is the
+  registry): `deploy.slurm.render.check` and `deploy.k8s.render.check`, which asks the flavor's
+  own check. A check never raises; it lists everything the target cannot do with the job.
+- `refuse(job, problems)` turns the problems into one `UserError`, each line
+  `FILE:LINE: dotted.path: message; fix` through the job file's line map (or `--set KEY` when
+  an override set the field).
+- Renderers refuse their own check's problems first, so `render`, `submit` and `run --docker`
+  stop with exactly the lines `ddpkit validate` prints, before anything is written.
 """
 
 from __future__ import annotations
@@ -25,10 +21,6 @@ from deploy.errors import UserError
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
-
-#: Every target a job renders for; `k8s` is one target with several flavors.
-TARGETS = ("k8s", "slurm")
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -56,19 +48,6 @@ class Problems(ValueError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
-def target_problems(job: JobSpec, target: str, *, flavor: str | None = None) -> list[Problem]:
-    """What `target` (`k8s`, with `flavor` or k8s.flavor, or `slurm`) cannot do with `job`."""
-    if target == "slurm":
-        from deploy.slurm.render import check
-
-        return check(job)
-    if target == "k8s":
-        from deploy.k8s.render import check
-
-        return check(job, flavor or job.k8s.flavor)
-    raise ValueError(f"unknown target {target!r}")
-
-
 def refuse(job: JobSpec, problems: list[Problem]) -> None:
     """Raise one UserError with a located line per problem (nothing when there are none)."""
     if problems:
@@ -78,14 +57,3 @@ def refuse(job: JobSpec, problems: list[Problem]) -> None:
             if line not in lines:
                 lines.append(line)
         raise UserError(*lines)
-
-
-def require(job: JobSpec, target: str, *, flavor: str | None = None) -> None:
-    """Stop (UserError) when `target` cannot run `job`: what renderers call first."""
-    refuse(job, target_problems(job, target, flavor=flavor))
-
-
-def targets_of(job: JobSpec) -> list[str]:
-    """The targets a job is meant for: the sections it writes, else all of them."""
-    written = [t for t in TARGETS if t in job.model_fields_set]
-    return written or list(TARGETS)

@@ -17,20 +17,21 @@ from deploy import durability, image_forms
 from deploy.k8s import FLAVORS
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import pod as podlib
-from deploy.problems import Problem, require
+from deploy.problems import Problem, refuse
 from deploy.yamlfile import dump_documents, load_documents
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
 
-__all__ = ["FLAVORS", "check", "literal", "render_k8s", "render_objects", "parse_objects"]
+__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "parse_objects"]
 
 literal = podlib.literal
 
 
-def check(job: JobSpec, flavor: str) -> list[Problem]:
-    """Everything the job asks that `flavor` cannot say: the flavor module's own check
-    (deploy/problems.py: what `ddpkit validate` and the renderer report)."""
+def check(job: JobSpec, flavor: str | None = None) -> list[Problem]:
+    """Everything the job asks that `flavor` (default: k8s.flavor) cannot say: the flavor
+    module's own check (deploy/problems.py: what `ddpkit validate` and the renderer report)."""
+    flavor = flavor or job.k8s.flavor
     if flavor not in FLAVORS:
         return [Problem("k8s.flavor", f"{flavor!r} is not a flavor", f"use one of {', '.join(FLAVORS)}")]
     module = flavor_module(flavor)
@@ -42,7 +43,7 @@ def check(job: JobSpec, flavor: str) -> list[Problem]:
 def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
     """The objects as data (what `kubectl apply` sends): the ConfigMap, then the flavor's."""
     flavor = flavor or job.k8s.flavor
-    require(job, "k8s", flavor=flavor)
+    refuse(job, check(job, flavor))
     return [podlib.configmap(job), *flavor_module(flavor).objects(job)]
 
 
@@ -58,6 +59,15 @@ def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.ya
     """Multi-document YAML for `flavor` (default: job.k8s.flavor)."""
     flavor = flavor or job.k8s.flavor
     return _header(job, flavor, source) + dump_documents(render_objects(job, flavor=flavor))
+
+
+def render(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
+    """The target's render verb (deploy/targets.py): `render_k8s`."""
+    return render_k8s(job, flavor=flavor, source=source)
+
+
+def after_render(job: JobSpec) -> None:
+    """Nothing: `kubectl apply` needs nothing on this machine (deploy/targets.py)."""
 
 
 def parse_objects(text: str) -> list[dict]:

@@ -307,6 +307,11 @@ def status(handle: str, *, cluster: Cluster | None = None) -> str:
     return status_from(h.kind, _get(_cluster(cluster), h))
 
 
+def describe(handle: str, *, cluster: Cluster | None = None) -> str:
+    """What `ddpkit status` prints: the state (Kubernetes' reasons are not read yet)."""
+    return status(handle, cluster=cluster)
+
+
 def status_from(kind: str, obj: dict) -> str:
     """One of STATES from a workload object: CANCELLED while it is being deleted, else what
     its flavor reads from the conditions."""

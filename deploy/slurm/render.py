@@ -26,9 +26,11 @@ import hashlib
 import math
 import posixpath
 import re
+import sys
+from pathlib import Path
 
 from deploy import __version__, durability, image_forms, units
-from deploy.problems import Problem, require
+from deploy.problems import Problem, refuse
 from deploy.slurm.template import render_template, shquote
 from deploy.spec import JobSpec
 from deploy.units import slurm_time
@@ -41,11 +43,32 @@ _DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&~-]+$")
 
 def render_slurm(job: JobSpec, *, source: str = "job.yaml") -> str:
     """The sbatch script for `job`; `source` is the job file's name, shown in the header."""
-    require(job, "slurm")
+    refuse(job, check(job))
     return render_template("slurm", "job.sh.j2", **slurm_context(job, source=source))
 
 
-def check(job: JobSpec) -> list[Problem]:
+def render(job: JobSpec, *, flavor: None = None, source: str = "job.yaml") -> str:
+    """The target's render verb (deploy/targets.py): `render_slurm` (Slurm has no flavors)."""
+    return render_slurm(job, source=source)
+
+
+def after_render(job: JobSpec) -> None:
+    """sbatch opens `--output` before the script runs and fails the job, silently, when its
+    directory is missing: so `ddpkit render slurm job.yaml -o job.sbatch && sbatch job.sbatch`
+    works as written, the log directory (relative: to here, where sbatch runs) is created now."""
+    path = Path(job.slurm.log_dir)
+    if path.is_dir():
+        return
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        print(f"created {job.slurm.log_dir}/ for the job's log (sbatch needs it before the job starts)",
+              file=sys.stderr)
+    except OSError as exc:
+        print(f"note: could not create {job.slurm.log_dir}/ ({exc.strerror}): create it before sbatch, "
+              "which fails a job whose log directory is missing", file=sys.stderr)
+
+
+def check(job: JobSpec, flavor: None = None) -> list[Problem]:
     """Everything an sbatch script (or submitit) cannot do with `job` (deploy/problems.py:
     `ddpkit validate` reports the same lines as `render slurm` and `submit slurm`)."""
     problems = []

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.problems import Problem, refuse, target_problems
+from deploy.problems import Problem, refuse
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -87,7 +87,9 @@ def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool 
     the job; a missing one would fail the job only after its wait in the queue)."""
     if via not in ("sbatch", "submitit"):
         raise UserError(f"--via {via}: use sbatch or submitit")
-    problems = target_problems(job, "slurm") + missing_secrets(job, os.environ)
+    from deploy.slurm.render import check
+
+    problems = check(job) + missing_secrets(job, os.environ)
     if via == "submitit":
         problems += submitit_problems(job)
     refuse(job, problems)

@@ -1,0 +1,122 @@
+"""The targets a job renders for and is submitted to, as one registry the CLI dispatches through.
+
+A target is two modules, imported on first use (`render` stays fast, `status` never loads
+jinja2): its renderer (`check(job, flavor)`, `render(job, flavor=, source=)`) and its
+submitter (`submit`, `describe`, `logs`, `cancel`). `k8s` is one target with several flavors
+(`deploy/k8s/<flavor>/`); `slurm` takes `--via` instead. The verbs are the same on every
+target, so the CLI asks `REGISTRY[name]` and never tests which target it has.
+
+Which targets `ddpkit validate` checks: `--target` when given; else the targets whose section
+(`k8s:`, `slurm:`) the job file (or a `--set`) writes; a job with neither section is checked
+for every target, and one with both for both.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+from deploy.errors import RuntimeFailure, UserError
+from deploy.problems import Problem
+
+if TYPE_CHECKING:
+    from deploy.spec import JobSpec
+
+#: Which extra of the distribution brings a third-party package a command needs.
+EXTRAS = {"kubernetes": "k8s", "submitit": "slurm", "hostlist": "slurm", "torch": "train",
+          "matplotlib": "train"}
+
+
+def load_module(name: str, what: str) -> ModuleType:
+    """Import a part of ddpkit lazily; a missing optional dependency is one clear line."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name and (exc.name == name or name.startswith(exc.name + ".")):
+            raise RuntimeFailure(f"{what} is not available in this ddpkit build") from None
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        hint = f"pip install 'ddpkit[{extra}]'" if extra else f"pip install {exc.name}"
+        raise RuntimeFailure(f"{what} needs the Python package {exc.name!r}: {hint}") from None
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target: its name (the handle's scheme, the job file's section), its modules, and
+    the option only it takes (`--flavor` for k8s, `--via` for slurm)."""
+
+    name: str
+    title: str  # "Kubernetes", "Slurm": in "rendering for ..." and "submitting to ..."
+    renderer: str
+    submitter: str
+    option: str
+
+    def _renderer(self) -> ModuleType:
+        return load_module(self.renderer, f"rendering for {self.title}")
+
+    def _submitter(self) -> ModuleType:
+        return load_module(self.submitter, f"submitting to {self.title}")
+
+    def _jobs(self) -> ModuleType:
+        return load_module(self.submitter, f"{self.name} jobs")
+
+    def check(self, job: JobSpec, flavor: str | None = None) -> list[Problem]:
+        """Everything this target cannot do with `job` (never raises)."""
+        return self._renderer().check(job, flavor)
+
+    def render(self, job: JobSpec, *, flavor: str | None = None, source: str) -> str:
+        return self._renderer().render(job, flavor=flavor, source=source)
+
+    def after_render(self, job: JobSpec) -> None:
+        """What `ddpkit render` does once the text is out (Slurm: make the log directory)."""
+        self._renderer().after_render(job)
+
+    def submit(self, job: JobSpec, *, dry_run: bool, source: str, flavor: str | None = None,
+               via: str | None = None) -> str:
+        """Submit `job`; the handle (`k8s://NS/FLAVOR/NAME`, `slurm://JOBID`)."""
+        options = {"flavor": flavor} if self.option == "flavor" else {"via": via or "sbatch"}
+        return self._submitter().submit(job, dry_run=dry_run, source=source, **options)
+
+    def describe(self, handle: str) -> str:
+        """The state first (scripts parse the first word), then why, where the target says."""
+        return self._jobs().describe(handle)
+
+    def logs(self, handle: str, *, rank: int | None, follow: bool) -> int:
+        return self._jobs().logs(handle, rank=rank, follow=follow) or 0
+
+    def cancel(self, handle: str, *, wait_s: float | None) -> None:
+        jobs = self._jobs()
+        jobs.cancel(handle) if wait_s is None else jobs.cancel(handle, wait_s=wait_s)
+
+
+REGISTRY: dict[str, Target] = {
+    "k8s": Target("k8s", "Kubernetes", "deploy.k8s.render", "deploy.k8s.submit", option="flavor"),
+    "slurm": Target("slurm", "Slurm", "deploy.slurm.render", "deploy.slurm.submit", option="via"),
+}
+#: Every target a job renders for; `k8s` is one target with several flavors.
+TARGETS = tuple(REGISTRY)
+
+
+def refuse_option(target: str, verb: str, **given: object) -> None:
+    """`--flavor` for a target other than k8s, or `--via` for one other than slurm: one line
+    naming the command the option belongs to (`--via applies to `submit slurm` only`)."""
+    for option, value in given.items():
+        owner = next(t for t in REGISTRY.values() if t.option == option)
+        if value and owner.name != target:
+            raise UserError(f"--{option} applies to `{verb} {owner.name}` only")
+
+
+def of_handle(handle: str) -> Target:
+    """The target a job handle names (`k8s://...`, `slurm://...`)."""
+    scheme, sep, _ = handle.partition("://")
+    if not sep or scheme not in REGISTRY:
+        raise UserError(f"{handle!r} is not a job handle: expected k8s://NAMESPACE/FLAVOR/NAME "
+                        "or slurm://JOBID (printed by `ddpkit submit`)")
+    return REGISTRY[scheme]
+
+
+def targets_of(job: JobSpec) -> list[str]:
+    """The targets a job is meant for: the sections it writes, else all of them."""
+    written = [t for t in TARGETS if t in job.model_fields_set]
+    return written or list(TARGETS)
