@@ -1,19 +1,89 @@
 """Kubernetes names and facts that the job model needs, below every flavor module.
 
-`deploy.spec` validates names with these patterns and offers `FLAVORS`; the flavor modules,
-the renderer, the submitters and `ddpkit lint` use the rest. Standard library only.
+Kubernetes' own name rules (with upstream's messages), the flavor names, ddpkit's state
+vocabulary and the labels it puts on everything. `deploy.spec` validates names with these
+rules and offers `FLAVORS`; the flavor modules, the renderer, the submitters and `ddpkit lint`
+use the rest. Standard library only.
 """
 
 from __future__ import annotations
 
 import re
 
-# Kubernetes' name rules (apimachinery pkg/util/validation)
+# Kubernetes' name rules with upstream's messages: k8s.io/apimachinery v0.34
+# pkg/util/validation/validation.go (IsDNS1123Label, IsDNS1123Subdomain, IsDNS1035Label,
+# IsQualifiedName, IsValidLabelValue). The job model and `ddpkit lint` both use them.
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+DNS1123_LABEL = re.compile(rf"^{_LABEL}$")
+DNS1123_SUBDOMAIN = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+IANA_SVC_NAME = re.compile(r"^[-a-z0-9]+$")
+
+_MAX_LEN = "must be no more than {} characters"
+
+
+def is_dns1123_label(value: str) -> list[str]:
+    errs = [_MAX_LEN.format(63)] if len(value) > 63 else []
+    if not DNS1123_LABEL.match(value):
+        errs.append("a lowercase RFC 1123 label must consist of lower case alphanumeric characters "
+                    "or '-', and must start and end with an alphanumeric character (e.g. 'my-name',"
+                    "  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')")
+    return errs
+
+
+def is_dns1123_subdomain(value: str) -> list[str]:
+    errs = [_MAX_LEN.format(253)] if len(value) > 253 else []
+    if not DNS1123_SUBDOMAIN.match(value):
+        errs.append("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
+                    "characters, '-' or '.', and must start and end with an alphanumeric character "
+                    "(e.g. 'example.com', regex used for validation is "
+                    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")
+    return errs
+
+
+def is_dns1035_label(value: str) -> list[str]:
+    errs = [_MAX_LEN.format(63)] if len(value) > 63 else []
+    if not DNS1035_LABEL.match(value):
+        errs.append("a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+                    "start with an alphabetic character, and end with an alphanumeric character "
+                    "(e.g. 'my-name',  or 'abc-123', regex used for validation is "
+                    "'[a-z]([-a-z0-9]*[a-z0-9])?')")
+    return errs
+
+
+def is_qualified_name(value: str) -> list[str]:
+    """A label or annotation key: `[prefix/]name`."""
+    prefix, slash, name = value.rpartition("/")
+    errs = []
+    if slash and not prefix:
+        errs.append("prefix part must be non-empty")
+    elif prefix:
+        errs += [f"prefix part {e}" for e in is_dns1123_subdomain(prefix)]
+    if not name:
+        errs.append("name part must be non-empty")
+    elif len(name) > 63:
+        errs.append("name part " + _MAX_LEN.format(63))
+    if name and not QUALIFIED_NAME.match(name):
+        errs.append("name part must consist of alphanumeric characters, '-', '_' or '.', and must "
+                    "start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  "
+                    "or '123-abc', regex used for validation is "
+                    "'([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
+    return errs
+
+
+def is_label_value(value: str) -> list[str]:
+    errs = [_MAX_LEN.format(63)] if len(value) > 63 else []
+    if not LABEL_VALUE.match(value):
+        errs.append("a valid label must be an empty string or consist of alphanumeric characters, "
+                    "'-', '_' or '.', and must start and end with an alphanumeric character (e.g. "
+                    "'MyValue',  or 'my_value',  or '12345', regex used for validation is "
+                    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')")
+    return errs
+#: The name part of a qualified name (a label key without its prefix).
+LABEL_NAME = QUALIFIED_NAME
 
 #: Each flavor (`k8s.flavor`, `--flavor`) and the kind of its workload object; the flavor
 #: modules `deploy.k8s.<flavor>` own everything else about them.

@@ -51,6 +51,7 @@ from trainer.config import (
     TrainConfig,
     entry_problems,
 )
+from trainer.contract import DEFAULT_STOP_GRACE_S
 
 
 def _close_matches(word: str, choices, **kwargs) -> list[str]:
@@ -449,7 +450,7 @@ class K8sSection(Strict):
         "None", description="PyTorchJob runPolicy.cleanPodPolicy.")
     runtime: K8sName = Field("torch-distributed", description="TrainJob ClusterTrainingRuntime name.")
     termination_grace: Seconds = Field(
-        120, description="Pod terminationGracePeriodSeconds: time for the SIGTERM checkpoint. With "
+        DEFAULT_STOP_GRACE_S, description="Pod terminationGracePeriodSeconds: time for the SIGTERM checkpoint. With "
         "a time_limit the job is stopped this long before the limit, so the checkpoint is written by then.")
     extra_resources: dict[str, Quantity] = Field(
         default_factory=dict, description="More resources per node, requests = limits: "
@@ -611,7 +612,7 @@ class SlurmSection(Strict):
                           "and requeue (at most `restarts` times).")
     signal: Literal["USR2", "TERM", "INT"] = Field(
         "USR2", description="Signal sent to the batch shell before the time limit (not USR1: NCCL uses it).")
-    signal_seconds: int = Field(120, ge=10, le=86400, description="Send it this many seconds "
+    signal_seconds: int = Field(DEFAULT_STOP_GRACE_S, ge=10, le=86400, description="Send it this many seconds "
                                 "before the time limit.")
     log_dir: str = Field("logs", description="Directory of `%x-%j.out` logs (relative to the "
                          "submit directory).")

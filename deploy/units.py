@@ -3,13 +3,34 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
+from typing import Any
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-_QUANTITY_FACTORS = {
-    None: 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-}
+# k8s.io/apimachinery pkg/api/resource: the whole quantity grammar (signs, exponents, milli).
+_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
+_SUFFIX = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
+           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10,
+           "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+# What the job file accepts for a memory size: a plain number and a binary or decimal suffix.
+_MEMORY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+
+
+def quantity(value: Any) -> Decimal | None:
+    """The value of any Kubernetes quantity (`500m`, `1.5Gi`, `1e3`), None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    match = _QUANTITY.match(str(value))
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    try:
+        if suffix[:1] in ("e", "E"):
+            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
+        return Decimal(number) * Decimal(_SUFFIX[suffix])
+    except (InvalidOperation, KeyError):
+        return None
 
 
 def parse_quantity(value: object) -> int:
@@ -24,13 +45,16 @@ def parse_quantity(value: object) -> int:
             raise ValueError("must not be negative")
         return value
     text = str(value).strip()
-    match = _QUANTITY.match(text)
-    if not match:
+    if not _MEMORY.match(text):
         raise ValueError(
             f"{text!r} is not a Kubernetes quantity: write e.g. 32Gi, 512Mi or 8G"
         )
-    number, suffix = match.groups()
-    return int(float(number) * _QUANTITY_FACTORS[suffix])
+    return int(quantity(text))
+
+
+def cpu_quantity(cpus: float) -> str:
+    """CPUs as Kubernetes writes them: `2`, or `500m` for a fraction."""
+    return str(int(cpus)) if float(cpus).is_integer() else f"{round(cpus * 1000)}m"
 
 
 _DURATION_PART = re.compile(r"([0-9]+)(d|h|m|s)")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from deploy import units
 from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
@@ -26,11 +27,12 @@ from deploy.kube import (
     pod_selector,
 )
 from deploy.problems import Problem
+from trainer.contract import LAUNCH_ARGV, LaunchEnv
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
 
-DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
+DEFAULT_COMMAND = list(LAUNCH_ARGV)
 SIDECARS_OFF = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
 
 
@@ -84,33 +86,22 @@ def literal(value: str) -> str:
 def container_env(job: JobSpec, *, max_restarts: int, master: tuple[str, int] | None) -> list[dict]:
     """The launch contract first (docs/CONTRACT.md), then the user's env, then secrets.
     `master` is node 0's address where ddpkit names it (the controller does not)."""
-    env = [
-        {"name": "DDPKIT_JOB_FILE", "value": JOB_FILE_PATH},
-        {"name": "DDPKIT_RUN_ID", "value": job.name},
-        {"name": "DDPKIT_NNODES", "value": str(job.nodes)},
-        {"name": "DDPKIT_NPROC_PER_NODE", "value": str(job.nproc_per_node)},
-        {"name": "DDPKIT_MAX_RESTARTS", "value": str(max_restarts)},
-        {"name": "DDPKIT_LAUNCHER", "value": "torchrun"},
-        *stop_grace_env(job),
-    ]
-    if master is not None:
-        env += [{"name": "DDPKIT_MASTER_ADDR", "value": master[0]},
-                {"name": "DDPKIT_MASTER_PORT", "value": str(master[1])}]
+    contract = LaunchEnv(
+        job_file=JOB_FILE_PATH, run_id=job.name, nnodes=str(job.nodes), nproc_per_node=job.nproc_per_node,
+        max_restarts=max_restarts, launcher="torchrun", stop_grace_s=job.k8s.termination_grace,
+        master_addr=master[0] if master else None, master_port=master[1] if master else None)
+    env = [{"name": k, "value": v} for k, v in contract.to_env().items()]
     env += [{"name": k, "value": literal(v)} for k, v in job.env.items()]
     env += [{"name": s.name, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
             for s in job.secret_env]
     return env
 
 
-def _cpu(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
-
-
 def container_resources(job: JobSpec) -> dict:
     """Requests equal limits: CPU and memory when set, GPUs when any, then extra resources."""
     amounts: dict[str, Any] = {}
     if job.resources.cpus_per_node is not None:
-        amounts["cpu"] = _cpu(job.resources.cpus_per_node)
+        amounts["cpu"] = units.cpu_quantity(job.resources.cpus_per_node)
     if job.resources.memory is not None:
         amounts["memory"] = job.resources.memory
     if job.gpus_per_node:
@@ -189,12 +180,6 @@ def pod_security(job: JobSpec) -> dict:
     k8s = job.k8s
     out = {"runAsUser": k8s.run_as_user, "runAsGroup": k8s.run_as_group, "fsGroup": k8s.fs_group}
     return {k: v for k, v in out.items() if v is not None}
-
-
-def stop_grace_env(job: JobSpec) -> list[dict]:
-    """DDPKIT_STOP_GRACE_S: the seconds between SIGTERM and SIGKILL (the pod's grace period);
-    trainer.launch gives them to torchrun as --shutdown-timeout."""
-    return [{"name": "DDPKIT_STOP_GRACE_S", "value": str(job.k8s.termination_grace)}]
 
 
 def extra_containers(job: JobSpec) -> list[dict]:

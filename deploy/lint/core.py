@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import cache
 from typing import Any
 
+from deploy import units
 from deploy.lint import meta as m
 from deploy.lint.report import Finding, LintInputError, join
 
@@ -111,32 +112,6 @@ def core_schema(obj: dict, version: str) -> list[Finding]:
 
 
 # --------------------------------------------------------------------------------------------
-# Quantities (k8s.io/apimachinery pkg/api/resource)
-
-_QUANTITY = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$")
-_SUFFIX = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3,
-           "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18, "Ki": 2**10,
-           "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def parse_quantity(value: Any) -> Decimal | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return Decimal(str(value))
-    match = _QUANTITY.match(str(value))
-    if not match:
-        return None
-    number, suffix = match.group(1), match.group(2) or ""
-    try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(number) * (Decimal(10) ** int(suffix[1:]))
-        return Decimal(number) * Decimal(_SUFFIX[suffix])
-    except (InvalidOperation, KeyError):
-        return None
-
-
-# --------------------------------------------------------------------------------------------
 # Pod spec (ValidatePodTemplateSpec / ValidatePodSpec)
 
 _STANDARD_RESOURCES = {"cpu", "memory", "ephemeral-storage", "storage"}
@@ -172,7 +147,7 @@ def validate_resources(res: Any, path: str) -> list[Finding]:
     parsed: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
     for part, values in (("limits", limits), ("requests", requests)):
         for name, value in values.items():
-            q = parse_quantity(value)
+            q = units.quantity(value)
             sub = join(join(path, part), str(name))
             if q is None:
                 found.append(m.invalid(sub, value, "quantities must match the regular expression "

@@ -49,6 +49,7 @@ from deploy.k8s import flavor_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
 from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
 from deploy.kube import FLAVOR_KIND
+from trainer.contract import EXIT_STOPPED, LAUNCH_T0_VAR
 
 #: Label on every container and network this module creates (for manual clean-up:
 #: `docker rm -f $(docker ps -aq --filter label=ddpkit.run)`).
@@ -150,8 +151,7 @@ def _configmap_data(objects: list[dict], name: str, namespace: str) -> dict[str,
 def _cpus(quantity: object) -> str:
     """`--cpus` for a CPU limit, capped at this machine's CPU count (docker refuses more; the
     cap is a local limit, not one of the manifest)."""
-    text = str(quantity)
-    cpus = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    cpus = float(units.quantity(quantity))
     return f"{min(cpus, os.cpu_count() or 1):g}"
 
 
@@ -524,7 +524,7 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
     t0 = time.time()
     plans = plan_containers(pods, objects, run_dir, run_id, network,
                             host_env if host_env is not None else dict(os.environ),
-                            {"DDPKIT_LAUNCH_T0": repr(t0)})
+                            {LAUNCH_T0_VAR: repr(t0)})
     for image in sorted({p.image for p in plans}):
         if not image_exists(image):
             raise UserError(f"image {image}: not on this Docker daemon and --docker never pulls; "
@@ -544,7 +544,7 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
         rc = runner.run()
     except _Stop:
         print("ddpkit: stopped (SIGTERM); containers removed", file=sys.stderr)
-        return 143
+        return EXIT_STOPPED
     except KeyboardInterrupt:
         print("ddpkit: interrupted; containers removed", file=sys.stderr)
         raise

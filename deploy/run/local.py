@@ -19,6 +19,13 @@ import time
 from pathlib import Path
 
 from deploy.errors import UserError
+from trainer.contract import (
+    EXIT_STOPPED,
+    EXIT_STOPPED_UNSAVED,
+    LAUNCH_ARGV,
+    LAUNCH_T0_VAR,
+    LaunchEnv,
+)
 from trainer.launch import WORKER_VARS
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
@@ -53,17 +60,10 @@ def launch_env(job, job_file: Path, nproc: int, port: int) -> dict[str, str]:
         *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
     ]:
         env.pop(k, None)  # a shell inside a cluster job must not make this look like one
-    env.update({
-        "DDPKIT_JOB_FILE": str(job_file),
-        "DDPKIT_RUN_ID": job.name,
-        "DDPKIT_NNODES": "1",
-        "DDPKIT_NPROC_PER_NODE": str(nproc),
-        "DDPKIT_MAX_RESTARTS": str(job.restarts),
-        "DDPKIT_MASTER_ADDR": "127.0.0.1",
-        "DDPKIT_MASTER_PORT": str(port),
-        "DDPKIT_LAUNCHER": "torchrun",
-        "DDPKIT_LAUNCH_T0": repr(time.time()),
-    })
+    env.update(LaunchEnv(job_file=str(job_file), run_id=job.name, nnodes="1", nproc_per_node=nproc,
+                         max_restarts=job.restarts, launcher="torchrun", master_addr="127.0.0.1",
+                         master_port=port).to_env())
+    env[LAUNCH_T0_VAR] = repr(time.time())
     return env
 
 
@@ -139,7 +139,7 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     print(f"ddpkit: training {what} as {nproc} local processes; run dir {run_dir}",
           file=sys.stderr, flush=True)
     own_code = job.script is not None or job.module is not None  # its output as it is, unbuffered
-    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], env=env, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True,
                             stdout=None if own_code else subprocess.PIPE)
 
     def forward(signum: int, frame: object) -> None:
@@ -154,16 +154,16 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if job.script is not None or job.module is not None:  # the user's code: no trainer summary
-        if rc == 143:
+        if rc == EXIT_STOPPED:
             print("ddpkit: stopped by a signal", file=sys.stderr)
         return rc
     summary = read_summary(run_dir, offset)
-    if summary is not None and rc in (0, 143):
+    if summary is not None and rc in (0, EXIT_STOPPED):
         print(f"\n{job.name}: {summary.get('status')}\n{format_summary(summary)}", flush=True)
-    if rc == 143:
+    if rc == EXIT_STOPPED:
         print(f"ddpkit: stopped after a checkpoint; run the same command again to resume "
               f"(checkpoints in {summary.get('checkpoint_dir') if summary else run_dir})", file=sys.stderr)
-    elif rc == 137:
+    elif rc == EXIT_STOPPED_UNSAVED:
         print("ddpkit: stopped before a checkpoint could be written; run the same command again "
               "to resume from the previous checkpoint", file=sys.stderr)
     elif rc == 0 and summary is None:

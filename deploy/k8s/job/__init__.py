@@ -19,6 +19,7 @@ from deploy.k8s import pod as podlib
 from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, job_restarts, service_names
 from deploy.kube import COMPLETION_INDEX_KEY, pod_selector
 from deploy.problems import Problem
+from trainer.contract import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
@@ -30,7 +31,7 @@ PLURAL = "jobs"
 CONTAINER = "trainer"
 INSTALLS = "nothing (built into Kubernetes)"
 #: Rendezvous port (torchrun's default), where ddpkit names the master itself.
-RDZV_PORT = 29500
+RDZV_PORT = DEFAULT_PORT
 
 
 def check(job: JobSpec) -> list[Problem]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from deploy.k8s import pod as podlib
 from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, job_restarts, service_names
 from deploy.problems import Problem
+from trainer.contract import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
@@ -31,7 +32,7 @@ CONTAINER = "trainer"
 INSTALLS = "the JobSet controller"
 #: The replicated job ddpkit renders (the same name Trainer's runtime uses).
 REPLICATED_JOB = "node"
-RDZV_PORT = 29500
+RDZV_PORT = DEFAULT_PORT
 
 # jobset api/jobset/v1alpha2/jobset_types.go: labels and annotations on every Job and pod
 JOBSET_NAME_KEY = "jobset.sigs.k8s.io/jobset-name"

@@ -30,6 +30,7 @@ from deploy.k8s.controller import (
     upsert_env,
 )
 from deploy.problems import Problem
+from trainer.contract import DEFAULT_PORT
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
@@ -42,7 +43,7 @@ INSTALLS = "Kubeflow Trainer (v2) and its ClusterTrainingRuntimes"
 #: pkg/constants/constants.go: the replicated job and container `node`, ContainerTrainerPort.
 NODE = "node"
 CONTAINER = NODE
-PORT = 29500
+PORT = DEFAULT_PORT  # the torch runtime's PET_MASTER_PORT
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 #: Our entry in spec.runtimePatches (a list-map keyed by manager). Trainer's webhook requires a
 #: domain-prefixed path (validation.IsDomainPrefixedPath, pkg/runtime/framework/plugins/jobset/
