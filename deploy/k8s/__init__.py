@@ -1,23 +1,22 @@
-"""Kubernetes flavors: one module each (`pytorchjob`, `trainjob`, `jobset`, `job`).
+"""Kubernetes flavors: one folder each (`pytorchjob`, `trainjob`, `jobset`, `job`).
 
-A flavor module owns everything about its workload: the objects it builds (plain dicts,
-serialized once by `deploy.k8s.render`), its names and DNS endpoint, its API coordinates, what
-it cannot express (`check`), how its status conditions map to ddpkit's states (`state`), how a
-pod's node rank is read (`node_rank`), and what its controller makes of the object: the pods
-and the injected env (`pods`) and the restart behaviour (`restarts`), which `ddpkit run
---docker` runs. Every module has the same names:
+A flavor folder owns everything about its workload, in two modules:
 
-    NAME, KIND, API_VERSION, PLURAL, CONTAINER, INSTALLS
-    check(job) -> [(field path, message)]        objects(job) -> [dict]
-    master_endpoint(job) -> (host, port)         state(obj) -> one of names.STATES
-    node_rank(pod, pods) -> int | None            pods(obj, objects) -> [controller.Pod]
-    restarts(obj, objects) -> controller.Restarts
+- `<flavor>/__init__.py`, what ddpkit renders: the facts (API coordinates, the container, the
+  port, the labels its controller sets), `check(job)` (what it cannot express), `objects(job)`
+  (plain dicts, serialized once by `deploy.k8s.render`), `master_endpoint(job)`,
+  `state(obj)` (its conditions in ddpkit's states) and `node_rank(pod, pods)`;
+- `<flavor>/operator.py`, what the upstream operator does with the object: its admission
+  webhook ported line by line (`default`, `validate`, `warnings`; `ddpkit lint` runs them) and
+  its controller's effects (`pods(obj, objects)`: the pods and the injected env, and
+  `restarts(obj, objects)`), which `ddpkit run --docker` runs.
 
-Layers (no import cycles): `names` (standard library only; the job model `deploy.spec` uses
-it) < `spec` < `pod` (the pod template and the checks every flavor shares) and `controller`
-(what controllers make of pods, for `--docker`) < the flavor modules < `deploy.k8s.render`,
-`deploy.submit.{k8s,docker}`, `deploy.lint`. A flavor module imports no third-party package, so
-`status`, `logs`, `cancel` and `lint` load it cheaply.
+Layers (no import cycles): `deploy.kube` (standard library only; the job model uses it) <
+`spec` < `pod` (the pod template and the checks every flavor shares) and `controller` (what
+controllers make of pods) < `<flavor>/__init__` < `<flavor>/operator` (which may use lint's
+engines, `deploy.lint.meta`/`report`) < `deploy.k8s.render`, `deploy.k8s.submit`,
+`deploy.run.docker`, `deploy.lint.admission`/`command`. A flavor imports no third-party
+package, so `status`, `logs`, `cancel` and `lint` load it cheaply.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from types import ModuleType
 
 from deploy.kube import FLAVOR_KIND, FLAVORS
 
-__all__ = ["FLAVORS", "flavor", "flavor_of_kind"]
+__all__ = ["FLAVORS", "flavor", "flavor_of_kind", "operator", "operator_of_kind"]
 
 
 def flavor(name: str) -> ModuleType:
@@ -42,4 +41,19 @@ def flavor_of_kind(kind: str) -> ModuleType | None:
     for name, k in FLAVOR_KIND.items():
         if k == kind:
             return flavor(name)
+    return None
+
+
+def operator(name: str) -> ModuleType:
+    """What flavor `name`'s controller and webhooks do with its object (`<flavor>/operator.py`)."""
+    if name not in FLAVORS:
+        raise KeyError(name)
+    return importlib.import_module(f"deploy.k8s.{name}.operator")
+
+
+def operator_of_kind(kind: str) -> ModuleType | None:
+    """The operator module of the flavor whose workload object is `kind`, or None."""
+    for name, k in FLAVOR_KIND.items():
+        if k == kind:
+            return operator(name)
     return None

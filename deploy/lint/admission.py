@@ -1,7 +1,7 @@
 """The operators' admission webhooks, per kind: `default` (mutating), `validate`, `warnings`.
 
-Each module ports one upstream webhook line by line and cites it; `WEBHOOKS` maps
-(API group, kind) to its `Webhook`. They judge any manifest, upstream ones included.
+Each flavor's `operator.py` ports its upstream webhook line by line and cites it; `WEBHOOKS`
+maps (API group, kind) to its `Webhook`. They judge any manifest, upstream ones included.
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from deploy.k8s.jobset import operator as jobset
-from deploy.k8s.pytorchjob import operator as pytorchjob
-from deploy.k8s.trainjob import operator as trainjob
+from deploy.k8s import jobset, pytorchjob, trainjob
+from deploy.k8s.jobset import operator as jobset_webhook
+from deploy.k8s.pytorchjob import operator as pytorchjob_webhook
+from deploy.k8s.trainjob import operator as trainjob_webhook
 from deploy.lint.report import Finding
 
 
@@ -26,9 +27,10 @@ class Webhook(NamedTuple):
 
 
 WEBHOOKS = {
-    (pytorchjob.GROUP, pytorchjob.KIND): Webhook(pytorchjob.default, pytorchjob.validate, pytorchjob.warnings),
-    (jobset.GROUP, jobset.KIND): Webhook(jobset.default, jobset.validate),
-    (trainjob.GROUP, trainjob.KIND): Webhook(trainjob.default, trainjob.validate),
-    (trainjob.GROUP, "ClusterTrainingRuntime"): Webhook(_none, trainjob.validate_runtime),
-    (trainjob.GROUP, "TrainingRuntime"): Webhook(_none, trainjob.validate_runtime),
+    (pytorchjob.GROUP, pytorchjob.KIND): Webhook(pytorchjob_webhook.default, pytorchjob_webhook.validate,
+                                                 pytorchjob_webhook.warnings),
+    (jobset.GROUP, jobset.KIND): Webhook(jobset_webhook.default, jobset_webhook.validate),
+    (trainjob.GROUP, trainjob.KIND): Webhook(trainjob_webhook.default, trainjob_webhook.validate),
+    **{(trainjob.GROUP, kind): Webhook(_none, trainjob_webhook.validate_runtime)
+       for kind in trainjob_webhook.RUNTIME_KINDS},
 }

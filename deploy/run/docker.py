@@ -45,7 +45,7 @@ from pathlib import Path
 from deploy import units
 from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
-from deploy.k8s import flavor_of_kind
+from deploy.k8s import operator_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
 from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
 from deploy.kube import FLAVOR_KIND
@@ -58,20 +58,20 @@ RUN_LABEL = "ddpkit.run"
 
 def controller_pods(objects: list[dict]) -> list[Pod]:
     """Every pod the workload object among `objects` would get, in node-rank order: the
-    flavor module of its kind says what its controller makes of it (deploy/k8s/<flavor>.py,
+    flavor of its kind says what its controller makes of it (deploy/k8s/<flavor>/operator.py,
     `pods`, with the upstream sources cited there)."""
     workloads = [o for o in objects if o.get("kind") in FLAVOR_KIND.values()]
     if len(workloads) != 1:
         raise UserError(f"the rendered manifest has {len(workloads)} workload objects; "
                         "--docker runs exactly one (PyTorchJob, TrainJob, JobSet or Job)")
     obj = workloads[0]
-    return sorted(flavor_of_kind(obj["kind"]).pods(obj, objects), key=lambda p: p.index)
+    return sorted(operator_of_kind(obj["kind"]).pods(obj, objects), key=lambda p: p.index)
 
 
 def restart_policy(objects: list[dict]) -> Restarts:
     """What the workload's controller does after a pod fails (the flavor's `restarts`)."""
     for obj in objects:
-        module = flavor_of_kind(obj.get("kind", ""))
+        module = operator_of_kind(obj.get("kind", ""))
         if module is not None:
             return module.restarts(obj, objects)
     return Restarts()

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from deploy.k8s import pod as podlib
-from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, job_restarts, service_names
 from deploy.kube import COMPLETION_INDEX_KEY, pod_selector
 from deploy.problems import Problem
 from trainer.contract import DEFAULT_PORT
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
 NAME = "job"
 KIND = "Job"
 API_VERSION = "batch/v1"
+GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
 PLURAL = "jobs"
 CONTAINER = "trainer"
 INSTALLS = "nothing (built into Kubernetes)"
@@ -90,38 +90,6 @@ def state(obj: dict) -> str:
 def node_rank(pod: dict, pods: list[dict]) -> int | None:
     """The completion index (annotation, and label since Kubernetes 1.28)."""
     return podlib.completion_index(pod)
-
-
-def pods(obj: dict, objects: list[dict]) -> list[Pod]:
-    """DNS names only through a headless Service of the manifest whose name is the pod
-    subdomain and whose selector matches the pod's labels (as cluster DNS)."""
-    meta = obj["metadata"]
-    namespace = meta.get("namespace", "default")
-    found = indexed_job_pods(meta["name"], namespace, obj.get("spec") or {}, first_index=0,
-                             labels={}, annotations={}, subdomain=None)
-    for p in found:
-        if p.subdomain and _headless_service(objects, p.subdomain, namespace, p.labels):
-            p.dns_names = service_names(f"{p.hostname}.{p.subdomain}", namespace)
-    return found
-
-
-def _headless_service(objects: list[dict], name: str, namespace: str, labels: dict) -> bool:
-    for obj in objects:
-        if obj.get("kind") != "Service" or obj["metadata"].get("name") != name:
-            continue
-        if obj["metadata"].get("namespace", "default") != namespace:
-            continue
-        spec = obj.get("spec") or {}
-        selector = spec.get("selector") or {}
-        if spec.get("clusterIP") == "None" and selector and all(
-                labels.get(k) == v for k, v in selector.items()):
-            return True
-    return False
-
-
-def restarts(obj: dict, objects: list[dict]) -> Restarts:
-    """The Job controller's (controller.job_restarts)."""
-    return job_restarts(obj.get("spec") or {})
 
 
 __all__ = ["COMPLETION_INDEX_KEY"]

@@ -15,13 +15,23 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+from deploy.errors import UserError
+from deploy.k8s.controller import (
+    Pod,
+    Restarts,
+    completion_index_env,
+    env,
+    merge_pod_template,
+    upsert_env,
+)
+from deploy.k8s.jobset import operator as jobset
+from deploy.k8s.trainjob import ANCESTOR_LABEL, GROUP, NODE, PORT
 from deploy.lint import meta as m
 from deploy.lint.report import Finding
 
-GROUP, KIND = "trainer.kubeflow.org", "TrainJob"
 RUNTIME_KINDS = {"ClusterTrainingRuntime", "TrainingRuntime"}
 TORCH_RESERVED_ENV = ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE"]
-DATASET, MODEL, NODE = "dataset-initializer", "model-initializer", "node"
+DATASET, MODEL = "dataset-initializer", "model-initializer"
 INITIALIZER_VOLUME = "initializer"
 
 #: (kind, name, namespace) -> the runtime object, or None.
@@ -139,7 +149,6 @@ def _mounts_initializer(template: dict, job: str) -> bool:
     return False
 
 
-ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 ANCESTOR_CONTAINER = {"trainer": NODE, MODEL: MODEL, DATASET: DATASET}
 
 
@@ -160,3 +169,94 @@ def validate_runtime(obj: dict, context: Any = None) -> list[Finding]:
             found.append(m.invalid(f"{path}.template.spec.template.spec.containers", "",
                                    f"must contain the required container for the ancestor: {ancestor}"))
     return found
+
+
+#: The upstream `torch-distributed` ClusterTrainingRuntime (kubeflow/trainer v2.3.0,
+#: manifests/base/runtimes/torch_distributed.yaml), reduced to what shapes a pod. Clusters
+#: install it; a manifest may also carry its own runtime, which then wins.
+TORCH_DISTRIBUTED_RUNTIME = {
+    "metadata": {"name": "torch-distributed"},
+    "spec": {"template": {"spec": {"replicatedJobs": [{
+        "name": NODE,
+        # the ancestor label is on the Job template, not on the pods
+        "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                     "spec": {"template": {"spec": {"containers": [{"name": NODE}]}}}},
+    }]}}},
+}
+
+
+
+def find_runtime(ref: dict, objects: list[dict]) -> dict:
+    kind = ref.get("kind", "ClusterTrainingRuntime")
+    for obj in objects:
+        if obj.get("kind") == kind and obj["metadata"].get("name") == ref.get("name"):
+            return obj
+    if ref.get("name") == TORCH_DISTRIBUTED_RUNTIME["metadata"]["name"] and kind == "ClusterTrainingRuntime":
+        return TORCH_DISTRIBUTED_RUNTIME
+    raise UserError(f"TrainJob runtimeRef {kind}/{ref.get('name')}: unknown runtime; --docker "
+                    "knows `torch-distributed` or a runtime included in the manifest")
+
+
+
+def pods(obj: dict, objects: list[dict]) -> list[Pod]:
+    """A JobSet named after the TrainJob from its runtime, with spec.runtimePatches merged in
+    and spec.trainer's image, command, args and resourcesPerNode on the `node` container;
+    then the torch plugin (pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy)
+    upserts spec.trainer.env, then PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK (fieldRef to the
+    completion index), PET_MASTER_ADDR `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT 29500
+    (an entry of the same name is replaced where it stands: PET_* always win) and adds port
+    29500."""
+    meta, spec = obj["metadata"], obj.get("spec") or {}
+    name = meta["name"]
+    if spec.get("suspend"):
+        raise UserError(f"TrainJob {name}: suspended (spec.suspend); on a cluster no pod starts "
+                        "until it is resumed (e.g. admitted by Kueue), and --docker cannot do that")
+    trainer = spec.get("trainer") or {}
+    runtime = find_runtime(spec.get("runtimeRef") or {}, objects)
+    nodes = int(trainer.get("numNodes", 1))
+    nproc = trainer.get("numProcPerNode", "auto")
+    pet = [env("PET_NNODES", nodes), env("PET_NPROC_PER_NODE", nproc),
+           completion_index_env("PET_NODE_RANK", "annotations"),
+           env("PET_MASTER_ADDR", f"{name}-{NODE}-0-0.{name}"), env("PET_MASTER_PORT", PORT)]
+    patches = [p.get("trainingRuntimeSpec", {}).get("template", {}).get("spec", {})
+               for p in spec.get("runtimePatches") or []]
+
+    def override(rjob_name: str, job_spec: dict) -> None:
+        for patch in patches:
+            for prj in patch.get("replicatedJobs") or []:
+                if prj.get("name") == rjob_name:
+                    merge_pod_template(job_spec["template"],
+                                       prj.get("template", {}).get("spec", {}).get("template", {}))
+        if rjob_name != NODE:
+            return
+        pod_spec = job_spec["template"].setdefault("spec", {})
+        job_spec["parallelism"] = job_spec["completions"] = nodes
+        job_spec.setdefault("completionMode", "Indexed")
+        container = next((c for c in pod_spec.get("containers", []) if c.get("name") == NODE), None)
+        if container is None:
+            raise UserError(f"TrainJob {name}: the runtime has no `{NODE}` container")
+        for key in ("image", "command", "args"):
+            if key in trainer:
+                container[key] = copy.deepcopy(trainer[key])
+        if "resourcesPerNode" in trainer:
+            container["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+        upsert_env(container, trainer.get("env") or [])
+        upsert_env(container, pet)
+        ports = container.setdefault("ports", [])
+        if not any(p.get("containerPort") == PORT for p in ports):
+            ports.append({"containerPort": PORT})
+
+    js = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
+          "spec": copy.deepcopy(runtime["spec"]["template"]["spec"])}
+    return [p for p in jobset.pods(js, objects, override=override)
+            if p.labels.get(jobset.REPLICATED_JOB_NAME_KEY) == NODE]
+
+
+
+def restarts(obj: dict, objects: list[dict]) -> Restarts:
+    """The runtime's JobSet decides (jobset.restarts): `torch-distributed` sets neither a
+    restartPolicy nor a backoffLimit, so its pods restart in place (OnFailure, the JobSet
+    webhook's default) until their restarts reach the Job default backoffLimit 6: 5 restarts,
+    whatever `restarts` says (that one is torchrun's --max-restarts inside each pod)."""
+    runtime = find_runtime((obj.get("spec") or {}).get("runtimeRef") or {}, objects)
+    return jobset.restarts({"spec": runtime["spec"]["template"]["spec"]}, objects)
