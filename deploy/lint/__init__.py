@@ -2,8 +2,8 @@
 admission webhooks would make them.
 
 Two floors. Below the Kubernetes flavors, the engines that know no flavor: `report` (findings),
-`meta` (ObjectMeta and name rules), `core` (core kinds), `schema` and `cel` (CRDs), `advice`.
-Above them, what asks the flavors: `admission` (each flavor's webhook port, in
-`deploy/k8s/<flavor>/operator.py`) and `command` (files in, findings out: `run_lint`). This
+`meta` (ObjectMeta), `core` (core kinds), `schema` and `cel` (CRDs). Above them, what asks the
+flavors: `admission` (each flavor's webhook port, in `deploy/k8s/<flavor>/operator.py`),
+`advice` (the flavors' training containers) and `command` (files in, findings out: `run_lint`). This
 package's own module imports nothing, so a flavor's operator can use the engines without a circle.
 """

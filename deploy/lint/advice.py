@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from deploy.k8s import pytorchjob, trainjob
 from deploy.lint.report import join
+from trainer.contract import LAUNCH_MODULE
 
 RULES = {
     "dev-shm": "/dev/shm is a memory-backed emptyDir mounted in the training container",
@@ -78,16 +80,16 @@ def pod_templates(obj: dict) -> Iterator[tuple[str, dict, str | None]]:
 
 def training_container(kind: str, pod: dict) -> dict | None:
     containers = [c for c in pod.get("containers") or [] if isinstance(c, dict)]
-    if kind == "PyTorchJob":
-        return next((c for c in containers if c.get("name") == "pytorch"), None)
-    if kind == "TrainJob":
-        return next((c for c in containers if c.get("name") == "node"), None)
+    if kind == pytorchjob.KIND:
+        return next((c for c in containers if c.get("name") == pytorchjob.CONTAINER), None)
+    if kind == trainjob.KIND:
+        return next((c for c in containers if c.get("name") == trainjob.CONTAINER), None)
     return containers[0] if containers else None
 
 
 def runs_trainer_launch(container: dict) -> bool:
     words = [str(w) for w in (container.get("command") or []) + (container.get("args") or [])]
-    return "trainer.launch" in words
+    return LAUNCH_MODULE in words
 
 
 def runs_torch(kind: str, container: dict) -> bool:
@@ -96,7 +98,7 @@ def runs_torch(kind: str, container: dict) -> bool:
     if kind == "PyTorchJob":
         return True
     text = " ".join(str(w) for w in (container.get("command") or []) + (container.get("args") or []))
-    return any(word in text for word in ("torchrun", "torch.distributed.run", "trainer.launch"))
+    return any(word in text for word in ("torchrun", "torch.distributed.run", LAUNCH_MODULE))
 
 
 def advise(obj: dict) -> list[Advice]:
