@@ -6,6 +6,7 @@ import io
 import json
 
 import pytest
+import yaml
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import FLAVORS, flavor_of_kind
@@ -485,6 +486,24 @@ def test_cli_without_credentials_is_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr == ("error: no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
                              "or run inside a cluster\n")
+
+
+def test_a_kubeconfig_that_cannot_be_used_is_named_with_the_client_s_reason(tmp_path):
+    """Not "no credentials": the kubeconfig is there, and what is wrong with it is said (here
+    a current-context that the file does not define), so the user fixes the right thing."""
+    from tests.conftest import ddpkit
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gone",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "contexts": [{"name": "here", "context": {"cluster": "c", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    result = ddpkit("status", "k8s://ml/job/demo", env={"KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)})
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"error: kubeconfig {kubeconfig}: ")
+    assert "gone" in result.stderr and "no Kubernetes credentials" not in result.stderr
+    assert result.stderr.count("\n") == 1
 
 
 def test_submit_makes_the_workload_own_its_configmap_and_service():

@@ -498,3 +498,25 @@ def test_lint_never_crashes_on_malformed_objects(crds):
         assert all(isinstance(p, lint.Problem) and "\n" not in str(p) for p in found)
         reported += bool(found)
     assert reported > 60, reported  # most wrong-type values are caught (nulls are pruned, as on the server)
+
+
+def test_a_crash_in_ddpkit_s_own_rule_is_a_bug_not_the_user_s_bad_input(crds, monkeypatch):
+    """A rule that raises on an object the schema layer accepted is ddpkit's bug: LintBug with
+    the original exception chained, never a finding that blames the manifest."""
+    from deploy.k8s import render as k8s
+    from deploy.lint import admission
+    from deploy.lint.report import LintBug
+    from deploy.spec import parse_job
+
+    job = parse_job({"name": "d", "image": "i:1", "nodes": 2, "checkpoint": {"ephemeral": True}})
+    (pytorchjob,) = [o for o in k8s.render_objects(job, flavor="pytorchjob") if o["kind"] == "PyTorchJob"]
+    assert lint.lint_object(pytorchjob, crds) == []
+    key = ("kubeflow.org", "PyTorchJob")
+
+    def broken(obj, context=None):
+        return obj["spec"]["no-such-field"]
+
+    monkeypatch.setitem(admission.WEBHOOKS, key, admission.WEBHOOKS[key]._replace(validate=broken))
+    with pytest.raises(LintBug, match="crashed on an object no rule refused") as raised:
+        lint.lint_object(pytorchjob, crds)
+    assert isinstance(raised.value.__cause__, KeyError)

@@ -100,15 +100,7 @@ class KubeCluster:
         except ModuleNotFoundError:
             raise RuntimeFailure("talking to Kubernetes needs the Python package 'kubernetes': "
                                  "pip install 'ddpkit[k8s]'") from None
-        try:
-            # KUBECONFIG read now, not when the client was imported (it caches the variable)
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-        except Exception:
-            try:
-                config.load_incluster_config()
-            except Exception:
-                raise RuntimeFailure("no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
-                                     "or run inside a cluster") from None
+        load_credentials(config)
         self._client = client
         self._not_served = ResourceNotFoundError
         self.api = client.ApiClient()
@@ -180,6 +172,32 @@ class KubeCluster:
             yield decoder.decode(b"", final=True)
         finally:
             resp.release_conn()
+
+
+def kubeconfig_files() -> list[str]:
+    """The kubeconfig files that exist: `$KUBECONFIG` (a list, as kubectl reads it), else
+    ~/.kube/config."""
+    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
+    return [p for p in listed or [os.path.expanduser("~/.kube/config")] if os.path.isfile(p)]
+
+
+def load_credentials(config: Any) -> None:
+    """The kubeconfig, else the pod's service account. A kubeconfig that exists but cannot be
+    used is named with the client's reason (a wrong context, a missing certificate file); only
+    when there is none at all, and no service account, is it "no credentials"."""
+    files = kubeconfig_files()
+    if files:
+        try:  # KUBECONFIG read now, not when the client was imported (it caches the variable)
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
+        except Exception as exc:  # the client's ConfigException, yaml, OSError: its words, one line
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise RuntimeFailure(f"kubeconfig {os.pathsep.join(files)}: {reason}") from None
+        return
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        raise RuntimeFailure("no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
+                             "or run inside a cluster") from None
 
 
 def api_error_from(exc: Any) -> ApiError:

@@ -26,7 +26,7 @@ from typing import Any
 from deploy.lint import advice, core, schema
 from deploy.lint.admission import WEBHOOKS
 from deploy.lint.meta import validate_object_meta
-from deploy.lint.report import ERROR, WARNING, Finding, LintInputError, Problem, join
+from deploy.lint.report import ERROR, WARNING, Finding, LintBug, LintInputError, Problem, join
 from deploy.lint.schema import CRDIndex, load_crds
 
 __all__ = ["ERROR", "WARNING", "Problem", "LintInputError", "CRDIndex", "load_crds", "lint_object",
@@ -42,6 +42,8 @@ RULES = {
     **advice.RULES,
 }
 
+#: What a rule raises when its input is not the shape it expects. Caught only where an error
+#: already reported explains it (the object is malformed); anywhere else it is `LintBug`.
 _MALFORMED = (AttributeError, TypeError, KeyError, ValueError, IndexError)
 _RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 
@@ -95,14 +97,13 @@ def lint_object(obj: Any, crds: CRDIndex | Context | None = None, *, source: str
         else:
             _lint_custom(obj, ctx, add, problems)
     except _MALFORMED as exc:
-        if not problems:
-            add([("", f"malformed object ({type(exc).__name__}: {exc}); check it against its schema")], "schema")
+        if not any(p.severity == ERROR for p in problems):  # nothing explains it but our code
+            raise LintBug(f"{source}: {label}: a ddpkit lint rule crashed on an object no rule "
+                          f"refused ({type(exc).__name__}: {exc})") from exc
     if not any(p.severity == ERROR and p.rule == "schema" for p in problems):
-        try:
-            for rule, path, message in advice.advise(obj) + advice.advise_hostnames(obj):
-                problems.append(Problem(source, label, path, message, rule, WARNING))
-        except _MALFORMED:
-            pass  # advice reads a structure the schema layer vouched for; never crash on it
+        # advice reads only a structure the schema layer vouched for: a crash here is a bug
+        for rule, path, message in advice.advise(obj) + advice.advise_hostnames(obj):
+            problems.append(Problem(source, label, path, message, rule, WARNING))
     return problems
 
 
@@ -123,11 +124,12 @@ def _lint_custom(obj: dict, ctx: Context, add, problems: list[Problem]) -> None:
         add(unknown_meta + unknown, "schema")  # strict field validation answers 400 here
         return
     hook = WEBHOOKS.get((group, kind))
+    crashed = None
     if hook is not None:
         try:
             hook.default(pruned)
-        except _MALFORMED:
-            pass  # the schema errors below say why
+        except _MALFORMED as exc:
+            crashed = exc  # explained by the schema errors below, else a bug of ours
         pruned, _ = schema.prune(pruned, crd["schema"])
         schema.apply_defaults(pruned, crd["schema"])
         _, found = schema.check_custom_resource(pruned, crd["schema"], typed=True)
@@ -136,12 +138,11 @@ def _lint_custom(obj: dict, ctx: Context, add, problems: list[Problem]) -> None:
         add([(p, msg) for p, msg, r in found if r == rule], rule)
     if found or meta_errors:
         return  # the API server stops before the validating webhooks
-    if hook is not None:
-        try:
-            add(hook.validate(pruned, ctx.find_runtime), "webhook")
-            add(hook.warnings(pruned), "webhook", WARNING)
-        except _MALFORMED as exc:
-            add([("", f"the admission webhook would fail on this object ({type(exc).__name__}: {exc})")], "webhook")
+    if crashed is not None:
+        raise crashed
+    if hook is not None:  # on an object the schema accepted: a crash is ddpkit's (lint_object)
+        add(hook.validate(pruned, ctx.find_runtime), "webhook")
+        add(hook.warnings(pruned), "webhook", WARNING)
     # A TrainJob's runtime patches are partial pod specs merged into the runtime's: not judged alone.
     # The JobSet controller adds a volume per VolumeClaimPolicy template to its Jobs' pods.
     claims = [{"name": (t.get("metadata") or {}).get("name"), "persistentVolumeClaim": {"claimName": "-"}}

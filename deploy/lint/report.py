@@ -45,3 +45,8 @@ def short(value: object) -> str:
 
 #: A finding before it is placed in a file: (path, message).
 Finding = tuple[str, str]
+
+
+class LintBug(Exception):
+    """One of ddpkit's own rules crashed on an object the schema layer had accepted: a bug in
+    ddpkit, never the user's bad input (the traceback is kept; please report it)."""
