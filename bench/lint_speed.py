@@ -27,7 +27,7 @@ from deploy.k8s import render as k8s  # noqa: E402
 from deploy.lint import advice, core, schema  # noqa: E402
 from deploy.lint import command as lint  # noqa: E402
 from deploy.lint.admission import WEBHOOKS  # noqa: E402
-from deploy.spec import load_job  # noqa: E402
+from deploy.load import load_job  # noqa: E402
 from deploy.yamlfile import load_documents  # noqa: E402
 
 

@@ -96,7 +96,7 @@ def ladder() -> list[tuple[str, str]]:
         ("+ trainer.config (3 models)", "import trainer.config\n"),
         ("+ deploy.spec (13 models)", "import deploy.spec\n"),
         ("+ the argument parser", "import deploy.cli\ndeploy.cli.build_parser()\n"),
-        ("+ reading and validating the job", f"job = deploy.spec.load_job({str(JOB)!r}, [])\n"),
+        ("+ reading and validating the job", f"import deploy.load\njob = deploy.load.load_job({str(JOB)!r}, [])\n"),
         ("+ the Kubernetes objects as YAML", "import deploy.k8s.render\n"
                                              "deploy.k8s.render.render_k8s(job, flavor=None, source='job.yaml')\n"),
     ]

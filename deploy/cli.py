@@ -27,7 +27,7 @@ STARTER = Path(__file__).with_name("starter.yaml")
 
 
 def _load(args: argparse.Namespace):
-    from deploy.spec import load_job
+    from deploy.load import load_job
 
     return load_job(args.job, args.set or [])
 

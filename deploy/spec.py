@@ -1,7 +1,7 @@
 """The job model: one typed description of a DDP job, validated once.
 
-`load_job(path, overrides)` reads a YAML job file, applies `--set a.b=value` overrides, and
-returns a `JobSpec` or raises `UserError` listing every problem at once, each as
+`deploy.load.load_job(path, overrides)` reads a YAML job file, applies `--set a.b=value`
+overrides, and returns a `JobSpec` or raises `UserError` listing every problem at once, each as
 `FILE:LINE: dotted.path: message`. Renderers and submitters trust a `JobSpec` and never
 re-validate it.
 
@@ -22,14 +22,12 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
-    ValidationError,
     field_validator,
     model_serializer,
     model_validator,
 )
 
 from deploy import units
-from deploy.errors import UserError
 from deploy.image_forms import IMAGE_PATTERN
 from deploy.kube import (
     DNS1035_LABEL,
@@ -41,7 +39,7 @@ from deploy.kube import (
     LABEL_VALUE,
 )
 from deploy.problems import Problem, Problems
-from deploy.yamlfile import Dumper, load_scalar, load_yaml, read_text
+from deploy.yamlfile import Dumper, locate
 from trainer.config import (
     Args,
     CheckpointConfig,
@@ -54,7 +52,7 @@ from trainer.config import (
 from trainer.contract import DEFAULT_STOP_GRACE_S
 
 
-def _close_matches(word: str, choices, **kwargs) -> list[str]:
+def close_matches(word: str, choices, **kwargs) -> list[str]:
     """difflib's "did you mean", imported only when a job file has a typo (render speed)."""
     import difflib
 
@@ -277,7 +275,6 @@ class SecretEnv(Strict):
         return _check_env_name(v)
 
 
-
 class NFS(Strict):
     server: str = Field(description="NFS server host name or address.")
     path: str = Field(description="Exported path on the server.")
@@ -412,7 +409,7 @@ def pod_patch_problems(patch: Any) -> list[Problem]:
         else:
             for key in spec:
                 if key not in POD_SPEC_FIELDS:
-                    close = _close_matches(str(key), POD_SPEC_FIELDS, n=1)
+                    close = close_matches(str(key), POD_SPEC_FIELDS, n=1)
                     problems.append(Problem(f"spec.{key}", "not a PodSpec field",
                                             f"did you mean '{close[0]}'?" if close else
                                             "see `kubectl explain pod.spec`"))
@@ -891,149 +888,3 @@ class JobSpec(Strict):
     def to_yaml(self) -> str:
         """The normalised job (overrides applied, defaults filled): what every node reads."""
         return yaml.dump(self.model_dump(mode="json"), Dumper=Dumper, sort_keys=False, width=100)
-
-
-# --------------------------------------------------------------------------------------------
-# Loading, overrides and error messages
-
-
-def apply_override(data: dict, assignment: str) -> None:
-    """Apply one `--set a.b.c=value` (value typed as YAML) to the raw job mapping."""
-    key, sep, raw = assignment.partition("=")
-    if not sep or not key.strip():
-        raise UserError(f"--set {assignment}: expected KEY=VALUE, e.g. --set nodes=4")
-    parts = key.strip().split(".")
-    try:
-        value = load_scalar(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    if len(parts) == 2 and parts[0] == "env":
-        value = raw  # env values are strings exactly as written: --set env.LR=1.10 is "1.10"
-    node: Any = data
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise UserError(f"--set {key}: {'.'.join(parts[:i])} has {len(node)} entries; "
-                                f"{part!r} is not an index into it")
-            part = int(part)
-        elif not isinstance(node, dict):
-            raise UserError(f"--set {key}: {'.'.join(parts[:i])} is not a mapping")
-        if last:
-            node[part] = value
-        else:
-            if isinstance(node, dict) and not isinstance(node.get(part), (dict, list)):
-                node[part] = {}
-            node = node[part]
-
-
-def _model_at(loc: tuple) -> type[BaseModel] | None:
-    """The model class whose fields are valid at `loc` (for did-you-mean hints)."""
-    model: Any = JobSpec
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
-        if field is None:
-            return None
-        model = unwrap_model(field.annotation)
-        if model is None:
-            return None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
-
-
-def unwrap_model(annotation: Any) -> type[BaseModel] | None:
-    """The model class inside an annotation such as `Volume`, `list[Volume]` or `NFS | None`."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = unwrap_model(arg)
-        if found:
-            return found
-    return None
-
-
-def _message(err: dict) -> str:
-    kind, loc, msg = err["type"], err["loc"], err["msg"]
-    if kind == "extra_forbidden":
-        model = _model_at(loc[:-1])
-        valid = sorted(model.model_fields) if model else []
-        close = _close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
-        hint = f", did you mean '{close[0]}'?" if close else (
-            f"; valid: {', '.join(valid)}" if valid else "")
-        return f"unknown field{hint}"
-    if kind == "missing":
-        return "required field is missing"
-    if kind in ("value_error", "assertion_error"):
-        return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if kind == "literal_error":
-        return msg.replace("Input should be", "must be one of")
-    if kind in ("int_type", "int_parsing", "int_from_float"):
-        got = err.get("input")
-        return (f"expected an integer (got {type(got).__name__} {got!r:.40}); write a whole "
-                "number without quotes")
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        got = err.get("input")
-        return f"{msg.replace('Input should be', 'expected')} (got {type(got).__name__} {got!r:.40})"
-    return msg.replace("Input should be", "must be")
-
-
-def _clean_loc(loc: tuple) -> tuple:
-    # pydantic adds the validator/type name for unions and function validators; drop those
-    return tuple(p for p in loc if isinstance(p, int) or not re.search(r"[\[\]()]|^function-", str(p)))
-
-
-def locate(loc: tuple, source: str, lines: dict, overridden: set) -> str:
-    """Where the field at `loc` was written: `--set KEY`, `FILE:LINE` of it or its nearest
-    written parent, else just FILE."""
-    for n in range(len(loc), -1, -1):
-        prefix = loc[:n]
-        if prefix in overridden:
-            return f"--set {'.'.join(map(str, prefix))}"
-        if prefix in lines:
-            return f"{source}:{lines[prefix]}"
-    return source
-
-
-def validation_problems(exc: ValidationError, source: str, lines: dict, overridden: set) -> list[str]:
-    problems = []
-    for err in exc.errors():
-        loc = _clean_loc(err["loc"])
-        error = (err.get("ctx") or {}).get("error")
-        if isinstance(error, Problems):
-            found = [(loc + tuple(int(p) if p.isdigit() else p for p in problem.path.split(".")),
-                      problem.text) for problem in error.problems]
-        else:
-            found = [(loc, _message(err))]
-        for where_loc, message in found:
-            dotted = ".".join(str(p) for p in where_loc) or "(top level)"
-            line = f"{locate(where_loc, source, lines, overridden)}: {dotted}: {message}"
-            if line not in problems:
-                problems.append(line)
-    return problems
-
-
-def parse_job(data: Any, *, source: str = "job.yaml", lines: dict | None = None,
-              overrides: list[str] = ()) -> JobSpec:
-    """Build a JobSpec from an already-parsed mapping (after applying overrides)."""
-    if not isinstance(data, dict):
-        raise UserError(f"{source}: a job file is a YAML mapping (name: ..., image: ...), "
-                        f"not a {type(data).__name__}")
-    overridden = set()
-    for assignment in overrides:
-        apply_override(data, assignment)
-        overridden.add(tuple(int(p) if p.isdigit() else p
-                             for p in assignment.partition("=")[0].strip().split(".")))
-    try:
-        job = JobSpec.model_validate(data)
-    except ValidationError as exc:
-        raise UserError(*validation_problems(exc, source, lines or {}, overridden)) from None
-    job._origin = (source, lines or {}, frozenset(overridden))
-    return job
-
-
-def load_job(path: str, overrides: list[str] = ()) -> JobSpec:
-    """Read, override and validate a job file. Raises UserError listing every problem."""
-    text = read_text(path)
-    data, lines = load_yaml(text, str(path))
-    return parse_job(data, source=str(path), lines=lines, overrides=overrides)

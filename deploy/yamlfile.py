@@ -168,3 +168,15 @@ def dump_documents(documents: list) -> str:
     """Multi-document YAML (`---` between documents), block style, keys in insertion order."""
     return yaml.dump_all(documents, Dumper=ManifestDumper, sort_keys=False,
                          default_flow_style=False, width=1000, explicit_start=False)
+
+
+def locate(loc: tuple, source: str, lines: dict, overridden: set) -> str:
+    """Where the field at `loc` was written: `--set KEY`, `FILE:LINE` of it or its nearest
+    written parent, else just FILE."""
+    for n in range(len(loc), -1, -1):
+        prefix = loc[:n]
+        if prefix in overridden:
+            return f"--set {'.'.join(map(str, prefix))}"
+        if prefix in lines:
+            return f"{source}:{lines[prefix]}"
+    return source

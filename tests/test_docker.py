@@ -15,8 +15,8 @@ import yaml
 
 from deploy.errors import UserError
 from deploy.k8s.render import render_objects
+from deploy.load import load_job
 from deploy.run import docker as dk
-from deploy.spec import load_job
 from tests.conftest import REPO
 
 QUICK = str(REPO / "examples" / "quickstart-2node.yaml")
@@ -292,7 +292,7 @@ def test_exit_code_policy_retries_only_128_to_255():
 
 
 def test_capabilities_become_cap_add_and_host_network_is_refused(tmp_path):
-    from deploy.spec import parse_job
+    from deploy.load import parse_job
 
     job = parse_job({"name": "caps", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True}, "k8s": {"flavor": "job", "capabilities": ["IPC_LOCK"]}})
     plans = plan(render_objects(job), tmp_path)

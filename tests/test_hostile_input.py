@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 from deploy.errors import UserError
 from deploy.k8s import render as k8s
+from deploy.load import parse_job
 from deploy.slurm.render import render_slurm
-from deploy.spec import parse_job
 
 pytestmark = pytest.mark.slow  # bash and the renderers, 25 examples per property
 

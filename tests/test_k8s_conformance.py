@@ -27,8 +27,8 @@ import yaml
 from deploy.k8s import FLAVORS
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s.render import render_k8s, render_objects
+from deploy.load import parse_job
 from deploy.run.docker import controller_pods
-from deploy.spec import parse_job
 from tests.conftest import IN_CI, REPO, ddpkit, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -509,8 +509,8 @@ def failures(out: Path) -> int:
 def emulated_limit(path: Path):
     """What `run --docker` would do with the same job (deploy/submit/docker.py restart_policy)."""
     from deploy.k8s.render import render_objects
+    from deploy.load import load_job
     from deploy.run.docker import restart_policy
-    from deploy.spec import load_job
 
     return restart_policy(render_objects(load_job(str(path))))
 

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from deploy.errors import UserError
 from deploy.k8s import render as k8s
 from deploy.lint import command as lint
+from deploy.load import parse_job
 from deploy.run.docker import controller_pods, resolve_env
-from deploy.spec import parse_job, reserved_env_reason
+from deploy.spec import reserved_env_reason
 from tests.crds import crd_dir
 
 NAME = st.from_regex(r"\A[a-z]([a-z0-9-]{0,16}[a-z0-9])?\Z")

@@ -12,8 +12,8 @@ from deploy.k8s import flavor as flavor_module
 from deploy.k8s import render as k8s
 from deploy.kube import KUEUE_QUEUE_LABEL
 from deploy.lint import command as lint
+from deploy.load import load_job, parse_job
 from deploy.run.docker import controller_pods, resolve_env
-from deploy.spec import load_job, parse_job
 from tests.conftest import EXAMPLES, ddpkit
 from tests.crds import crd_dir
 

@@ -14,7 +14,7 @@ from deploy.k8s import submit as sub
 from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDEX
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
 from deploy.kube import COMPLETION_INDEX_KEY
-from deploy.spec import parse_job
+from deploy.load import parse_job
 
 
 class FakeCluster:

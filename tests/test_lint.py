@@ -387,7 +387,7 @@ def test_rule_pod_template(crds):
 
 def indexed_job_file(**service_spec):
     from deploy.k8s.render import render_objects
-    from deploy.spec import parse_job
+    from deploy.load import parse_job
 
     objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True}}), flavor="job")
     svc = next(o for o in objs if o["kind"] == "Service")
@@ -419,8 +419,8 @@ def test_every_rule_has_a_test():
 def test_longest_hostname_is_the_longest_the_controllers_give(flavor, nodes):
     """lint's per-kind pod naming agrees with the controller emulation `--docker` runs."""
     from deploy.k8s.render import render_objects
+    from deploy.load import parse_job
     from deploy.run.docker import controller_pods
-    from deploy.spec import parse_job
 
     objs = render_objects(parse_job({"name": "demo", "image": "img:1", "nodes": nodes,
                                             "checkpoint": {"ephemeral": True}}), flavor=flavor)
@@ -474,7 +474,7 @@ def test_lint_never_crashes_on_malformed_objects(crds):
     import random
 
     from deploy.k8s import render as k8s
-    from deploy.spec import parse_job
+    from deploy.load import parse_job
 
     spec = parse_job({"name": "d", "image": "i:1", "nodes": 2, "gpus_per_node": 2, "checkpoint": {"ephemeral": True}})
     base = [o for flavor in k8s.FLAVORS for o in k8s.render_objects(spec, flavor=flavor)]
@@ -506,7 +506,7 @@ def test_a_crash_in_ddpkit_s_own_rule_is_a_bug_not_the_user_s_bad_input(crds, mo
     from deploy.k8s import render as k8s
     from deploy.lint import admission
     from deploy.lint.report import LintBug
-    from deploy.spec import parse_job
+    from deploy.load import parse_job
 
     job = parse_job({"name": "d", "image": "i:1", "nodes": 2, "checkpoint": {"ephemeral": True}})
     (pytorchjob,) = [o for o in k8s.render_objects(job, flavor="pytorchjob") if o["kind"] == "PyTorchJob"]

@@ -163,7 +163,7 @@ def test_lint_agrees_with_the_live_api_server(server, path):
 def test_every_current_rendering_is_accepted_by_the_server_and_by_lint(server, example, flavor):
     from deploy.errors import UserError
     from deploy.k8s.render import render_k8s
-    from deploy.spec import load_job
+    from deploy.load import load_job
 
     try:
         text = render_k8s(load_job(str(example)), flavor=flavor, source=example.name)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from deploy.errors import UserError
-from deploy.spec import parse_job
+from deploy.load import parse_job
 from tests.conftest import REPO, ddpkit
 from tests.trainer_util import free_port, launch_env
 from trainer.launch import plan_launch

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from deploy.errors import UserError
+from deploy.load import load_job, parse_job
 from deploy.slurm.render import render_slurm
-from deploy.spec import load_job, parse_job
 from tests.conftest import EXAMPLES, REPO, ddpkit, require, venv_tool
 
 MODES = [(launcher, container) for launcher in ("torchrun", "srun")

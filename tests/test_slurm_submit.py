@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.load import parse_job
 from deploy.slurm import submit as slurm
 from deploy.slurm.render import render_slurm
-from deploy.spec import parse_job
 from tests.conftest import ddpkit
 
 JOB = parse_job(yaml.safe_load("""

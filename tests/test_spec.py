@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from deploy import units
 from deploy.errors import UserError
-from deploy.spec import JobSpec, load_job, parse_job
+from deploy.load import load_job, parse_job
+from deploy.spec import JobSpec
 
 BASE = {"name": "demo", "image": "ddpkit:0.1"}
 

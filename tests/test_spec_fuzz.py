@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deploy.errors import UserError
-from deploy.spec import JobSpec, parse_job
+from deploy.load import parse_job
+from deploy.spec import JobSpec
 
 KEYS = ["name", "image", "nodes", "gpus_per_node", "procs_per_node", "resources", "env",
         "secret_env", "volumes", "command", "restarts", "time_limit", "checkpoint", "train",

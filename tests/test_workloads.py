@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from deploy.spec import parse_job
+from deploy.load import parse_job
 from tests.conftest import REPO, ddpkit
 from tests.trainer_util import free_port, launch_env, records, run, summary, wait_for, write_job
 from trainer import checkpoint
