@@ -30,7 +30,7 @@ def pytest_addoption(parser):
 #: minutes on a fresh 2-core machine), and everything else runs while it compiles; the first of
 #: these tests to bring the testbed up waits on build.sh's lock until the build is done.
 K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_lint_corpus.py",
-                       "test_testbed_k8s.py"}
+                       "test_testbed_k8s.py", "test_pod_patch_merge.py"}
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -59,6 +59,27 @@ def ddpkit(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "deploy", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout, input=input)
+
+
+def cli(*args: str, cwd: Path | str = REPO) -> subprocess.CompletedProcess:
+    """Run the CLI in this process (`deploy.cli.main`, output captured, `cwd` for the call):
+    for tests where a fresh interpreter adds nothing. `ddpkit()` is the one that does."""
+    import contextlib
+    import io
+
+    from deploy.cli import main
+
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse: --help, usage errors
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    finally:
+        os.chdir(here)
+    return subprocess.CompletedProcess(["ddpkit", *args], code, out.getvalue(), err.getvalue())
 
 
 def build_test_image(tag: str, base_image: str) -> str:

@@ -6,48 +6,48 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, ddpkit
 
 from deploy.cli import build_parser
+from tests.conftest import REPO, cli
 
 
 def test_init_writes_a_starter_that_validates(tmp_path):
-    result = ddpkit("init", "job.yaml", cwd=tmp_path)
+    result = cli("init", "job.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "job.yaml").read_text()
     assert text.startswith("# A ddpkit job")
-    check = ddpkit("validate", str(tmp_path / "job.yaml"))
+    check = cli("validate", str(tmp_path / "job.yaml"))
     assert check.returncode == 0 and "ok: my-ddp-job" in check.stdout
 
 
 def test_init_refuses_to_overwrite(tmp_path):
     (tmp_path / "job.yaml").write_text("mine\n")
-    result = ddpkit("init", "job.yaml", cwd=tmp_path)
+    result = cli("init", "job.yaml", cwd=tmp_path)
     assert result.returncode == 2 and "pass --force" in result.stderr
     assert (tmp_path / "job.yaml").read_text() == "mine\n"
 
 
 def test_validate_prints_the_topology():
-    result = ddpkit("validate", "examples/multinode-gpu.yaml")
+    result = cli("validate", "examples/multinode-gpu.yaml")
     assert result.returncode == 0
     assert "2 node(s) x 8 process(es) on 8 GPU(s), world size 16, backend nccl" in result.stdout
 
 
 def test_set_reaches_the_model():
-    result = ddpkit("validate", "examples/quickstart.yaml", "--set", "nodes=3", "--set", "procs_per_node=4",
+    result = cli("validate", "examples/quickstart.yaml", "--set", "nodes=3", "--set", "procs_per_node=4",
                     "--set", "checkpoint.ephemeral=true")
     assert "3 node(s) x 4 process(es)" in result.stdout and "world size 12" in result.stdout
 
 
 def test_bad_set_is_exit_2_naming_the_override():
-    result = ddpkit("validate", "examples/quickstart.yaml", "--set", "nodes=zero")
+    result = cli("validate", "examples/quickstart.yaml", "--set", "nodes=zero")
     assert result.returncode == 2
     assert result.stderr.strip() == ("error: --set nodes: nodes: 'zero' is not a node count: "
                                      "write 2, or 2:4 for elastic")
 
 
 def test_unknown_handle_is_exit_2():
-    result = ddpkit("status", "1234")
+    result = cli("status", "1234")
     assert result.returncode == 2 and "is not a job handle" in result.stderr
 
 
@@ -63,7 +63,7 @@ def test_write_output_leaves_nothing_half_written(tmp_path):
 
 def test_bad_job_writes_no_output_file(tmp_path):
     out = tmp_path / "job.sbatch"
-    result = ddpkit("render", "slurm", "tests/bad_input/unknown_slurm.yaml", "-o", str(out))
+    result = cli("render", "slurm", "tests/bad_input/unknown_slurm.yaml", "-o", str(out))
     assert result.returncode == 2
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
@@ -76,7 +76,7 @@ def _subcommands():
 
 @pytest.mark.parametrize("command", _subcommands())
 def test_every_command_has_help_with_an_example(command):
-    result = ddpkit(command, "--help")
+    result = cli(command, "--help")
     assert result.returncode == 0
     assert "example:\n  ddpkit" in result.stdout or "example:\n  sudo ddpkit" in result.stdout
 
@@ -114,11 +114,11 @@ def test_plot_overlays_several_runs_and_a_missing_run_is_one_line(tmp_path):
         lines += [{"eval": True, "step": 29, "epoch": 0, "eval_loss": 2.0},
                   {"summary": True, "world_size": 2, "samples_per_s": 1010.0}]
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    result = ddpkit("plot", "runs/a", "runs/b", "-o", "both.png", cwd=tmp_path)
+    result = cli("plot", "runs/a", "runs/b", "-o", "both.png", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "both.png" and (tmp_path / "both.png").stat().st_size > 5000
-    one = ddpkit("plot", "runs/a", cwd=tmp_path)
+    one = cli("plot", "runs/a", cwd=tmp_path)
     assert one.returncode == 0 and (tmp_path / "runs" / "a" / "metrics.png").exists()
-    missing = ddpkit("plot", "runs/a", "runs/nope", cwd=tmp_path)
+    missing = cli("plot", "runs/a", "runs/nope", cwd=tmp_path)
     assert missing.returncode == 2 and "runs/nope/metrics.jsonl does not exist" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr

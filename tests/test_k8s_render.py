@@ -14,7 +14,8 @@ from deploy.kube import KUEUE_QUEUE_LABEL
 from deploy.lint import command as lint
 from deploy.load import load_job, parse_job
 from deploy.run.docker import controller_pods, resolve_env
-from tests.conftest import EXAMPLES, ddpkit
+from tests.builders import BASE
+from tests.conftest import EXAMPLES, cli
 from tests.crds import crd_dir
 
 #: Combinations a flavor cannot express: (example stem, flavor) -> the field named in the error.
@@ -40,8 +41,7 @@ def render(path, flavor):
 
 def job(**fields):
     # checkpoints in the container are accepted here (deploy/durability.py has its own tests)
-    data = {"name": "demo", "image": "img:1", "checkpoint": {"ephemeral": True}, **fields}
-    return parse_job(data)
+    return parse_job({**BASE, **fields})
 
 
 def objects(spec, flavor):
@@ -310,12 +310,12 @@ def test_job_is_indexed_with_a_headless_service_as_its_subdomain():
 def test_elastic_nodes_on_a_fixed_size_flavor_is_an_exit_2_error(flavor, tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("name: demo\nimage: img:1\nnodes: '2:4'\ncheckpoint: {ephemeral: true}\n")
-    result = ddpkit("render", "k8s", str(path), "--flavor", flavor)
+    result = cli("render", "k8s", str(path), "--flavor", flavor)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith(f"error: {path}:3: nodes: elastic 2:4 needs the pytorchjob flavor")
     assert "Traceback" not in result.stderr
     # validate finds the very same refusal, with the same line (deploy/problems.py)
-    checked = ddpkit("validate", str(path), "--flavor", flavor)
+    checked = cli("validate", str(path), "--flavor", flavor)
     assert (checked.returncode, checked.stdout, checked.stderr) == (2, "", result.stderr)
 
 
@@ -343,9 +343,9 @@ def test_what_a_trainjob_cannot_say_is_an_error_each():
 def test_cli_render_writes_the_file_and_lint_accepts_it(tmp_path):
     out = tmp_path / "out.yaml"
     example = next(p for p in EXAMPLES if p.stem == "multinode-gpu")
-    result = ddpkit("render", "k8s", str(example), "--flavor", "job", "-o", str(out))
+    result = cli("render", "k8s", str(example), "--flavor", "job", "-o", str(out))
     assert result.returncode == 0, result.stderr
-    check = ddpkit("lint", str(out), "--crds", str(crd_dir()))
+    check = cli("lint", str(out), "--crds", str(crd_dir()))
     assert check.returncode == 0, check.stdout + check.stderr
 
 

@@ -15,6 +15,7 @@ from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDE
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
 from deploy.kube import COMPLETION_INDEX_KEY
 from deploy.load import parse_job
+from tests.builders import BASE
 
 
 class FakeCluster:
@@ -67,8 +68,7 @@ class FakeCluster:
 
 
 def job(**fields):
-    return parse_job({"name": "demo", "image": "img:1", "nodes": 2, "checkpoint": {"ephemeral": True},
-                      "k8s": {"namespace": "ml"}, **fields})
+    return parse_job({**BASE, "nodes": 2, "k8s": {"namespace": "ml"}, **fields})
 
 
 def test_submit_creates_every_object_in_order_and_prints_the_handle():

@@ -5,8 +5,6 @@ tests/test_lint_corpus.py; here each rule is pinned by the smallest object that 
 """
 
 import copy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import yaml
 
 from deploy.lint import advice, schema
 from deploy.lint import command as lint
+from tests.conftest import cli
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -433,8 +432,7 @@ def test_longest_hostname_is_the_longest_the_controllers_give(flavor, nodes):
 # ---- CLI -----------------------------------------------------------------------------------------
 
 def run_lint(*args):
-    return subprocess.run([sys.executable, "-m", "deploy", "lint", *args], cwd=REPO,
-                          capture_output=True, text=True)
+    return cli("lint", *args)
 
 
 def test_cli_lint_exit_codes(tmp_path):
