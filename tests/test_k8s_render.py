@@ -485,7 +485,9 @@ def test_cluster_fields_reach_every_pod_template(flavor):
         assert tpl["metadata"]["labels"]["extra"] == "yes"
         assert spec["dnsConfig"] == {"options": [{"name": "ndots", "value": "2"}]}
         assert {"name": "NCCL_IB_HCA", "value": "mlx5"} in c["env"]
-        assert c["env"][0]["name"] == "DDPKIT_JOB_FILE"  # merged into, not replaced
+        # merged into, not replaced, in the order a strategic merge patch gives (the patch's new
+        # item first: tests/test_pod_patch_merge.py checks the order against kubectl)
+        assert [e["name"] for e in c["env"]][:2] == ["NCCL_IB_HCA", "DDPKIT_JOB_FILE"]
     assert workload(objects(cluster_job(), flavor))["metadata"]["annotations"] == {
         "team.example.com/owner": "ml"}
 

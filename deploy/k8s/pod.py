@@ -297,17 +297,29 @@ def strategic_merge(base: Any, patch: Any, key: str | None = None) -> Any:
                 out[k] = strategic_merge({}, v, k) if isinstance(v, dict) else _copy(v)
         return out
     if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
-        field = MERGE_KEYS[key]
-        out = [dict(i) if isinstance(i, dict) else i for i in base]
-        for item in patch:
-            at = next((n for n, old in enumerate(out)
-                       if isinstance(old, dict) and isinstance(item, dict) and old.get(field) == item.get(field)), None)
-            if at is None:
-                out.append(_copy(item))
-            else:
-                out[at] = strategic_merge(out[at], item, key)
-        return out
+        return _merge_list(base, patch, key, MERGE_KEYS[key])
     return _copy(patch)
+
+
+def _merge_list(base: list, patch: list, key: str, field: str) -> list:
+    """A list merged on `field`, in the order apimachinery gives it (strategicpatch
+    `normalizeElementOrder` + `mergeSortedSlice`): the patch's items in the patch's order, each
+    merged with the base item of the same key, and the base-only items slotted in where the
+    base order puts them before a patch item, both relative orders kept."""
+    def ident(item: Any) -> Any:
+        return item.get(field) if isinstance(item, dict) else object()
+
+    base_keys = [ident(i) for i in base]
+    patch_keys = {ident(i) for i in patch}
+    merged = [strategic_merge(base[base_keys.index(ident(p))], p, key) if ident(p) in base_keys
+              else _copy(p) for p in patch]
+    left = [_copy(b) for b in base if ident(b) not in patch_keys]  # the base-only items
+    out: list = []
+    while left and merged:
+        li, ri = ident(left[0]), ident(merged[0])
+        before = ri in base_keys and base_keys.index(li) < base_keys.index(ri)
+        out.append(left.pop(0) if before else merged.pop(0))
+    return out + left + merged
 
 
 def _copy(value: Any) -> Any:
