@@ -151,7 +151,7 @@ def _submit_submitit(job, *, cwd) -> str:
                              "pip install 'ddpkit[slurm]'") from None
     if shutil.which("sbatch") is None:
         raise RuntimeFailure(_NO_SLURM.format(cmd="sbatch"))
-    from deploy.slurm import render
+    from deploy.slurm import directives as render
 
     s = job.slurm
     workdir = Path(cwd or os.getcwd())
@@ -209,7 +209,7 @@ def _submit_submitit(job, *, cwd) -> str:
 def _container_argv(job) -> list[str]:
     """The Apptainer prefix of the launch command (the sbatch script's, as an argv)."""
     from deploy import image_forms
-    from deploy.slurm import render
+    from deploy.slurm import request as render
 
     if job.slurm.container != "apptainer":
         return []
