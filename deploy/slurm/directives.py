@@ -93,12 +93,14 @@ def of(job: JobSpec) -> tuple[Directive, ...]:
     """The `#SBATCH` options, all derived from the JobSpec, in the order the script prints them."""
     s = job.slurm
     nodes = job.nodes.min if not job.nodes.elastic else f"{job.nodes.min}-{job.nodes.max}"
+    gpus = gpu_request(job) or ("gpus-per-node", None)
+    # (name, value or None for "not asked for", the field a wrong value would come from)
     out: list[tuple[str, Value | None, str]] = [
         ("job-name", job.name, "name"),
         ("nodes", nodes, "nodes"),
         ("ntasks-per-node", tasks_per_node(job), "slurm.launcher"),
         ("cpus-per-task", cpus_per_task(job), "resources.cpus_per_node"),
-        (*(gpu_request(job) or ("gpus-per-node", None)), "gpus_per_node"),
+        (*gpus, "gpus_per_node"),
         ("mem", memory_option(job), "resources.memory"),
         ("time", None if job.time_limit is None else slurm_time(job.time_limit), "time_limit"),
         *((key, getattr(s, key), f"slurm.{key}") for key in ("partition", "account", "qos", "constraint")),

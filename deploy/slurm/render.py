@@ -1,4 +1,5 @@
-"""The sbatch script for a job: `render_slurm(job) -> str` (template `slurm/job.sh.j2`).
+"""The sbatch script for a job: `render_slurm(job) -> str`, the template `slurm/job.sh.j2`
+laying out the job's SbatchRequest (request.py; `--via submitit` maps the same request).
 
 Every count comes from the JobSpec's one topology (nodes, processes per node, GPUs, CPUs):
 - torchrun mode: one Slurm task per node, running `python -m trainer.launch`, which starts
