@@ -252,13 +252,16 @@ def test_script_sets_the_launch_contract_and_quotes_every_value(tmp_path):
 
 @pytest.mark.parametrize("job_id", ["4242", "123456", "10000"])
 def test_script_port_is_trainer_launchs_formula(tmp_path, job_id):
-    """The port is computed in bash (the job id is known only at run time) and again by
-    trainer.launch (for srun/submitit runs without the script): both must agree."""
+    """The port is computed in bash (the job id is known only at run time), by submitit's
+    SlurmLaunch (trainer.contract.slurm_port) and by trainer.launch (for srun runs without the
+    script): all must agree."""
+    from trainer.contract import slurm_port as contract_port
     from trainer.launch import slurm_port
 
     rc, out = run_script(tmp_path, render_slurm(job_from(BASE)), env={"SLURM_JOB_ID": job_id})
     assert rc == 0, out
     assert srun_env(tmp_path)["DDPKIT_MASTER_PORT"] == slurm_port({"SLURM_JOB_ID": job_id})
+    assert srun_env(tmp_path)["DDPKIT_MASTER_PORT"] == str(contract_port(int(job_id)))
 
 
 def test_the_steps_exit_code_is_the_jobs(tmp_path):

@@ -1,19 +1,32 @@
 """`deploy.slurm.submit` against a recorded stand-in for the Slurm commands (unit tests; the real
-cluster is in tests/test_slurm_e2e.py)."""
+cluster is in tests/test_slurm_e2e.py). `--via submitit` runs the real submitit, with stand-in
+`sbatch` and `srun` commands only, and its own sbatch text is compared with ddpkit's script."""
 
 from __future__ import annotations
 
 import io
+import itertools
+import os
+import re
+import shlex
 import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.load import parse_job
 from deploy.slurm import submit as slurm
+from deploy.slurm.directives import parse as parse_directive
 from deploy.slurm.render import render_slurm
+from deploy.slurm.submitit import SlurmLaunch
 from tests.conftest import ddpkit
+from trainer.contract import slurm_port
 
 JOB = parse_job(yaml.safe_load("""
 name: demo
@@ -156,67 +169,6 @@ def test_cancel_runs_scancel_and_waits_for_the_end():
         slurm.cancel("slurm://12", runner=fake)
 
 
-def test_submitit_launch_sets_the_same_contract(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    launch = slurm.SlurmLaunch(JOB.to_yaml(), "demo", "logs", 2, 1, "torchrun", None)
-    env = launch.environment({"SLURM_JOB_NODELIST": "node[07-08]", "SLURM_JOB_ID": "4242",
-                              "SLURM_JOB_NUM_NODES": "2"})
-    assert env["DDPKIT_MASTER_ADDR"] == "node07" and env["DDPKIT_MASTER_PORT"] == "19242"
-    assert env["DDPKIT_JOB_FILE"] == str(tmp_path / "logs" / "demo-4242.job.yaml")
-    assert env["DDPKIT_NPROC_PER_NODE"] == "2" and env["DDPKIT_LAUNCHER"] == "torchrun"
-
-
-def test_submitit_gets_the_sbatch_scripts_resources(tmp_path, monkeypatch):
-    """`--via submitit` asks for what the #SBATCH lines ask for (same helpers, same rounding);
-    submitit itself is a recording stand-in here, the real one runs in the e2e tests."""
-    import sys
-    import types
-
-    recorded: dict = {}
-
-    class Executor:
-        def __init__(self, **kwargs):
-            recorded["executor"] = kwargs
-
-        def update_parameters(self, **params):
-            recorded["params"] = params
-
-        def submit(self, fn):
-            recorded["fn"] = fn
-            return types.SimpleNamespace(job_id="77")
-
-    monkeypatch.setitem(sys.modules, "submitit", types.SimpleNamespace(SlurmExecutor=Executor))
-    monkeypatch.setattr(slurm.shutil, "which", lambda cmd: f"/usr/bin/{cmd}")
-    job = parse_job(yaml.safe_load("""
-name: demo
-image: x:1
-nodes: 2
-gpus_per_node: 4
-resources: {cpus_per_node: 8, memory: 3000000000, shm: 64Mi}
-time_limit: 3m
-"""), overrides=["slurm.launcher=srun", "slurm.gpu_flag=gres", "slurm.partition=gpu"])
-    assert slurm.submit(job, via="submitit", cwd=tmp_path) == "slurm://77"
-    params = recorded["params"]
-    assert params["ntasks_per_node"] == 4 and params["cpus_per_task"] == 2
-    assert params["gres"] == "gpu:4" and "gpus_per_node" not in params
-    assert params["mem"] == "2862M" and params["time"] == 3 and params["partition"] == "gpu"
-    sbatch = directives_of(render_slurm(job))
-    for flag in ("--ntasks-per-node=4", "--cpus-per-task=2", "--gres=gpu:4", "--mem=2862M",
-                 "--time=0-00:03:00"):
-        assert flag in sbatch, flag
-    job = parse_job(yaml.safe_load("{name: demo, image: x:1, gpus_per_node: 2}"))
-    slurm.submit(job, via="submitit", cwd=tmp_path)
-    assert recorded["params"]["gpus_per_node"] == 2 and "gres" not in recorded["params"]
-    # a GPU job that does not say gets CPUS_PER_GPU per GPU, on both paths (not Slurm's 1)
-    assert "mem" not in recorded["params"] and recorded["params"]["cpus_per_task"] == 8
-    assert "--cpus-per-task=8" in recorded["params"]["srun_args"]
-    assert "--cpus-per-task=8" in directives_of(render_slurm(job))
-
-
-def directives_of(script: str) -> list[str]:
-    return [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
-
-
 def test_a_missing_secret_is_reported_before_sbatch(tmp_path, monkeypatch):
     job = parse_job(yaml.safe_load("""
 name: demo
@@ -236,30 +188,166 @@ secret_env: [{name: API_TOKEN, secret: api, key: token}]
     assert slurm.submit(job, runner=fake, cwd=tmp_path) == "slurm://123"
 
 
-def _recording_submitit(monkeypatch) -> dict:
-    import sys
-    import types
+# ---------------------------------------------------------------------------------------------
+# --via submitit: the real submitit writes its sbatch script; only `sbatch` and `srun` are stand-ins
 
-    recorded: dict = {}
-
-    class Executor:
-        def __init__(self, **kwargs):
-            recorded["executor"] = kwargs
-
-        def update_parameters(self, **params):
-            recorded["params"] = params
-
-        def submit(self, fn):
-            recorded["fn"] = fn
-            return types.SimpleNamespace(job_id="78")
-
-    monkeypatch.setitem(sys.modules, "submitit", types.SimpleNamespace(SlurmExecutor=Executor))
-    monkeypatch.setattr(slurm.shutil, "which", lambda cmd: f"/usr/bin/{cmd}")
-    return recorded
+FAKE_SBATCH = """#!/bin/sh
+echo "$@" >> "$FAKE_DIR/sbatch.calls"
+echo "Submitted batch job 77"
+"""
 
 
-def test_submitit_honours_directives_elastic_nodes_apptainer_conda_and_secrets(tmp_path, monkeypatch):
-    recorded = _recording_submitit(monkeypatch)
+@pytest.fixture
+def fake_sbatch(tmp_path_factory, monkeypatch):
+    """`sbatch` that accepts every script as job 77 and records its arguments; `srun` exists
+    (submitit's SlurmExecutor looks for it). Returns the directory of the calls file."""
+    import submitit
+
+    fake_dir = tmp_path_factory.mktemp("fake-slurm")
+    for name, text in (("sbatch", FAKE_SBATCH), ("srun", "#!/bin/sh\nexit 0\n")):
+        (fake_dir / name).write_text(text)
+        (fake_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DIR", str(fake_dir))
+    yield fake_dir
+    submitit.SlurmJob.watcher.clear()  # as submitit's own tests do (a shared watcher)
+
+
+def submit_via_submitit(job, workdir: Path) -> tuple[str, SlurmLaunch]:
+    """`submit --via submitit`: the sbatch text submitit wrote and the launch it pickled."""
+    from submitit.core.utils import DelayedSubmission
+
+    assert slurm.submit(job, via="submitit", cwd=workdir) == "slurm://77"
+    folder = workdir / job.slurm.log_dir / "submitit"
+    launch = DelayedSubmission.load(folder / "77_submitted.pkl").function
+    assert isinstance(launch, SlurmLaunch)
+    return (folder / "77_submission.sh").read_text(), launch
+
+
+def sbatch_options(script: str) -> dict[str, str | bool]:
+    """The #SBATCH options of a script as {name: value or True} (submitit shell-quotes values)."""
+    options: dict[str, str | bool] = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH "):
+            [word] = shlex.split(line.removeprefix("#SBATCH "))
+            name, value = parse_directive(word)
+            assert name not in options, f"--{name} twice"
+            options[name] = value if value is True else str(value)
+    return options
+
+
+def minutes(value: str) -> int:
+    """A Slurm --time value (minutes, or D-HH:MM:SS) in minutes."""
+    if value.isdigit():
+        return int(value)
+    days, clock = value.split("-")
+    hours, mins, secs = clock.split(":")
+    assert secs == "00"
+    return int(days) * 1440 + int(hours) * 60 + int(mins)
+
+
+def lines_after(script: str, start: str, end: str = "") -> list[str]:
+    """The lines after the first line `start`, up to the next line `end`."""
+    lines = script.splitlines()
+    if start not in lines:
+        return []
+    rest = lines[lines.index(start) + 1:]
+    return rest[:rest.index(end)]
+
+
+def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
+    """ddpkit's sbatch script and the one submitit wrote ask Slurm for the same job: the same
+    #SBATCH options but where submitit has its own way, the same setup lines, the same srun
+    options, the same container and argv, the same launch contract."""
+    script = render_slurm(job)
+    text, launch = submit_via_submitit(job, workdir)
+    ours, theirs = sbatch_options(script), sbatch_options(text)
+    # where the two legitimately differ:
+    # - submitit writes its own log files (srun writes each task's) in its folder
+    for name in ("output", "error"):
+        assert ours.pop(name) == f"{job.slurm.log_dir}/%x-%j.out"
+        assert theirs.pop(name).startswith(f"{workdir / job.slurm.log_dir / 'submitit'}/%j_0_log.")
+    # - submitit signals every task itself (its USR2 handler, SlurmLaunch forwards it), not the
+    #   batch shell (`B:`, whose trap in ddpkit's script forwards it), and always: same lead
+    signal = ours.pop("signal", None)
+    assert theirs.pop("signal") == f"USR2@{job.slurm.signal_seconds}"
+    assert signal in (None, f"B:USR2@{job.slurm.signal_seconds}")
+    # - submitit's time is whole minutes; ddpkit's D-HH:MM:SS is rounded up to whole minutes
+    assert minutes(ours.pop("time")) == minutes(theirs.pop("time")) == -(-job.time_limit // 60)
+    # - submitit tags its jobs; `submit` gives sbatch the submit directory on its command line
+    assert theirs.pop("wckey") == "submitit"
+    assert theirs.pop("chdir") == str(workdir)
+    assert ours == theirs
+    # setup: ddpkit's setup block (modules, slurm.setup, venv) then its exports (env:, secrets)
+    setup = lines_after(script, "set +u", "set -u")
+    exports = lines_after(script, "# Environment of every process (env:).")
+    assert lines_after(text, "# setup") == setup + exports
+    # the job step: the same srun options (ddpkit's also names the node count, for an elastic job)
+    [srun] = [line for line in text.splitlines() if line.startswith("srun ")]
+    words = shlex.split(srun)
+    assert words[:6] == ["srun", "--unbuffered", "--output", words[3], "--error", words[5]]
+    step = list(itertools.takewhile(lambda w: w.startswith("--"), words[6:]))
+    launch_words = script_launch(script)
+    assert launch_words[:2] == ["srun", "--nodes=$SLURM_JOB_NUM_NODES"]
+    assert launch_words[2:2 + len(step)] == step
+    # what each task runs: the container prefix and argv (the script's, with its $job_dir
+    # resolved; without a container the entry point runs in submitit's interpreter)
+    argv = [launch.job_dir() if w == "$job_dir" else w for w in launch_words[2 + len(step):]]
+    if job.slurm.container == "none" and not job.command:
+        assert argv == ["python", "-m", "trainer.launch"]
+        argv = [sys.executable, *argv[1:]]
+    assert launch.argv() == argv
+    # the launch contract: what the script exports as literals, SlurmLaunch sets the same
+    env = launch.environment({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "4242",
+                              "SLURM_JOB_NUM_NODES": "2"})
+    exported = dict(re.findall(r"^export (DDPKIT_\w+)=(\w[^\s]*)$", script, re.M))
+    assert exported and {k: env[k] for k in exported} == exported
+    assert env["DDPKIT_MASTER_PORT"] == str(slurm_port(4242)) and env["DDPKIT_MASTER_ADDR"] == "n1"
+    assert env["DDPKIT_NNODES"] == "2"
+    assert env["DDPKIT_JOB_FILE"] == f"{launch.job_dir()}/{job.name}-4242.job.yaml"
+    return script, text, launch
+
+
+def script_launch(script: str) -> list[str]:
+    """The words of the script's job step, `srun ...` to the entry point."""
+    lines = script.splitlines()
+    [start] = [i for i, line in enumerate(lines) if line.strip().startswith("srun --nodes=")]
+    command = lines[start].strip()
+    while command.endswith(" \\"):
+        start += 1
+        command = command[:-2] + " " + lines[start].strip()
+    return shlex.split(command.removesuffix(" &").removesuffix(" || rc=$?"))
+
+
+def test_submitit_gets_the_sbatch_scripts_resources(tmp_path, fake_sbatch, monkeypatch):
+    """`--via submitit` asks for what the #SBATCH lines ask for: the real submitit's sbatch
+    text against ddpkit's script, for srun mode with typed resources and for a GPU job that
+    says nothing about CPUs (CPUS_PER_GPU per GPU on both paths, not Slurm's 1)."""
+    monkeypatch.chdir(tmp_path)
+    job = parse_job(yaml.safe_load("""
+name: demo
+image: x:1
+nodes: 2
+gpus_per_node: 4
+resources: {cpus_per_node: 8, memory: 3000000000, shm: 64Mi}
+time_limit: 3m
+"""), overrides=["slurm.launcher=srun", "slurm.gpu_flag=gres", "slurm.partition=gpu"])
+    _, text, _ = assert_same_request(job, tmp_path)
+    options = sbatch_options(text)
+    assert options["ntasks-per-node"] == "4" and options["cpus-per-task"] == "2"
+    assert options["gres"] == "gpu:4" and "gpus-per-node" not in options
+    assert options["mem"] == "2862M" and options["time"] == "3" and options["partition"] == "gpu"
+    assert options["no-requeue"] is True  # restarts: 0, as the script says
+    job = parse_job(yaml.safe_load("{name: demo, image: x:1, gpus_per_node: 2, time_limit: 1h}"))
+    _, text, _ = assert_same_request(job, tmp_path)
+    options = sbatch_options(text)
+    assert options["gpus-per-node"] == "2" and "gres" not in options and "mem" not in options
+    assert options["cpus-per-task"] == "8" and " --cpus-per-task=8 " in text
+
+
+def test_submitit_honours_directives_elastic_nodes_apptainer_conda_and_secrets(tmp_path, fake_sbatch,
+                                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("API_TOKEN", "s3cret")
     job = parse_job(yaml.safe_load("""
 name: demo
@@ -267,6 +355,7 @@ image: ghcr.io/org/t:1
 nodes: "2:4"
 gpus_per_node: 2
 gpu_resource: amd.com/gpu
+time_limit: 2h
 env: {NCCL_DEBUG: WARN}
 secret_env: [{name: API_TOKEN, secret: api, key: token}]
 volumes: [{name: d, host_path: /lustre/d, mount: /data, read_only: true}]
@@ -276,40 +365,83 @@ slurm:
   setup: ["echo hello"]
   extra_directives: [--mail-type=END, --hint=nomultithread]
 """))
-    assert slurm.submit(job, via="submitit", cwd=tmp_path) == "slurm://78"
-    params = recorded["params"]
-    assert params["additional_parameters"] == {"mail-type": "END", "hint": "nomultithread",
-                                               "nodes": "2-4", "chdir": str(tmp_path)}
-    assert params["setup"] == [
-        "set +u", "module load rocm/6.0", "echo hello", "export NCCL_DEBUG=WARN",
-        ': "${API_TOKEN:?secret_env API_TOKEN is not set: export it before submitting}"',
+    _, text, launch = assert_same_request(job, tmp_path)
+    lines = text.splitlines()
+    assert [x for x in lines if x.startswith("#SBATCH --nodes")] == ["#SBATCH --nodes=2-4"]
+    assert "#SBATCH --mail-type=END" in lines and "#SBATCH --hint=nomultithread" in lines
+    assert lines_after(text, "# setup") == [
+        "module load rocm/6.0", "echo hello", "export NCCL_DEBUG=WARN",
+        "# secret_env API_TOKEN: never written here; export it before calling sbatch.",
+        ': "${API_TOKEN:?secret_env API_TOKEN is not set: export it before sbatch (Kubernetes '
+        'Secret api/token does not exist on Slurm)}"',
         "export API_TOKEN"]
-    assert params["srun_args"] == ["--kill-on-bad-exit=1", "--cpus-per-task=8"]
-    assert recorded["fn"].container == ["apptainer", "exec", "--rocm", "--bind", "/lustre/d:/data:ro",
-                                        "docker://ghcr.io/org/t:1"]
-    env = recorded["fn"].environment({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "5",
-                                      "SLURM_JOB_NUM_NODES": "2"})
+    assert launch.argv() == ["apptainer", "exec", "--rocm", "--bind", "/lustre/d:/data:ro",
+                             "docker://ghcr.io/org/t:1", "python", "-m", "trainer.launch"]
+    env = launch.environment({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "5",
+                              "SLURM_JOB_NUM_NODES": "2"})
     assert env["DDPKIT_STOP_GRACE_S"] == "120"  # the signal's lead, as the script exports it
-    # the same #SBATCH options as the script
-    sbatch = directives_of(render_slurm(job))
-    assert "--mail-type=END" in sbatch and "--nodes=2-4" in sbatch
-    # a conda prefix without bin/activate, as in the script
-    job = parse_job(yaml.safe_load("{name: demo, image: x:1, slurm: {venv: /opt/conda/envs/t}}"))
-    slurm.submit(job, via="submitit", cwd=tmp_path)
-    [venv] = [line for line in recorded["params"]["setup"] if "/opt/conda/envs/t" in line]
-    proc = subprocess.run(["bash", "-c", venv + '; echo "$CONDA_PREFIX $PATH"'], capture_output=True, text=True)
+    assert env["DDPKIT_JOB_FILE"] == str(tmp_path / "logs" / "demo-5.job.yaml")
+    # a conda prefix without bin/activate, as in the script: submitit's own setup lines, run
+    job = parse_job(yaml.safe_load("{name: demo, image: x:1, time_limit: 1h, slurm: {venv: /opt/conda/envs/t}}"))
+    _, text, _ = assert_same_request(job, tmp_path)
+    setup = "\n".join(lines_after(text, "# setup"))
+    proc = subprocess.run(["bash", "-c", setup + '\necho "$CONDA_PREFIX $PATH"'], capture_output=True, text=True)
     assert proc.stdout.startswith("/opt/conda/envs/t /opt/conda/envs/t/bin:"), proc.stdout + proc.stderr
+
+
+def test_submitit_binds_an_absolute_log_dir_into_the_container(tmp_path, fake_sbatch, monkeypatch):
+    """The job file lies in the log dir; outside the working directory Apptainer must bind it,
+    at the path DDPKIT_JOB_FILE names (the script's `$job_dir`, resolved)."""
+    monkeypatch.chdir(tmp_path)
+    logs = tmp_path / "abs-logs"
+    job = parse_job({"name": "demo", "image": "x:1", "time_limit": "1h",
+                     "slurm": {"container": "apptainer", "log_dir": str(logs)}})
+    _, _, launch = assert_same_request(job, tmp_path)
+    assert launch.argv()[:4] == ["apptainer", "exec", "--bind", str(logs)]
+    env = launch.environment({"SLURM_JOB_NODELIST": "n1", "SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "1"})
+    assert env["DDPKIT_JOB_FILE"] == str(logs / "demo-9.job.yaml")
 
 
 @pytest.mark.parametrize("patch,expected", [
     ({"slurm": {"container": "pyxis"}}, "slurm.container: pyxis puts submitit's own srun step in the container"),
     ({"slurm": {"signal": "TERM"}}, "slurm.signal: TERM: submitit always asks Slurm for SIGUSR2"),
     ({"restarts": 1, "slurm": {"launcher": "srun"}}, "restarts: 1 in srun mode"),
+    # without a time limit submitit would write --time=5 (minutes): found by comparing the texts
+    ({"time_limit": None}, "time_limit: not set, and submitit then asks Slurm for 5 minutes"),
 ])
-def test_submitit_refuses_what_it_cannot_do_like_the_script(tmp_path, monkeypatch, patch, expected):
-    recorded = _recording_submitit(monkeypatch)
-    job = parse_job({"name": "demo", "image": "x:1", **patch})
+def test_submitit_refuses_what_it_cannot_do_like_the_script(tmp_path, fake_sbatch, patch, expected):
+    job = parse_job({"name": "demo", "image": "x:1", "time_limit": "1h", **patch})
     with pytest.raises(UserError) as err:
         slurm.submit(job, via="submitit", cwd=tmp_path)
     assert any(expected in p for p in err.value.problems), err.value.problems
-    assert "fn" not in recorded
+    assert not (fake_sbatch / "sbatch.calls").exists()  # nothing reached sbatch
+    assert not (tmp_path / "logs" / "submitit").exists()
+
+
+@given(nodes=st.sampled_from([1, 2, 3, "1:2", "2:4"]), gpus=st.integers(0, 8),
+       launcher=st.sampled_from(["torchrun", "srun"]), container=st.sampled_from(["none", "apptainer"]),
+       cpus_per_task=st.one_of(st.none(), st.integers(1, 6)), minutes=st.one_of(st.none(), st.integers(3, 4000)),
+       restarts=st.integers(0, 2), gpu_flag=st.sampled_from(["gpus-per-node", "gres"]))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_submitit_and_the_script_agree_for_generated_jobs(fake_sbatch, nodes, gpus, launcher, container,
+                                                           cpus_per_task, minutes, restarts, gpu_flag):
+    procs = gpus or 2
+    tasks = 1 if launcher == "torchrun" else procs
+    job = parse_job({
+        "name": "gen", "image": "ghcr.io/org/t:1", "nodes": nodes, "gpus_per_node": gpus,
+        **({} if gpus else {"procs_per_node": procs}), "restarts": restarts,
+        **({"time_limit": f"{minutes}m"} if minutes else {}),
+        "resources": {} if cpus_per_task is None else {"cpus_per_node": cpus_per_task * tasks},
+        "slurm": {"launcher": launcher, "container": container, "gpu_flag": gpu_flag,
+                  "requeue": bool(restarts and launcher == "srun")}})
+    if minutes is None:  # submitit would ask for 5 minutes: refused
+        with pytest.raises(UserError, match="time_limit: not set"):
+            slurm.submit(job, via="submitit", cwd=Path.cwd())
+        return
+    with tempfile.TemporaryDirectory() as workdir:
+        cwd = os.getcwd()
+        os.chdir(workdir)
+        try:
+            assert_same_request(job, Path(workdir).resolve())
+        finally:
+            os.chdir(cwd)

@@ -1,4 +1,5 @@
-"""The sbatch script for a job: `render_slurm(job) -> str` (template `slurm/job.sh.j2`).
+"""The sbatch script for a job: `render_slurm(job) -> str`, the template `slurm/job.sh.j2`
+laying out the job's SbatchRequest (request.py; `--via submitit` maps the same request).
 
 Every count comes from the JobSpec's one topology (nodes, processes per node, GPUs, CPUs):
 - torchrun mode: one Slurm task per node, running `python -m trainer.launch`, which starts
@@ -22,23 +23,22 @@ Choices worth knowing:
 
 from __future__ import annotations
 
-import hashlib
 import math
 import posixpath
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from deploy import __version__, durability, image_forms, units
 from deploy.problems import Problem, refuse
+from deploy.slurm import directives
+from deploy.slurm.request import JOB_FILE, SbatchRequest, container_mounts
 from deploy.slurm.template import render_template, shquote
 from deploy.spec import JobSpec
-from deploy.units import slurm_time
+from trainer.contract import slurm_port_bash
 
-DEFAULT_COMMAND = ["python", "-m", "trainer.launch"]
 HEREDOC_END = "DDPKIT_JOB_YAML"
-# sbatch reads #SBATCH lines itself (no shell); keep values to characters it passes unchanged.
-_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&~-]+$")
 
 
 def render_slurm(job: JobSpec, *, source: str = "job.yaml") -> str:
@@ -83,7 +83,7 @@ def check(job: JobSpec, flavor: None = None) -> list[Problem]:
             "set slurm.requeue: true (requeue before the time limit), use slurm.launcher: "
             "torchrun, or set restarts: 0"))
     cpus = job.resources.cpus_per_node
-    tasks = tasks_per_node(job)
+    tasks = directives.tasks_per_node(job)
     if cpus is not None and (math.ceil(cpus) % tasks or math.ceil(cpus) < tasks):
         low, high = (math.ceil(cpus) // tasks) * tasks, (math.ceil(cpus) // tasks + 1) * tasks
         problems.append(Problem(
@@ -96,79 +96,13 @@ def check(job: JobSpec, flavor: None = None) -> list[Problem]:
             "time_limit", f"{units.format_duration(job.time_limit)} must exceed "
             f"slurm.signal_seconds ({s.signal_seconds}s), the warning before the limit",
             "raise time_limit or lower slurm.signal_seconds"))
-    if not _DIRECTIVE_VALUE.match(s.log_dir):
+    if not directives.VALUE.match(s.log_dir):
         problems.append(Problem("slurm.log_dir", f"{s.log_dir!r} cannot go into an #SBATCH line",
                                 "use letters, digits and _.,:@%+=/|&~- only (no spaces or quotes)"))
     if any(line == HEREDOC_END for line in job.to_yaml().splitlines()):
         problems.append(Problem("(top level)", f"the job contains a line {HEREDOC_END!r}, which "
                                 "ends the embedded job file", "change that value"))
     return problems
-
-
-def tasks_per_node(job: JobSpec) -> int:
-    """Slurm tasks on each node: 1 (torchrun starts the workers) or one per process."""
-    return 1 if job.slurm.launcher == "torchrun" else job.nproc_per_node
-
-
-#: CPUs per GPU when a GPU job does not say (resources.cpus_per_node): Slurm's default of one
-#: CPU per task would run a node's eight torchrun workers and their data loading on one core.
-CPUS_PER_GPU = 4
-
-
-def cpus_per_task(job: JobSpec) -> int | None:
-    """`--cpus-per-task`: the node's CPUs split over its tasks (check() refuses a split that
-    would give less than was asked). Unset: CPUS_PER_GPU per GPU, one per process on CPU
-    (None where that is Slurm's own default of 1)."""
-    cpus = job.resources.cpus_per_node
-    tasks = tasks_per_node(job)
-    if cpus is None:
-        per_task = job.nproc_per_node // tasks * (CPUS_PER_GPU if job.gpus_per_node else 1)
-        return per_task if job.gpus_per_node or per_task > 1 else None
-    return max(1, math.ceil(cpus) // tasks)
-
-
-def gpu_request(job: JobSpec) -> tuple[str, object] | None:
-    """The GPU option as (key, value): `gres`/`gpu:[TYPE:]N` or `gpus-per-node`/`[TYPE:]N`
-    (slurm.gpu_flag, slurm.gpu_type)."""
-    if not job.gpus_per_node:
-        return None
-    typed = f"{job.slurm.gpu_type}:" if job.slurm.gpu_type else ""
-    if job.slurm.gpu_flag == "gres":
-        return "gres", f"gpu:{typed}{job.gpus_per_node}"
-    return "gpus-per-node", f"{typed}{job.gpus_per_node}" if typed else job.gpus_per_node
-
-
-def memory_option(job: JobSpec) -> str | None:
-    """`--mem`: `0` (all of the node's) with slurm.all_memory, else resources.memory in MiB
-    rounded up; None leaves Slurm's default."""
-    if job.slurm.all_memory:
-        return "0"
-    memory = job.resources.memory_bytes
-    return None if memory is None else f"{-(-memory // 2**20)}M"
-
-
-def signal_option(job: JobSpec) -> str | None:
-    """`--signal=B:SIG@SECONDS`: before the time limit the batch shell is signalled and tells
-    the trainer to checkpoint and stop (then requeues with slurm.requeue). Every job with a
-    time limit gets it, not only requeued ones: a job that hits its limit keeps its work."""
-    s = job.slurm
-    if job.time_limit is None and not s.requeue:
-        return None
-    return f"B:{s.signal}@{s.signal_seconds}"
-
-
-def gpu_vendor_flag(job: JobSpec) -> str | None:
-    """Apptainer's GPU option: `--nv` for NVIDIA, `--rocm` for AMD (by gpu_resource)."""
-    if not job.gpus_per_node:
-        return None
-    return {"nvidia.com/gpu": "--nv", "amd.com/gpu": "--rocm"}.get(job.gpu_resource)
-
-
-def container_name(job: JobSpec) -> str:
-    """pyxis `--container-name`: stable for the job and its image, so a requeued job (same
-    name, same image) reuses the imported container instead of importing it on every node."""
-    digest = hashlib.sha256(job.image.encode()).hexdigest()[:8]
-    return f"ddpkit-{job.name}-{digest}"
 
 
 def finished_marker(job: JobSpec) -> str | None:
@@ -196,97 +130,38 @@ def _mount_pairs(job: JobSpec) -> list[tuple[str, str]]:
     return [(m.split(":")[0], m.split(":")[1]) for m in container_mounts(job)]
 
 
-def container_mounts(job: JobSpec) -> list[str]:
-    """Container bind mounts `SRC:DST[:ro]`: slurm.container_mounts plus host_path volumes."""
-    mounts = list(job.slurm.container_mounts)
-    for volume in job.volumes:
-        if volume.host_path is not None:
-            mounts.append(f"{volume.host_path}:{volume.mount}" + (":ro" if volume.read_only else ""))
-    return mounts
+#: The batch shell's resolved log directory (`job_dir=$(cd "$log_dir" && pwd)`), as bash.
+JOB_DIR = '"$job_dir"'
 
 
-def _directive(key: str, value: object = None, *, field: str) -> str:
-    if value is None:
-        return f"--{key}"
-    text = str(value)
-    if not _DIRECTIVE_VALUE.match(text):  # check() refuses every user value that could
-        raise RuntimeError(f"{field}: {text!r} reached an #SBATCH line unchecked")
-    return f"--{key}={text}"
-
-
-def directives(job: JobSpec) -> list[str]:
-    """The `#SBATCH` options, all derived from the JobSpec."""
-    s = job.slurm
-    nodes = str(job.nodes.min) if not job.nodes.elastic else f"{job.nodes.min}-{job.nodes.max}"
-    out = [
-        _directive("job-name", job.name, field="name"),
-        _directive("nodes", nodes, field="nodes"),
-        _directive("ntasks-per-node", tasks_per_node(job), field="slurm.launcher"),
-    ]
-    cpus = cpus_per_task(job)
-    if cpus is not None:
-        out.append(_directive("cpus-per-task", cpus, field="resources.cpus_per_node"))
-    gpus = gpu_request(job)
-    if gpus is not None:
-        out.append(_directive(*gpus, field="gpus_per_node"))
-    memory = memory_option(job)
-    if memory is not None:
-        out.append(_directive("mem", memory, field="resources.memory"))
-    if job.time_limit is not None:
-        out.append(_directive("time", slurm_time(job.time_limit), field="time_limit"))
-    for key in ("partition", "account", "qos", "constraint"):
-        value = getattr(s, key)
-        if value is not None:
-            out.append(_directive(key, value, field=f"slurm.{key}"))
-    if s.exclusive:
-        out.append("--exclusive")
-    log = posixpath.join(s.log_dir, "%x-%j.out")
-    out.append(_directive("output", log, field="slurm.log_dir"))
-    out.append(_directive("error", log, field="slurm.log_dir"))
-    out.append("--open-mode=append")
-    # Slurm requeues a job whose node failed when the job is requeueable (its JobRequeue=1
-    # default): so `restarts` says it explicitly, both ways; the script bounds the count.
-    out.append("--requeue" if job.restarts else "--no-requeue")
-    signal = signal_option(job)
-    if signal is not None:
-        out.append(f"--signal={signal}")
-    out.extend(s.extra_directives)
-    return out
-
-
-def launch_line(job: JobSpec) -> str:
+def launch_line(request: SbatchRequest) -> str:
     """The job step: `srun` with the task layout, the container, then the entry point."""
-    s = job.slurm
-    parts = ["srun", "--nodes=\"$SLURM_JOB_NUM_NODES\"",
-             f"--ntasks-per-node={tasks_per_node(job)}"]
-    cpus = cpus_per_task(job)
-    if cpus is not None:
-        parts.append(f"--cpus-per-task={cpus}")
-    parts.append("--kill-on-bad-exit=1")
-    command = " ".join(shquote(arg) for arg in (job.command or DEFAULT_COMMAND))
-    container: list[str] = []
-    if s.container == "pyxis":
-        parts += [f"--container-image={shquote(image_forms.pyxis(job.image))}",
-                  f"--container-name={shquote(container_name(job))}",
+    parts = ["srun", "--nodes=\"$SLURM_JOB_NUM_NODES\"", *request.step]
+    pyxis = request.pyxis
+    if pyxis is not None:
+        parts += [f"--container-image={shquote(pyxis.image)}",
+                  f"--container-name={shquote(pyxis.name)}",
                   "--container-mounts=\"$container_mounts\"", "--container-workdir=\"$PWD\""]
-        if s.container_remap_root:
+        if pyxis.remap_root:
             parts.append("--container-remap-root")
-        if s.container_writable:
+        if pyxis.writable:
             parts.append("--container-writable")
-    elif s.container == "apptainer":
-        container = ["apptainer", "exec", *apptainer_options(job)]
-        if posixpath.isabs(s.log_dir):
-            container.append('--bind "$job_dir"')
-        container += [f"--bind {shquote(m)}" for m in container_mounts(job)]
-        container.append(shquote(image_forms.apptainer(job.image)))
+    container = _bash_words(request.apptainer.argv(JOB_DIR)) if request.apptainer else []
+    command = " ".join(shquote(arg) for arg in request.argv)
     lines = _wrap(parts) + (_wrap(container) if container else []) + [command]
     return " \\\n  ".join(lines)
 
 
-def apptainer_options(job: JobSpec) -> list[str]:
-    """`apptainer exec` options besides the binds: the GPU vendor's, a writable tmpfs."""
-    flag = gpu_vendor_flag(job)
-    return ([flag] if flag else []) + (["--writable-tmpfs"] if job.slurm.container_writable else [])
+def _bash_words(argv: list[str]) -> list[str]:
+    """An argv as quoted bash words, `--bind VALUE` kept together (JOB_DIR stays a variable)."""
+    words: list[str] = []
+    for arg in argv:
+        quoted = arg if arg == JOB_DIR else shquote(arg)
+        if words and words[-1] == "--bind":
+            words[-1] += " " + quoted
+        else:
+            words.append(quoted)
+    return words
 
 
 def _wrap(parts: list[str], width: int = 88) -> list[str]:
@@ -332,37 +207,43 @@ def _topology(job: JobSpec) -> str:
     return f"{nodes} nodes x {per_node} processes{gpus}; {mode}"
 
 
+#: DDPKIT_NNODES in the script: the allocation's node count (of an elastic range: Slurm picks it).
+NNODES = '"$SLURM_JOB_NUM_NODES"'
+
+
+def launch_exports(request: SbatchRequest) -> dict[str, str]:
+    """The launch contract's `export NAME=VALUE`s known before the job runs, quoted for bash
+    (the master address and port, and the job file, are computed by the script itself)."""
+    env = replace(request.launch_env, nnodes=NNODES).to_env()
+    return {name: value if value == NNODES else shquote(value) for name, value in env.items()}
+
+
 def slurm_context(job: JobSpec, *, source: str) -> dict:
     """Everything the template needs, computed here so the template only lays it out."""
+    request = SbatchRequest.of(job)
     s = job.slurm
-    job_yaml = job.to_yaml()
-    if not job_yaml.endswith("\n"):
-        job_yaml += "\n"
+    job_yaml = request.job_yaml if request.job_yaml.endswith("\n") else request.job_yaml + "\n"
     return {
         "version": __version__,
         "source_comment": re.sub(r"[^\x20-\x7e]", "?", source),
         "job_name": job.name,
         "topology": _topology(job),
         "ignored": _ignored(job),
-        "directives": directives(job),
+        "directives": [directives.flag(name, value) for name, value in request.directives],
         "log_dir": s.log_dir,
-        "log_dir_absolute": posixpath.isabs(s.log_dir),
         "finished_marker": finished_marker(job),
-        "modules": s.modules,
-        "setup": s.setup,
-        "venv": s.venv if s.container == "none" else None,
-        "nproc_per_node": job.nproc_per_node,
+        "setup": request.setup,
+        "launch_exports": launch_exports(request),
+        "master_port": slurm_port_bash("SLURM_JOB_ID"),
+        "job_file": JOB_FILE.format(job_dir="$job_dir", run_id="$job_name", job_id="$SLURM_JOB_ID"),
         "restarts": job.restarts,
         "launcher": s.launcher,
         "job_yaml": job_yaml,
         "heredoc_end": HEREDOC_END,
-        "env": job.env,
-        "secret_env": job.secret_env,
-        "container": s.container,
-        "mounts": container_mounts(job),
-        "requeue": s.requeue,
-        "signal_trap": signal_option(job) is not None,
-        "stop_grace_s": s.signal_seconds,
+        "exports": request.exports,
+        "pyxis": request.pyxis,
+        "requeue": request.requeue,
+        "signal_trap": directives.signal_option(job) is not None,
         "signal": s.signal,
-        "launch": launch_line(job),
+        "launch": launch_line(request),
     }

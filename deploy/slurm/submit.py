@@ -1,7 +1,7 @@
 """Submit, watch and cancel Slurm jobs: handles `slurm://JOBID`.
 
-`submit` pipes the rendered script into `sbatch --parsable` (default), or hands submitit an
-executor with the same topology and the launch function (`--via submitit`). `status` reads
+`submit` pipes the rendered script into `sbatch --parsable` (default), or hands submitit the
+same SbatchRequest (`--via submitit`, deploy/slurm/submitit.py). `status` reads
 `scontrol show job` (Slurm keeps a finished job there for MinJobAge, 5 minutes by default) and
 falls back to `sacct` when the cluster has accounting. `logs` reads the job's output file
 named by Slurm itself (StdOut), so it works for both ways of submitting.
@@ -12,6 +12,7 @@ a fake; the end-to-end tests use the real testbed cluster.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -91,7 +92,9 @@ def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool 
 
     problems = check(job) + missing_secrets(job, os.environ)
     if via == "submitit":
-        problems += submitit_problems(job)
+        from deploy.slurm import submitit as via_submitit
+
+        problems += via_submitit.problems(job)
     refuse(job, problems)
     if via == "submitit":
         if dry_run:
@@ -127,198 +130,24 @@ def missing_secrets(job, environ) -> list[Problem]:
             for i, secret in enumerate(job.secret_env) if secret.name not in environ]
 
 
-def submitit_problems(job) -> list[Problem]:
-    """What `--via submitit` cannot do the way the sbatch script does."""
-    problems = []
-    if job.slurm.container == "pyxis":
-        problems.append(Problem(
-            "slurm.container", "pyxis puts submitit's own srun step in the container, which "
-            "would need submitit and ddpkit installed in the image", "use --via sbatch, or "
-            "slurm.container: apptainer"))
-    if job.slurm.signal != "USR2":
-        problems.append(Problem(
-            "slurm.signal", f"{job.slurm.signal}: submitit always asks Slurm for SIGUSR2 before "
-            "the time limit", "leave slurm.signal at USR2 or use --via sbatch"))
-    return problems
-
-
 def _submit_submitit(job, *, cwd) -> str:
-    """submitit's SlurmExecutor with the job's topology, running `SlurmLaunch` on every task."""
-    try:
-        import submitit
-    except ModuleNotFoundError:
+    """submitit's SlurmExecutor for the job's SbatchRequest, running `SlurmLaunch` on every task
+    (deploy/slurm/submitit.py maps the request)."""
+    if importlib.util.find_spec("submitit") is None:
         raise RuntimeFailure("--via submitit needs the Python package 'submitit': "
-                             "pip install 'ddpkit[slurm]'") from None
+                             "pip install 'ddpkit[slurm]'")
     if shutil.which("sbatch") is None:
         raise RuntimeFailure(_NO_SLURM.format(cmd="sbatch"))
-    from deploy.slurm import render
+    from deploy.slurm import submitit as via_submitit
+    from deploy.slurm.request import SbatchRequest
 
-    s = job.slurm
-    workdir = Path(cwd or os.getcwd())
-    folder = workdir / s.log_dir / "submitit"
-    # submitit requeues a checkpointable function on timeout at most max_num_timeout times
-    executor = submitit.SlurmExecutor(folder=folder, python=sys.executable,
-                                      max_num_timeout=job.restarts)
-    # the same #SBATCH options as the script: extra_directives (validated against what ddpkit
-    # derives), an elastic node range, the submit directory
-    additional: dict = {}
-    for directive in s.extra_directives:
-        key, sep, value = directive.removeprefix("--").partition("=")
-        additional[key] = value if sep else True
-    if job.nodes.elastic:
-        additional["nodes"] = f"{job.nodes.min}-{job.nodes.max}"
-    additional["chdir"] = str(workdir)
-    params: dict = {
-        "job_name": job.name,
-        "nodes": job.nodes.min,
-        "ntasks_per_node": render.tasks_per_node(job),
-        "setup": _submitit_setup(job),
-        "additional_parameters": additional,
-        "srun_args": ["--kill-on-bad-exit=1"],
-    }
-    cpus = render.cpus_per_task(job)
-    if cpus is not None:
-        params["cpus_per_task"] = cpus
-        # Slurm 22.05+ steps do not inherit the batch's --cpus-per-task (as in the script)
-        params["srun_args"].append(f"--cpus-per-task={cpus}")
-    gpus = render.gpu_request(job)
-    if gpus is not None:
-        params[gpus[0].replace("-", "_")] = gpus[1]
-    memory = render.memory_option(job)
-    if memory is not None:
-        params["mem"] = memory
-    if job.time_limit is not None:
-        params["time"] = -(-job.time_limit // 60)
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(s, key) is not None:
-            params[key] = getattr(s, key)
-    if s.exclusive:
-        params["exclusive"] = True
-    params["signal_delay_s"] = s.signal_seconds
-    executor.update_parameters(**params)
+    request = SbatchRequest.of(job)
+    executor = via_submitit.executor(request, Path(cwd or os.getcwd()))
     try:
-        submitted = executor.submit(SlurmLaunch(job.to_yaml(), job.name, s.log_dir, job.nproc_per_node,
-                                                job.restarts, s.launcher, job.command,
-                                                requeue=s.requeue, container=_container_argv(job),
-                                                stop_grace_s=s.signal_seconds))
+        submitted = executor.submit(via_submitit.SlurmLaunch(request))
     except Exception as exc:  # submitit wraps sbatch's refusal in its own exception types
         raise RuntimeFailure(f"submitit could not submit the job: {_last_line(str(exc))}") from None
     return f"slurm://{submitted.job_id}"
-
-
-def _container_argv(job) -> list[str]:
-    """The Apptainer prefix of the launch command (the sbatch script's, as an argv)."""
-    from deploy import image_forms
-    from deploy.slurm import render
-
-    if job.slurm.container != "apptainer":
-        return []
-    argv = ["apptainer", "exec", *render.apptainer_options(job)]
-    if os.path.isabs(job.slurm.log_dir):
-        argv += ["--bind", job.slurm.log_dir]
-    for mount in render.container_mounts(job):
-        argv += ["--bind", mount]
-    return argv + [image_forms.apptainer(job.image)]
-
-
-def _submitit_setup(job) -> list[str]:
-    """Lines submitit runs before its srun, as the sbatch script runs them: modules, setup
-    lines, the venv or conda prefix (without a container), env, and the secret_env check."""
-    from deploy.slurm.template import shquote
-
-    s = job.slurm
-    lines = ["set +u"] + [f"module load {shquote(m)}" for m in s.modules] + list(s.setup)
-    if s.venv and s.container == "none":
-        venv = shquote(s.venv)
-        lines.append(f"if [[ -f {venv}/bin/activate ]]; then source {venv}/bin/activate; "
-                     f"else export PATH={venv}/bin:\"$PATH\" CONDA_PREFIX={venv}; fi")
-    lines += [f"export {k}={shquote(v)}" for k, v in job.env.items()]
-    for secret in job.secret_env:
-        lines.append(f': "${{{secret.name}:?secret_env {secret.name} is not set: export it '
-                     'before submitting}"')
-        lines.append(f"export {secret.name}")
-    return lines
-
-
-class SlurmLaunch:
-    """What submitit runs on every task: the launch contract, then `python -m trainer.launch`.
-
-    Mirrors the sbatch script: master = first node, port from the job id, the job YAML written
-    next to the logs. Runs the entry point as a child process (deploy never imports torch) and
-    forwards SIGUSR2/SIGTERM to it; a non-zero exit raises, so submitit reports a failure.
-
-    Preemption: submitit asks Slurm for SIGUSR2 before the time limit. It is forwarded to the
-    trainer, which checkpoints and stops; then, with `slurm.requeue`, submitit's own handler
-    runs: on rank 0 it calls `checkpoint()` (this object again: the trainer resumes from its
-    checkpoint) and requeues the job with `scontrol requeue`.
-    """
-
-    def __init__(self, job_yaml: str, name: str, log_dir: str, nproc_per_node: int, restarts: int,
-                 launcher: str, command: list[str] | None, *, requeue: bool = False,
-                 container: list[str] = (), stop_grace_s: int = 120):
-        self.job_yaml, self.name, self.log_dir = job_yaml, name, log_dir
-        self.nproc_per_node, self.restarts = nproc_per_node, restarts
-        self.launcher, self.command, self.requeue = launcher, command, requeue
-        self.container, self.stop_grace_s = list(container), stop_grace_s
-
-    def checkpoint(self, *args, **kwargs):
-        """submitit's hook on preemption: run this same launch again (None: do not requeue)."""
-        if not self.requeue:
-            return None
-        import submitit
-
-        return submitit.helpers.DelayedSubmission(self)
-
-    def environment(self, env: dict[str, str]) -> dict[str, str]:
-        """The DDPKIT_* variables for a task whose Slurm environment is `env`; the master
-        address and port come from trainer.launch's own Slurm rules (one formula)."""
-        from trainer.launch import slurm_first_host, slurm_port
-
-        jobid = env["SLURM_JOB_ID"]
-        job_file = Path(self.log_dir).resolve() / f"{self.name}-{jobid}.job.yaml"
-        return {
-            "DDPKIT_MASTER_ADDR": slurm_first_host(env),
-            "DDPKIT_MASTER_PORT": slurm_port(env),
-            "DDPKIT_RUN_ID": self.name,
-            "DDPKIT_NNODES": env["SLURM_JOB_NUM_NODES"],
-            "DDPKIT_NPROC_PER_NODE": str(self.nproc_per_node),
-            "DDPKIT_MAX_RESTARTS": str(self.restarts),
-            "DDPKIT_LAUNCHER": self.launcher,
-            "DDPKIT_STOP_GRACE_S": str(self.stop_grace_s),
-            "DDPKIT_JOB_FILE": str(job_file),
-        }
-
-    def __call__(self) -> int:
-        import signal
-
-        extra = self.environment(dict(os.environ))
-        job_file = Path(extra["DDPKIT_JOB_FILE"])
-        job_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = job_file.with_name(f".{job_file.name}.{os.getpid()}")
-        tmp.write_text(self.job_yaml, encoding="utf-8")
-        os.replace(tmp, job_file)  # every task writes the same text; replace is atomic
-        if self.container:  # the container's own python (Apptainer binds the working directory)
-            argv = [*self.container, *(self.command or ["python", "-m", "trainer.launch"])]
-        else:
-            argv = self.command or [sys.executable, "-m", "trainer.launch"]
-        submitit_handler = signal.getsignal(signal.SIGUSR2)
-        child = subprocess.Popen(argv, env={**os.environ, **extra})
-        stopped: list[int] = []
-
-        def forward(signum, _frame):
-            stopped.append(signum)
-            child.send_signal(signum)
-
-        for sig in (signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, forward)
-        rc = child.wait()
-        if rc != 0 and signal.SIGUSR2 in stopped and self.requeue and callable(submitit_handler):
-            # checkpointed and stopped: submitit requeues (rank 0) and exits this process
-            submitit_handler(signal.SIGUSR2, None)
-            return rc
-        if rc != 0:
-            raise RuntimeError(f"{' '.join(argv)} exited with code {rc}")
-        return rc
 
 
 # ---------------------------------------------------------------------------------------------
