@@ -61,7 +61,7 @@ from trainer import contract
 from trainer.config import TRAINER_ENTRY
 
 # The contract's names, also importable from here as before (deploy and the tests do).
-from trainer.contract import (  # noqa: F401  (EXIT_OK, DEFAULT_PORT: re-exported)
+from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
     CONTEXT_VAR,
     DEFAULT_PORT,
     DEFAULT_STOP_GRACE_S,
