@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from trainer.contract import FAULT_CRASH_VAR, FAULT_SAVE_DELAY_S_VAR
+
 log = logging.getLogger("ddpkit.trainer")
 
 NAME = re.compile(r"^ckpt-(\d+)\.pt$")
@@ -63,8 +65,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 def _fault(step: int, point: str) -> None:
     """Tests only: die here when DDPKIT_FAULT_CRASH says `STEP:POINT`."""
-    if os.environ.get("DDPKIT_FAULT_CRASH") == f"{step}:{point}":
-        log.warning("DDPKIT_FAULT_CRASH: killing this process at %s of the checkpoint of step %d", point, step)
+    if os.environ.get(FAULT_CRASH_VAR) == f"{step}:{point}":
+        log.warning("%s: killing this process at %s of the checkpoint of step %d", FAULT_CRASH_VAR, point, step)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -100,8 +102,8 @@ def save(directory: str | Path, step: int, state: dict[str, Any], keep: int) -> 
     remove_leftovers(d)
     tmp_data = _write_tmp(path, data)
     tmp_sums = _write_tmp(sums, (hashlib.sha256(data).hexdigest() + "\n").encode())
-    if os.environ.get("DDPKIT_FAULT_SAVE_DELAY_S"):
-        time.sleep(float(os.environ["DDPKIT_FAULT_SAVE_DELAY_S"]))
+    if os.environ.get(FAULT_SAVE_DELAY_S_VAR):
+        time.sleep(float(os.environ[FAULT_SAVE_DELAY_S_VAR]))
     _fault(step, "before-publish")
     os.replace(tmp_sums, sums)
     _fault(step, "mid-publish")

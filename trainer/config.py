@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.contract import JOB_FILE_VAR, STOP_GRACE_S_VAR
+
 #: The built-in workloads (trainer/models.py builds them; `deploy` validates `train.model`
 #: against this list without importing torch).
 BUILTIN_MODELS = ("cnn", "gpt")
@@ -65,8 +67,8 @@ LAUNCHER_TORCHRUN_OPTIONS = {
     "--max-restarts": "restarts", "--max_restarts": "restarts", "--master-addr": "the target",
     "--master_addr": "the target", "--master-port": "the target", "--master_port": "the target",
     "--standalone": "nodes", "--signals-to-handle": "the launcher",
-    "--signals_to_handle": "the launcher", "--shutdown-timeout": "k8s.termination_grace (DDPKIT_STOP_GRACE_S)",
-    "--shutdown_timeout": "k8s.termination_grace (DDPKIT_STOP_GRACE_S)", "-m": "module", "--module": "module",
+    "--signals_to_handle": "the launcher", "--shutdown-timeout": f"k8s.termination_grace ({STOP_GRACE_S_VAR})",
+    "--shutdown_timeout": f"k8s.termination_grace ({STOP_GRACE_S_VAR})", "-m": "module", "--module": "module",
     "--no-python": "script", "--no_python": "script",
 }
 
@@ -313,7 +315,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
     """
     import yaml
 
-    path = path or os.environ.get("DDPKIT_JOB_FILE")
+    path = path or os.environ.get(JOB_FILE_VAR)
     if not path:
         return JobSections()
     with open(path) as f:

@@ -32,6 +32,8 @@ EXIT_STOPPED_UNSAVED = 137
 #: The node-level entry point every target starts (the container image has `python`).
 LAUNCH_MODULE = "trainer.launch"
 LAUNCH_ARGV = ("python", "-m", LAUNCH_MODULE)
+#: The same, as one would type it (messages that tell the user how to start a node).
+LAUNCH_COMMAND = " ".join(LAUNCH_ARGV)
 
 #: Slurm: a port per job so that jobs sharing a node do not collide on one port.
 SLURM_PORT_BASE = 15000
@@ -92,9 +94,27 @@ def var(field_name: str) -> str:
     return "DDPKIT_" + field_name.upper()
 
 
+# The variable of each `LaunchEnv` field, for readers that read one field (tests/test_contract.py
+# checks that these are exactly `var()` of the fields).
+JOB_FILE_VAR = var("job_file")
+RUN_ID_VAR = var("run_id")
+NNODES_VAR = var("nnodes")
+NPROC_PER_NODE_VAR = var("nproc_per_node")
+MAX_RESTARTS_VAR = var("max_restarts")
+LAUNCHER_VAR = var("launcher")
+STOP_GRACE_S_VAR = var("stop_grace_s")
+MASTER_ADDR_VAR = var("master_addr")
+MASTER_PORT_VAR = var("master_port")
+
+
 #: Variables the launcher and the workers set for each other (not a target's to set).
 LAUNCH_T0_VAR = "DDPKIT_LAUNCH_T0"  # when the node's launch began (time.time()): launch cost
 TORCHRUN_T0_VAR = "DDPKIT_TORCHRUN_T0"  # when torchrun was started
 STOP_FILE_VAR = "DDPKIT_STOP_FILE"  # a worker writes the checkpointed step here on a stop
 CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
 PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
+
+#: Fault injection, for tests only: set by the test suite, read by the workers.
+STOP_AT_STEP_VAR = "DDPKIT_STOP_AT_STEP"  # act as if a stop signal came at step N
+FAULT_CRASH_VAR = "DDPKIT_FAULT_CRASH"  # STEP:POINT: die at POINT of the save of STEP
+FAULT_SAVE_DELAY_S_VAR = "DDPKIT_FAULT_SAVE_DELAY_S"  # a checkpoint write takes S seconds longer

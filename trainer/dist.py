@@ -15,6 +15,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from trainer.config import ConfigError
+from trainer.contract import LAUNCH_COMMAND
 
 # field -> the variable that carries it, and whether it is required for a multi-process run
 WORKER_ENV = {
@@ -75,7 +76,7 @@ def read_dist_env(env: Mapping[str, str] | None = None) -> DistEnv:
     if not 0 <= rank < world_size:
         raise DistEnvError(
             f"RANK={rank} is not in [0, WORLD_SIZE={world_size}); a rank is a process index, "
-            "not a node index (start through `python -m trainer.launch`)"
+            f"not a node index (start through `{LAUNCH_COMMAND}`)"
         )
     if not 0 <= local_rank < max(local_world_size, 1):
         raise DistEnvError(f"LOCAL_RANK={local_rank} is not in [0, LOCAL_WORLD_SIZE={local_world_size})")

@@ -18,15 +18,16 @@ bounded backoff (DNS answering is not enough), then fail with a message naming h
 torchrun runs as a supervised child rather than by exec: torchrun exits 1 after forwarding
 SIGTERM to its workers, which would turn a clean preemption (workers checkpoint and exit 143)
 into a permanent failure for Kubeflow's ExitCode policy. The shim forwards SIGTERM, SIGINT,
-SIGHUP and SIGUSR2 (torchrun is told to forward USR2 too). Exit codes after a stop: 143 only
-when the workers wrote their stop checkpoint (they say so through `DDPKIT_STOP_FILE`), 137 when
-a stop signal arrived but no checkpoint was written (killed mid-step or mid-save, or stopped
-before training began); both are retryable (Kubeflow's ExitCode policy: 128-255; the sbatch
-script requeues on any failure after its signal). torchrun waits `DDPKIT_STOP_GRACE_S`
-(the target's grace period: terminationGracePeriodSeconds, the Slurm signal lead; default
-120 s) for the workers' stop checkpoint before it kills them (`--shutdown-timeout`; torch's
-default of 30 s would cut off a slow step or save whatever the grace period). Modes without
-torchrun exec the trainer directly.
+SIGHUP and SIGUSR2 (torchrun is told to forward USR2 too). Exit codes after a stop
+(`trainer.contract`): `EXIT_STOPPED` (143) only when the workers wrote their stop checkpoint
+(they say so through `DDPKIT_STOP_FILE`), `EXIT_STOPPED_UNSAVED` (137) when a stop signal
+arrived but no checkpoint was written (killed mid-step or mid-save, or stopped before training
+began); both are retryable (Kubeflow's ExitCode policy: 128-255; the sbatch script requeues on
+any failure after its signal). torchrun waits `DDPKIT_STOP_GRACE_S` (the target's grace period:
+terminationGracePeriodSeconds, the Slurm signal lead; default `DEFAULT_STOP_GRACE_S`) for the
+workers' stop checkpoint before it kills them (`--shutdown-timeout`; torch's default of 30 s
+would cut off a slow step or save whatever the grace period). Modes without torchrun exec the
+trainer directly.
 
 Restarts need a fresh worker store (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`). Since torch 2.4
 the c10d rendezvous handler shares its own TCPStore with the workers, and in torch 2.13 it
@@ -56,16 +57,37 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from trainer import contract
 from trainer.config import TRAINER_ENTRY
+
+# The contract's names, also importable from here as before (deploy and the tests do).
+from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
+    CONTEXT_VAR,
+    DEFAULT_PORT,
+    DEFAULT_STOP_GRACE_S,
+    EXIT_BAD_CONFIG,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_STOPPED_UNSAVED,
+    JOB_FILE_VAR,
+    LAUNCH_T0_VAR,
+    LAUNCHER_VAR,
+    MASTER_ADDR_VAR,
+    MASTER_PORT_VAR,
+    MAX_RESTARTS_VAR,
+    NNODES_VAR,
+    NPROC_PER_NODE_VAR,
+    PREFLIGHT_ONLY_VAR,
+    RUN_ID_VAR,
+    STOP_FILE_VAR,
+    STOP_GRACE_S_VAR,
+    TORCHRUN_T0_VAR,
+)
 
 Env = Mapping[str, str]
 Source = str | Callable[[Env], "str | None"]
 
-EXIT_STOPPED = 143  # stopped by a signal after writing a checkpoint
-EXIT_STOPPED_UNSAVED = 137  # stopped by a signal, no checkpoint of that moment (like SIGKILL)
-DEFAULT_STOP_GRACE_S = 120  # Kubernetes' terminationGracePeriodSeconds default in ddpkit
-EXIT_FAILURE = 1
-EXIT_BAD_CONFIG = 2
 TRAINER = list(TRAINER_ENTRY)
 PREFLIGHT = ["-m", "trainer.preflight"]
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
@@ -93,12 +115,10 @@ def slurm_first_host(env: Env) -> str | None:
 
 
 def slurm_port(env: Env) -> str | None:
-    """A port from the job id, so jobs sharing a node do not collide on 29500.
-
-    Same formula as the rendered sbatch script: 15000 + job id mod 10000.
-    """
+    """The port of the job `SLURM_JOB_ID` names, so jobs sharing a node do not collide on one
+    port: `contract.slurm_port`, the formula the rendered sbatch script computes in bash."""
     job_id = env.get("SLURM_JOB_ID")
-    return str(15000 + int(job_id) % 10000) if job_id and job_id.isdigit() else None
+    return str(contract.slurm_port(int(job_id))) if job_id and job_id.isdigit() else None
 
 
 def slurm_tasks_per_node(env: Env) -> str | None:
@@ -163,9 +183,11 @@ def has(*names: str) -> Callable[[Env], bool]:
     return lambda env: all(env.get(n) for n in names)
 
 
-NPROC = ("DDPKIT_NPROC_PER_NODE",)
-ADDR = ("DDPKIT_MASTER_ADDR",)
-PORT = ("DDPKIT_MASTER_PORT",)
+# The contract's variables come first in every tuple below (the module docstring says why).
+NNODES = (NNODES_VAR,)
+NPROC = (NPROC_PER_NODE_VAR,)
+ADDR = (MASTER_ADDR_VAR,)
+PORT = (MASTER_PORT_VAR,)
 
 CONTEXTS: tuple[Context, ...] = (
     # torchrun already started us (a user's own torchrun, or torchrun's restart): be the worker.
@@ -173,7 +195,7 @@ CONTEXTS: tuple[Context, ...] = (
     # Slurm, one task per GPU: srun started every worker; the six variables come from SLURM_*.
     Context(
         "slurm-srun",
-        lambda e: bool(e.get("SLURM_PROCID")) and e.get("DDPKIT_LAUNCHER") == "srun",
+        lambda e: bool(e.get("SLURM_PROCID")) and e.get(LAUNCHER_VAR) == "srun",
         node_rank=("SLURM_NODEID",),
         master_addr=(*ADDR, slurm_first_host),
         master_port=(*PORT, slurm_port),
@@ -184,7 +206,7 @@ CONTEXTS: tuple[Context, ...] = (
         "kubeflow-pytorchjob",
         lambda e: bool(e.get("PET_NNODES") or e.get("PET_NPROC_PER_NODE")) and bool(e.get("RANK") or e.get("MASTER_ADDR")),
         node_rank=("PET_NODE_RANK", "RANK"),
-        nnodes=("DDPKIT_NNODES", "PET_NNODES"),
+        nnodes=(*NNODES, "PET_NNODES"),
         nproc=(*NPROC, "PET_NPROC_PER_NODE"),
         master_addr=("PET_MASTER_ADDR", "MASTER_ADDR"),
         master_port=("PET_MASTER_PORT", "MASTER_PORT"),
@@ -196,7 +218,7 @@ CONTEXTS: tuple[Context, ...] = (
         "kubeflow-elastic",
         lambda e: bool(e.get("PET_RDZV_ENDPOINT")) and not e.get("PET_NODE_RANK") and not e.get("RANK"),
         node_rank=(hosts_endpoint,),
-        nnodes=("DDPKIT_NNODES", "PET_NNODES"),
+        nnodes=(*NNODES, "PET_NNODES"),
         nproc=(*NPROC, "PET_NPROC_PER_NODE"),
         master_addr=(rdzv_endpoint(0),),
         master_port=(rdzv_endpoint(1),),
@@ -206,7 +228,7 @@ CONTEXTS: tuple[Context, ...] = (
         "kubeflow-trainjob",
         lambda e: bool(e.get("PET_NNODES") or e.get("PET_NODE_RANK")),
         node_rank=("PET_NODE_RANK",),
-        nnodes=("DDPKIT_NNODES", "PET_NNODES"),
+        nnodes=(*NNODES, "PET_NNODES"),
         nproc=(*NPROC, "PET_NPROC_PER_NODE"),
         master_addr=("PET_MASTER_ADDR",),
         master_port=("PET_MASTER_PORT",),
@@ -216,7 +238,7 @@ CONTEXTS: tuple[Context, ...] = (
         "indexed-job",
         has("JOB_COMPLETION_INDEX"),
         node_rank=("JOB_COMPLETION_INDEX",),
-        nnodes=("DDPKIT_NNODES",),
+        nnodes=NNODES,
         nproc=NPROC,
         master_addr=ADDR,
         master_port=PORT,
@@ -226,7 +248,7 @@ CONTEXTS: tuple[Context, ...] = (
         "slurm",
         has("SLURM_JOB_ID", "SLURM_NODEID"),
         node_rank=("SLURM_NODEID",),
-        nnodes=("DDPKIT_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
+        nnodes=(*NNODES, "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
         nproc=NPROC,
         master_addr=(*ADDR, slurm_first_host),
         master_port=(*PORT, slurm_port),
@@ -235,20 +257,20 @@ CONTEXTS: tuple[Context, ...] = (
         "skypilot",
         has("SKYPILOT_NODE_RANK"),
         node_rank=("SKYPILOT_NODE_RANK",),
-        nnodes=("DDPKIT_NNODES", "SKYPILOT_NUM_NODES"),
+        nnodes=(*NNODES, "SKYPILOT_NUM_NODES"),
         nproc=(*NPROC, "SKYPILOT_NUM_GPUS_PER_NODE"),
         master_addr=(*ADDR, skypilot_first_ip),
-        master_port=(*PORT, const("29500")),
+        master_port=(*PORT, const(str(DEFAULT_PORT))),
     ),
     # Nothing known: one node (a laptop, `ddpkit run --local`, a plain container).
     Context(
         "local",
         lambda e: True,
         node_rank=(const("0"),),
-        nnodes=("DDPKIT_NNODES", const("1")),
+        nnodes=(*NNODES, const("1")),
         nproc=(*NPROC, const("1")),
         master_addr=(*ADDR, const("127.0.0.1")),
-        master_port=(*PORT, const("29500")),
+        master_port=(*PORT, const(str(DEFAULT_PORT))),
     ),
 )
 
@@ -377,88 +399,20 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
     """
     entry = list(entry or TRAINER)
     ctx = detect_context(env)
-    notes: list[str] = []
     if ctx.mode == "direct":
         return NodePlan(ctx.name, "direct", [python, *entry], dict(env), notes=["already under torchrun"])
-
-    out = {k: v for k, v in env.items() if not k.startswith("PET_") and k not in WORKER_VARS}
-    stale = sorted(k for k in env if k not in out)
-    if stale:
-        notes.append("removed from the worker environment (the launcher sets them): " + ", ".join(stale))
-    run_id = env.get("DDPKIT_RUN_ID") or run_id or "ddpkit"
-    out["DDPKIT_RUN_ID"] = run_id
-    if ctx.mode == "torchrun":  # a fresh worker store per rendezvous round (module docstring)
-        out.setdefault(FRESH_STORE_VAR, "1")
-        if out[FRESH_STORE_VAR] != "1":
-            notes.append(f"{FRESH_STORE_VAR}={out[FRESH_STORE_VAR]} kept: a restarted group may "
-                         "read the previous attempt's addresses and fail to connect")
-    out["DDPKIT_CONTEXT"] = ctx.name
-    addr = _need(_resolve(env, ctx.master_addr, "master address", notes), "master address", ctx, ctx.master_addr)
-    port = _int(_need(_resolve(env, ctx.master_port, "master port", notes), "master port", ctx, ctx.master_port), "master port")
-    if not 0 < port < 65536:
-        raise LaunchError(f"master port {port} is not in 1..65535")
-    rank_text = _resolve(env, ctx.node_rank, "node rank", notes)
-    if ctx.name == "kubeflow-elastic":
-        node_rank = None if rank_text in (None, "-1") else 0
-    else:
-        node_rank = _int(_need(rank_text, "node rank", ctx, ctx.node_rank), "node rank")
-
+    notes: list[str] = []
+    out, run_id = worker_env(env, ctx, run_id, notes)
+    addr, port = resolve_master(env, ctx, notes)
+    node_rank = resolve_node_rank(env, ctx, notes)
     if ctx.mode == "srun":
-        sources = {
-            "RANK": ("SLURM_PROCID",),
-            "WORLD_SIZE": ("SLURM_NTASKS",),
-            "LOCAL_RANK": ("SLURM_LOCALID",),
-            "LOCAL_WORLD_SIZE": (*NPROC, slurm_tasks_per_node),
-        }
-        for var, srcs in sources.items():
-            out[var] = str(_int(_need(_resolve(env, srcs, var, notes), var, ctx, srcs), var))
-        rank, world = int(out["RANK"]), int(out["WORLD_SIZE"])
-        if not 0 <= rank < world:
-            raise LaunchError(f"slurm-srun: SLURM_PROCID={rank} is not below SLURM_NTASKS={world}")
-        if cpus is not None:
-            threads, why = threads_per_rank(env, cpus, int(out["LOCAL_WORLD_SIZE"]), one_task_per_rank=True)
-            if threads:
-                out["OMP_NUM_THREADS"] = threads
-            notes.append(f"threads per rank: {why}")
-        out["MASTER_ADDR"], out["MASTER_PORT"] = addr, str(port)
-        return NodePlan(
-            ctx.name, "srun", [python, *entry], out, node_rank=node_rank,
-            wait_for=(addr, port) if node_rank != 0 else None, notes=notes,
-        )
+        return srun_plan(env, ctx, [python, *entry], out, (addr, port), node_rank, cpus, notes)
 
-    nnodes = _nnodes(_need(_resolve(env, ctx.nnodes, "nnodes", notes), "nnodes", ctx, ctx.nnodes))
-    nproc = _need(_resolve(env, ctx.nproc, "nproc per node", notes), "nproc per node", ctx, ctx.nproc)
-    if nproc == "auto" or not nproc.isdigit() or int(nproc) < 1:
-        raise LaunchError(
-            f"{ctx.name}: processes per node {nproc!r} must be a number (torchrun's 'auto' quietly "
-            "uses one process on some images); set DDPKIT_NPROC_PER_NODE"
-        )
-    if cpus is not None:
-        threads, why = threads_per_rank(env, cpus, int(nproc), one_task_per_rank=False)
-        if threads:
-            out["OMP_NUM_THREADS"] = threads
-        notes.append(f"threads per rank: {why}")
-    max_nodes = int(nnodes.split(":")[-1])
-    if node_rank is not None and not 0 <= node_rank < max_nodes:
-        raise LaunchError(f"{ctx.name}: node rank {node_rank} is not below nnodes {nnodes}")
-    restarts = _int(
-        _resolve(env, ("DDPKIT_MAX_RESTARTS", "PET_MAX_RESTARTS", const("0")), "max restarts", notes) or "0",
-        "max restarts",
-    )
-    grace = _int(_resolve(env, ("DDPKIT_STOP_GRACE_S", const(str(DEFAULT_STOP_GRACE_S))), "stop grace",
-                          notes) or "", "DDPKIT_STOP_GRACE_S")
-    if grace < 1:
-        raise LaunchError(f"DDPKIT_STOP_GRACE_S={grace} must be at least 1 second")
-    # Node 0 hosts the store whatever its hostname resolves to (no guessing by name); where
-    # the rank is unknown and HOSTNAME too, torch's own hostname match decides.
-    is_host = None
-    if node_rank is not None:
-        is_host = node_rank == 0
-    elif ctx.name == "kubeflow-elastic" and env.get("HOSTNAME"):
-        is_host = False
-    conf = f"join_timeout={timeout_s}"
-    if is_host is not None:
-        conf = f"is_host={'true' if is_host else 'false'},{conf}"
+    nnodes, nproc = resolve_sizes(env, ctx, node_rank, cpus, out, notes)
+    restarts = _int(_resolve(env, (MAX_RESTARTS_VAR, "PET_MAX_RESTARTS", const("0")), "max restarts", notes) or "0",
+                    "max restarts")
+    grace = resolve_stop_grace(env, notes)
+    is_host = store_host(env, ctx, node_rank)
     argv = [
         python, "-m", "torch.distributed.run",
         "--nnodes", nnodes,
@@ -466,7 +420,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", _endpoint(addr, port),
         "--rdzv-id", run_id,
-        "--rdzv-conf", conf,
+        "--rdzv-conf", rdzv_conf(is_host, timeout_s),
         "--max-restarts", str(restarts),
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
         "--shutdown-timeout", str(grace),
@@ -477,6 +431,125 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         ctx.name, "torchrun", argv, out, node_rank=node_rank,
         wait_for=(addr, port) if is_host is False else None, notes=notes,
     )
+
+
+# -- the pieces of a plan (each appends what it decided to `notes`) ---------------------------
+def _value(env: Env, ctx: Context, sources: tuple[Source, ...], what: str, notes: list[str]) -> str:
+    """The first of `sources` that is set (`_resolve`); a LaunchError naming them if none is."""
+    return _need(_resolve(env, sources, what, notes), what, ctx, sources)
+
+
+def worker_env(env: Env, ctx: Context, run_id: str | None, notes: list[str]) -> tuple[dict[str, str], str]:
+    """The workers' environment (the node's, less stale worker variables) and the run id."""
+    out = {k: v for k, v in env.items() if not k.startswith("PET_") and k not in WORKER_VARS}
+    stale = sorted(k for k in env if k not in out)
+    if stale:
+        notes.append("removed from the worker environment (the launcher sets them): " + ", ".join(stale))
+    run_id = env.get(RUN_ID_VAR) or run_id or "ddpkit"
+    out[RUN_ID_VAR] = run_id
+    if ctx.mode == "torchrun":  # a fresh worker store per rendezvous round (module docstring)
+        out.setdefault(FRESH_STORE_VAR, "1")
+        if out[FRESH_STORE_VAR] != "1":
+            notes.append(f"{FRESH_STORE_VAR}={out[FRESH_STORE_VAR]} kept: a restarted group may "
+                         "read the previous attempt's addresses and fail to connect")
+    out[CONTEXT_VAR] = ctx.name
+    return out, run_id
+
+
+def resolve_master(env: Env, ctx: Context, notes: list[str]) -> tuple[str, int]:
+    """The rendezvous endpoint: node 0's address and a port in 1..65535."""
+    addr = _value(env, ctx, ctx.master_addr, "master address", notes)
+    port = _int(_value(env, ctx, ctx.master_port, "master port", notes), "master port")
+    if not 0 < port < 65536:
+        raise LaunchError(f"master port {port} is not in 1..65535")
+    return addr, port
+
+
+def resolve_node_rank(env: Env, ctx: Context, notes: list[str]) -> int | None:
+    """This node's index; None where c10d assigns it (elastic, not the endpoint's pod)."""
+    rank_text = _resolve(env, ctx.node_rank, "node rank", notes)
+    if ctx.name == "kubeflow-elastic":
+        return None if rank_text in (None, "-1") else 0
+    return _int(_need(rank_text, "node rank", ctx, ctx.node_rank), "node rank")
+
+
+def set_threads(env: Env, cpus: CPUs | None, ranks_on_node: int, one_task_per_rank: bool,
+                out: dict[str, str], notes: list[str]) -> None:
+    """`OMP_NUM_THREADS` in `out` from `threads_per_rank` (nothing without `cpus`)."""
+    if cpus is None:
+        return
+    threads, why = threads_per_rank(env, cpus, ranks_on_node, one_task_per_rank)
+    if threads:
+        out["OMP_NUM_THREADS"] = threads
+    notes.append(f"threads per rank: {why}")
+
+
+# srun-per-GPU mode: each worker variable and where Slurm has it.
+SRUN_WORKER_ENV: dict[str, tuple[Source, ...]] = {
+    "RANK": ("SLURM_PROCID",),
+    "WORLD_SIZE": ("SLURM_NTASKS",),
+    "LOCAL_RANK": ("SLURM_LOCALID",),
+    "LOCAL_WORLD_SIZE": (*NPROC, slurm_tasks_per_node),
+}
+
+
+def srun_plan(env: Env, ctx: Context, argv: list[str], out: dict[str, str], master: tuple[str, int],
+              node_rank: int | None, cpus: CPUs | None, notes: list[str]) -> NodePlan:
+    """One task per process: srun started every worker; `out` gets the six worker variables."""
+    for name, sources in SRUN_WORKER_ENV.items():
+        out[name] = str(_int(_value(env, ctx, sources, name, notes), name))
+    rank, world = int(out["RANK"]), int(out["WORLD_SIZE"])
+    if not 0 <= rank < world:
+        raise LaunchError(f"slurm-srun: SLURM_PROCID={rank} is not below SLURM_NTASKS={world}")
+    set_threads(env, cpus, int(out["LOCAL_WORLD_SIZE"]), True, out, notes)
+    out["MASTER_ADDR"], out["MASTER_PORT"] = master[0], str(master[1])
+    return NodePlan(ctx.name, "srun", argv, out, node_rank=node_rank,
+                    wait_for=master if node_rank != 0 else None, notes=notes)
+
+
+def resolve_sizes(env: Env, ctx: Context, node_rank: int | None, cpus: CPUs | None,
+                  out: dict[str, str], notes: list[str]) -> tuple[str, str]:
+    """torchrun's --nnodes (N or MIN:MAX) and --nproc-per-node (a number), checked against the
+    node rank; the workers' threads follow from the processes per node."""
+    nnodes = _nnodes(_value(env, ctx, ctx.nnodes, "nnodes", notes))
+    nproc = _value(env, ctx, ctx.nproc, "nproc per node", notes)
+    if nproc == "auto" or not nproc.isdigit() or int(nproc) < 1:
+        raise LaunchError(
+            f"{ctx.name}: processes per node {nproc!r} must be a number (torchrun's 'auto' quietly "
+            f"uses one process on some images); set {NPROC_PER_NODE_VAR}"
+        )
+    set_threads(env, cpus, int(nproc), False, out, notes)
+    max_nodes = int(nnodes.split(":")[-1])
+    if node_rank is not None and not 0 <= node_rank < max_nodes:
+        raise LaunchError(f"{ctx.name}: node rank {node_rank} is not below nnodes {nnodes}")
+    return nnodes, nproc
+
+
+def resolve_stop_grace(env: Env, notes: list[str]) -> int:
+    """torchrun's --shutdown-timeout: the target's grace period (`DDPKIT_STOP_GRACE_S`)."""
+    sources = (STOP_GRACE_S_VAR, const(str(DEFAULT_STOP_GRACE_S)))
+    grace = _int(_resolve(env, sources, "stop grace", notes) or "", STOP_GRACE_S_VAR)
+    if grace < 1:
+        raise LaunchError(f"{STOP_GRACE_S_VAR}={grace} must be at least 1 second")
+    return grace
+
+
+def store_host(env: Env, ctx: Context, node_rank: int | None) -> bool | None:
+    """Whether this node hosts the rendezvous store; None: torch's own hostname match decides.
+
+    Node 0 hosts it whatever its hostname resolves to (no guessing by name); where the rank is
+    unknown and HOSTNAME too, torch decides."""
+    if node_rank is not None:
+        return node_rank == 0
+    if ctx.name == "kubeflow-elastic" and env.get("HOSTNAME"):
+        return False
+    return None
+
+
+def rdzv_conf(is_host: bool | None, timeout_s: int) -> str:
+    """torchrun's --rdzv-conf: the join timeout, and is_host where it is known."""
+    conf = f"join_timeout={timeout_s}"
+    return conf if is_host is None else f"is_host={'true' if is_host else 'false'},{conf}"
 
 
 # -- doing it ---------------------------------------------------------------------------
@@ -522,17 +595,17 @@ def _die_with_parent() -> None:
 
 
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print) -> int:
-    """Run torchrun as a child, forward stop signals, map a stopped run to 143 or 137.
+    """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
-    143: a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was complete on every rank
-    (whichever way the stop request reached it); torchrun itself exits 1 then. 137: this shim
-    got a stop signal and no checkpoint was written.
+    `EXIT_STOPPED` (143): a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was
+    complete on every rank (whichever way the stop request reached it); torchrun itself exits 1
+    then. `EXIT_STOPPED_UNSAVED` (137): this shim got a stop signal and no checkpoint was written.
     """
     import tempfile
 
     stop_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     stop_file = os.path.join(stop_dir, "stopped")
-    env = {**env, "DDPKIT_STOP_FILE": stop_file, "DDPKIT_TORCHRUN_T0": repr(time.time())}  # a launch mark
+    env = {**env, STOP_FILE_VAR: stop_file, TORCHRUN_T0_VAR: repr(time.time())}  # a launch mark
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
     stopped: list[int] = []
@@ -565,49 +638,79 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     return 128 - rc if rc < 0 else rc  # torchrun killed by a signal: the shell's 128+N
 
 
-def main() -> int:
-    env = dict(os.environ)
-    env.setdefault("DDPKIT_LAUNCH_T0", repr(time.time()))
+@dataclass
+class JobSettings:
+    """What the launcher takes from the job file (`DDPKIT_JOB_FILE`; all defaults without one)."""
 
-    def log(msg: str) -> None:
-        print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
+    run_id: str | None = None
+    timeout_s: int = 600
+    entry: list[str] | None = None  # None: the trainer
+    script: str | None = None
+    preflight: bool = False
+    torchrun_args: list[str] = field(default_factory=list)
+    cpus_per_node: float | None = None
+    threads: int | None = None
 
-    run_id, timeout_s, entry, script, preflight, torchrun_args = None, 600, None, None, False, []
-    job_cpus, threads = None, None
-    if env.get("DDPKIT_JOB_FILE"):
+
+def read_job_settings(env: Env) -> JobSettings:
+    """The job file's settings, with the preflight entry applied; LaunchError on a bad file."""
+    job = JobSettings()
+    if env.get(JOB_FILE_VAR):
         from pydantic import ValidationError
 
         from trainer.config import error_line, load_job_sections
 
         try:
-            sections = load_job_sections(env["DDPKIT_JOB_FILE"])
+            sections = load_job_sections(env[JOB_FILE_VAR])
         except (OSError, ValueError, ValidationError) as e:
-            log(f"bad job file {env['DDPKIT_JOB_FILE']}: {error_line(e)}")
-            return EXIT_BAD_CONFIG
-        run_id, timeout_s, entry, script = sections.name, sections.train.timeout_s, sections.entry, sections.script
-        preflight, torchrun_args = sections.preflight, sections.torchrun_args
-        job_cpus, threads = sections.cpus_per_node, sections.train.threads
-    if env.get("DDPKIT_PREFLIGHT_ONLY") == "1":  # `python -m trainer.preflight` on a node
-        entry, script, preflight = list(PREFLIGHT), None, False
-    elif preflight:  # `preflight: true`: each worker checks, then runs the real entry
-        entry = [*PREFLIGHT, "--then", *(entry or TRAINER)]
-    if script is not None and not os.path.isfile(script):
-        log(f"script {script}: no such file in {os.getcwd()}; the image, a volume or the working "
+            raise LaunchError(f"bad job file {env[JOB_FILE_VAR]}: {error_line(e)}") from None
+        job = JobSettings(sections.name, sections.train.timeout_s, sections.entry, sections.script,
+                          sections.preflight, sections.torchrun_args, sections.cpus_per_node,
+                          sections.train.threads)
+    if env.get(PREFLIGHT_ONLY_VAR) == "1":  # `python -m trainer.preflight` on a node
+        job.entry, job.script, job.preflight = list(PREFLIGHT), None, False
+    elif job.preflight:  # `preflight: true`: each worker checks, then runs the real entry
+        job.entry = [*PREFLIGHT, "--then", *(job.entry or TRAINER)]
+    return job
+
+
+def node_cpus(job: JobSettings) -> CPUs:
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count() or 1
+    return CPUs(affinity, cgroup_cpus(), job.cpus_per_node, job.threads)
+
+
+def main() -> int:
+    env = dict(os.environ)
+    env.setdefault(LAUNCH_T0_VAR, repr(time.time()))
+
+    def log(msg: str) -> None:
+        print(f"ddpkit launch: {msg}", file=sys.stderr, flush=True)
+
+    try:
+        job = read_job_settings(env)
+    except LaunchError as e:
+        log(str(e))
+        return EXIT_BAD_CONFIG
+    if job.script is not None and not os.path.isfile(job.script):
+        log(f"script {job.script}: no such file in {os.getcwd()}; the image, a volume or the working "
             "directory must hold it on every node (a relative path is relative to the working directory)")
         return EXIT_BAD_CONFIG
     try:
-        try:
-            affinity = len(os.sched_getaffinity(0))
-        except AttributeError:
-            affinity = os.cpu_count() or 1
-        cpus = CPUs(affinity, cgroup_cpus(), job_cpus, threads)
-        plan = plan_launch(env, run_id=run_id, timeout_s=timeout_s, entry=entry, torchrun_args=torchrun_args,
-                           cpus=cpus)
+        plan = plan_launch(env, run_id=job.run_id, timeout_s=job.timeout_s, entry=job.entry,
+                           torchrun_args=job.torchrun_args, cpus=node_cpus(job))
     except LaunchError as e:
         log(str(e))
         return EXIT_BAD_CONFIG
     for note in plan.notes:
         log(note)
+    return start(plan, job, log)
+
+
+def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
+    """Wait for the master where the plan says so, then run torchrun (supervised) or exec."""
     # Until torchrun or the trainer owns the signals: a stop while waiting is a retryable exit
     # with nothing saved (and a Python PID 1 would otherwise ignore SIGTERM).
     for name in ("SIGTERM", "SIGUSR2"):
@@ -615,11 +718,11 @@ def main() -> int:
     log(f"context {plan.context}, node rank {plan.node_rank}, mode {plan.mode}: {' '.join(plan.argv[1:])}")
     if plan.wait_for:
         try:
-            took = wait_for_master(*plan.wait_for, timeout_s=timeout_s, log=log)
+            took = wait_for_master(*plan.wait_for, timeout_s=job.timeout_s, log=log)
         except LaunchError as e:
             log(str(e))
             return EXIT_FAILURE
-        if preflight or entry == PREFLIGHT:
+        if job.preflight or job.entry == PREFLIGHT:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         return supervise(plan.argv, plan.env, log)

@@ -36,7 +36,17 @@ import tempfile
 import time
 from typing import Any
 
-EXIT_OK, EXIT_FAILED = 0, 1
+from trainer.contract import (
+    CONTEXT_VAR,
+    EXIT_FAILURE,
+    EXIT_OK,
+    LAUNCH_COMMAND,
+    NNODES_VAR,
+    NPROC_PER_NODE_VAR,
+    PREFLIGHT_ONLY_VAR,
+)
+
+EXIT_FAILED = EXIT_FAILURE  # a check failed
 PREFIX = "ddpkit-preflight"
 _KEEP: list[Any] = []  # the worker store, alive as long as the process (see run_checks)
 
@@ -47,7 +57,7 @@ class PreflightError(Exception):
 
 def expected_world(env: dict[str, str]) -> tuple[int, int, int, int] | None:
     """(min world, max world, nnodes min, nproc) from the launch contract, if it is set."""
-    nnodes, nproc = env.get("DDPKIT_NNODES"), env.get("DDPKIT_NPROC_PER_NODE")
+    nnodes, nproc = env.get(NNODES_VAR), env.get(NPROC_PER_NODE_VAR)
     if not nnodes or not nproc or not nproc.isdigit():
         return None
     lo, _, hi = nnodes.partition(":")
@@ -62,10 +72,10 @@ def check_world(world: int, env: dict[str, str]) -> None:
         return
     lo, hi, nodes, nproc = want
     if not lo <= world <= hi or world % nproc:
-        asked = (f"{lo}" if lo == hi else f"{lo}..{hi}") + f" ({env['DDPKIT_NNODES']} node(s) x {nproc} processes)"
+        asked = (f"{lo}" if lo == hi else f"{lo}..{hi}") + f" ({env[NNODES_VAR]} node(s) x {nproc} processes)"
         raise PreflightError(
             f"world size {world}, but the job asks for {asked}: the launcher that started the workers "
-            "disagrees with the job file (start through `python -m trainer.launch`, or fix nodes/procs_per_node)")
+            f"disagrees with the job file (start through `{LAUNCH_COMMAND}`, or fix nodes/procs_per_node)")
 
 
 def device_of(want: str) -> tuple[str, str]:
@@ -97,73 +107,19 @@ def nccl_network(log_dir: str) -> str:
 def run_checks(env: dict[str, str], want_device: str, timeout_s: int) -> dict[str, Any]:
     """This rank's part: store, layout, backend, all-reduce. Returns the node's facts."""
     import torch
-    import torch.distributed as dist
 
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", "0"))
-    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
     check_world(world, env)
     kind, backend = device_of(want_device)
-    nccl_logs = None
-    if backend == "nccl":  # NCCL reads these once, at its first communicator in the process
-        nccl_logs = tempfile.mkdtemp(prefix="ddpkit-preflight-nccl-")
-        os.environ.setdefault("NCCL_DEBUG", "INFO")
-        os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-        os.environ.setdefault("NCCL_DEBUG_FILE", os.path.join(nccl_logs, "nccl.%h.%p"))
-    t = time.perf_counter()
-    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    try:
-        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent_store,
-                              timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=True,
-                              wait_for_workers=False)
-    except Exception as e:  # noqa: BLE001  (RuntimeError/DistNetworkError: message is the point)
-        raise PreflightError(f"worker store {addr}:{port} not reachable: {str(e).splitlines()[0]}") from None
-    store_ms = (time.perf_counter() - t) * 1000
-    # Rank 0 hosts the store for the whole process: the training's init_process_group joins the
-    # same multi-tenant server (same port). Dropping it here would close it under the other
-    # ranks, which may already be connecting to it for the training.
-    _KEEP.append(store)
-    store = dist.PrefixStore(f"{PREFIX}/{env.get('TORCHELASTIC_RUN_ID', '')}/"
-                             f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    nccl_logs = nccl_debug_logs() if backend == "nccl" else None
+    store, store_ms = open_store(env, rank, world, timeout_s)
     if kind == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if backend == "nccl":
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        pg = dist.ProcessGroupNCCL(store, rank, world, opts)
-    else:
-        pg = dist.ProcessGroupGloo(store, rank, world, timeout)
-    # Layout: every rank's host, local rank and device, through the store (no pickling on pg).
-    me = f"{socket.gethostname()}|{local_rank}|{kind}|{backend}"
-    store.set(f"layout/{rank}", me)
-    layout = [store.get(f"layout/{r}").decode().split("|") for r in range(world)]
-    kinds = {r: row[2] for r, row in enumerate(layout)}
-    if len(set(kinds.values())) > 1:
-        odd = [f"rank {r} on {layout[r][0]}: {k}" for r, k in kinds.items() if k != kinds[0]]
-        raise PreflightError(f"ranks disagree on the device (rank 0: {kinds[0]}; {', '.join(odd)}): one backend "
-                             "needs one device kind everywhere; give every node the same GPUs or use train.device cpu")
-    # All-reduce: exact sum first, then timed rounds for a bandwidth figure.
-    probe = torch.full((4,), float(rank + 1), device=device)
-    pg.allreduce([probe]).wait()
-    if kind == "cuda":
-        torch.cuda.synchronize()
-    want_sum = world * (world + 1) / 2
-    if probe.tolist() != [want_sum] * 4:
-        raise PreflightError(f"all-reduce gave {probe.tolist()[0]}, expected {want_sum}: the {backend} transport corrupts data")
-    nbytes = (64 << 20) if kind == "cuda" else (8 << 20)
-    buf = torch.ones(nbytes // 4, device=device)
-    pg.allreduce([buf]).wait()  # warm-up (connections, buffers)
-    rounds = 5
-    if kind == "cuda":
-        torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(rounds):
-        pg.allreduce([buf]).wait()
-    if kind == "cuda":
-        torch.cuda.synchronize()
-    seconds = (time.perf_counter() - t) / rounds
+    pg = process_group(store, backend, rank, world, timeout_s)
+    layout = check_layout(store, rank, world, f"{socket.gethostname()}|{local_rank}|{kind}|{backend}")
+    nbytes, seconds = allreduce(pg, device, rank, world, backend)
     busbw = (2 * (world - 1) / world * nbytes / seconds / 1e9) if world > 1 else None
     if backend == "nccl":
         transport = f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, network {nccl_network(nccl_logs)}"
@@ -181,6 +137,91 @@ def run_checks(env: dict[str, str], want_device: str, timeout_s: int) -> dict[st
     return {"store_ms": store_ms, "world": world, "nodes": len(hosts), "hosts": hosts, "device": str(device),
             "backend": backend, "transport": transport, "allreduce_mib": nbytes >> 20,
             "allreduce_ms": seconds * 1000, "busbw_gbs": busbw}
+
+
+def nccl_debug_logs() -> str:
+    """A folder for NCCL's INIT/NET log (NCCL reads these once, at its first communicator in the
+    process); `nccl_network` reads it."""
+    nccl_logs = tempfile.mkdtemp(prefix="ddpkit-preflight-nccl-")
+    os.environ.setdefault("NCCL_DEBUG", "INFO")
+    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    os.environ.setdefault("NCCL_DEBUG_FILE", os.path.join(nccl_logs, "nccl.%h.%p"))
+    return nccl_logs
+
+
+def open_store(env: dict[str, str], rank: int, world: int, timeout_s: int) -> tuple[Any, float]:
+    """The worker store at MASTER_ADDR:MASTER_PORT (rank 0 hosts it unless torchrun's agent
+    does), prefixed for this attempt, and the milliseconds it took."""
+    import torch.distributed as dist
+
+    addr, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    t = time.perf_counter()
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    try:
+        store = dist.TCPStore(addr, port, world, is_master=rank == 0 and not agent_store,
+                              timeout=datetime.timedelta(seconds=timeout_s), multi_tenant=True,
+                              wait_for_workers=False)
+    except Exception as e:  # noqa: BLE001  (RuntimeError/DistNetworkError: message is the point)
+        raise PreflightError(f"worker store {addr}:{port} not reachable: {str(e).splitlines()[0]}") from None
+    store_ms = (time.perf_counter() - t) * 1000
+    # Rank 0 hosts the store for the whole process: the training's init_process_group joins the
+    # same multi-tenant server (same port). Dropping it here would close it under the other
+    # ranks, which may already be connecting to it for the training.
+    _KEEP.append(store)
+    store = dist.PrefixStore(f"{PREFIX}/{env.get('TORCHELASTIC_RUN_ID', '')}/"
+                             f"{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return store, store_ms
+
+
+def process_group(store: Any, backend: str, rank: int, world: int, timeout_s: int) -> Any:
+    """A gloo or NCCL process group object of its own (not the default group)."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world, opts)
+    return dist.ProcessGroupGloo(store, rank, world, timeout)
+
+
+def check_layout(store: Any, rank: int, world: int, me: str) -> list[list[str]]:
+    """Every rank's host, local rank, device kind and backend, through the store (no pickling on
+    the group); PreflightError when the ranks disagree on the device kind."""
+    store.set(f"layout/{rank}", me)
+    layout = [store.get(f"layout/{r}").decode().split("|") for r in range(world)]
+    kinds = {r: row[2] for r, row in enumerate(layout)}
+    if len(set(kinds.values())) > 1:
+        odd = [f"rank {r} on {layout[r][0]}: {k}" for r, k in kinds.items() if k != kinds[0]]
+        raise PreflightError(f"ranks disagree on the device (rank 0: {kinds[0]}; {', '.join(odd)}): one backend "
+                             "needs one device kind everywhere; give every node the same GPUs or use train.device cpu")
+    return layout
+
+
+def allreduce(pg: Any, device: Any, rank: int, world: int, backend: str) -> tuple[int, float]:
+    """An exact sum first, then timed rounds: (bytes per all-reduce, seconds per round)."""
+    import torch
+
+    cuda = device.type == "cuda"
+    probe = torch.full((4,), float(rank + 1), device=device)
+    pg.allreduce([probe]).wait()
+    if cuda:
+        torch.cuda.synchronize()
+    want_sum = world * (world + 1) / 2
+    if probe.tolist() != [want_sum] * 4:
+        raise PreflightError(f"all-reduce gave {probe.tolist()[0]}, expected {want_sum}: the {backend} transport corrupts data")
+    nbytes = (64 << 20) if cuda else (8 << 20)
+    buf = torch.ones(nbytes // 4, device=device)
+    pg.allreduce([buf]).wait()  # warm-up (connections, buffers)
+    rounds = 5
+    if cuda:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(rounds):
+        pg.allreduce([buf]).wait()
+    if cuda:
+        torch.cuda.synchronize()
+    return nbytes, (time.perf_counter() - t) / rounds
 
 
 def verdict_ok(node: str, facts: dict[str, Any], env: dict[str, str]) -> str:
@@ -224,10 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     then = argv[argv.index("--then") + 1:] if "--then" in argv else []
     # A worker: under torchrun, or a Slurm task the launcher turned into one. (A PyTorchJob pod
     # has RANK and MASTER_ADDR too, but for the node: that is the launcher's business.)
-    if os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("DDPKIT_CONTEXT") == "slurm-srun":
+    if os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get(CONTEXT_VAR) == "slurm-srun":
         return worker(then)
     # On a node: the launcher, with the checks as the worker entry.
-    os.environ["DDPKIT_PREFLIGHT_ONLY"] = "1"
+    os.environ[PREFLIGHT_ONLY_VAR] = "1"
     from trainer.launch import main as launch_main
 
     return launch_main()

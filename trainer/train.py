@@ -6,8 +6,11 @@ clipping, bf16 autocast on CUDA, an LR schedule, evaluation reduced across ranks
 resume from checkpoints, a graceful stop on SIGTERM/SIGUSR2/SIGINT, `metrics.jsonl` and a
 plot in the run directory.
 
-Exit codes (docs/CONTRACT.md): 0 done (or FINISHED marker already there), 143 stopped by a
-signal after writing a checkpoint (retryable), 1 failure, 2 bad configuration.
+Exit codes (`trainer.contract`, docs/CONTRACT.md): `EXIT_OK` (0) done (or FINISHED marker
+already there); `EXIT_STOPPED` (143) stopped by a signal after writing a checkpoint;
+`EXIT_STOPPED_UNSAVED` (137) stopped by a signal before a checkpoint of that moment could be
+written (while joining the process group or setting up, or no step boundary acted in time); both
+retryable; `EXIT_FAILURE` (1) failure; `EXIT_BAD_CONFIG` (2) bad configuration.
 """
 
 from __future__ import annotations
@@ -24,17 +27,32 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
+    DEFAULT_STOP_GRACE_S,
+    EXIT_BAD_CONFIG,
+    EXIT_FAILURE,
+    EXIT_OK,
+    EXIT_STOPPED,
+    EXIT_STOPPED_UNSAVED,
+    LAUNCH_T0_VAR,
+    RUN_ID_VAR,
+    STOP_AT_STEP_VAR,
+    STOP_FILE_VAR,
+    STOP_GRACE_S_VAR,
+    TORCHRUN_T0_VAR,
+)
+
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
-EXIT_OK, EXIT_FAILURE, EXIT_BAD_CONFIG, EXIT_STOPPED = 0, 1, 2, 143
-EXIT_STOPPED_UNSAVED = 137  # stopped before a checkpoint of that moment could be written
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
 # A stop signal no step boundary acted on within half the target's grace period (SIGTERM to
-# SIGKILL, DDPKIT_STOP_GRACE_S, default 120 s): exit 143 anyway (a collective waits for a lost rank).
-STOP_GRACE_S = float(os.environ.get("DDPKIT_STOP_GRACE_S") or 120) / 2
+# SIGKILL, DDPKIT_STOP_GRACE_S, default DEFAULT_STOP_GRACE_S): exit EXIT_STOPPED_UNSAVED (137)
+# anyway, with no checkpoint of that moment (a collective waits for a lost rank).
+STOP_GRACE_S = float(os.environ.get(STOP_GRACE_S_VAR) or DEFAULT_STOP_GRACE_S) / 2
 STEADY_AFTER_STEPS = 20  # samples_per_s excludes the first steps (allocation, DDP bucket rebuild)
 
 log = logging.getLogger("ddpkit.trainer")
@@ -47,14 +65,15 @@ class StopRequest:
     between bytecodes, so a rank blocked in C++ (`init_process_group` waiting for its peers, a
     collective waiting for a lost rank) would sit out the whole `train.timeout_s`. A watcher
     thread learns of the signal at once (`signal.set_wakeup_fd`): before training starts
-    (process group, setup, resume: nothing new to save) the rank exits 143 right away; during
-    training it exits 143 when no step boundary acts on the signal within `STOP_GRACE_S` (half
-    the target's grace period).
+    (process group, setup, resume: nothing new to save) the rank exits `EXIT_STOPPED_UNSAVED`
+    (137) right away; during training it exits 137 when no step boundary acts on the signal
+    within `STOP_GRACE_S` (half the target's grace period). 143 (`EXIT_STOPPED`) is only for a
+    stop whose checkpoint was written (`Trainer.train`).
     """
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.after_step = int(os.environ.get("DDPKIT_STOP_AT_STEP") or 0)  # fault injection for tests
+        self.after_step = int(os.environ.get(STOP_AT_STEP_VAR) or 0)  # fault injection for tests
         self.phase = "starting"  # starting (process group, setup) | training (the loop and after)
         self.acted = threading.Event()  # the loop decided to stop: it checkpoints, however long
 
@@ -77,8 +96,9 @@ class StopRequest:
                        "waiting for a lost rank?); the last checkpoint stands")
 
     def _exit(self, why: str) -> None:
-        # No checkpoint of this moment was written: 137, not 143 (143 promises one, CONTRACT.md),
-        # and no DDPKIT_STOP_FILE (trainer.launch reads it as "the stop checkpoint exists").
+        # No checkpoint of this moment was written: EXIT_STOPPED_UNSAVED, not EXIT_STOPPED (that
+        # one promises a checkpoint, CONTRACT.md), and no DDPKIT_STOP_FILE (trainer.launch
+        # reads it as "the stop checkpoint exists").
         say(f"stop signal {why}: exiting {EXIT_STOPPED_UNSAVED}")
         os._exit(EXIT_STOPPED_UNSAVED)
 
@@ -220,7 +240,28 @@ def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: P
 
 
 def run_directory(cfg: Any, job_name: str) -> Path:
-    return Path(cfg.output_dir) / (os.environ.get("DDPKIT_RUN_ID") or job_name)
+    return Path(cfg.output_dir) / (os.environ.get(RUN_ID_VAR) or job_name)
+
+
+@dataclass
+class Session:
+    """What one `Trainer.train` keeps from step to step: this session's metrics and timings."""
+
+    global_batch: int  # ranks x batch_size x grad_accum
+    pbar: Any
+    pending: list[tuple[int, int, Any, float, float]] = field(default_factory=list)  # step, epoch, loss, lr, dt
+    losses: list[float] = field(default_factory=list)  # every flushed step's loss
+    steps: int = 0  # optimizer steps in this session
+    step_loss: Any = None  # the loss summed over the micro-batches of the step in progress
+    t_prev: float = 0.0  # perf_counter at the previous step's end
+    first_step_s: float | None = None
+    window_t0: float | None = None  # the throughput window: its start, and steps since
+    window_steps: int = 0
+    last_eval: dict[str, float] | None = None
+    last_eval_step: int = -1
+    stopped: bool = False
+    t_end: float = 0.0  # the loop's end, and the evaluation time inside the window
+    paused: float = 0.0
 
 
 class Trainer:
@@ -312,25 +353,37 @@ class Trainer:
         return step is not None
 
     def setup(self) -> None:
+        """Everything before the first step, in this order (each part needs the ones before):
+        the model (seeded per rank after it exists), precision, optimizer, data and step count,
+        LR schedule, resume, then DDP (after resume: every rank holds the same weights anyway)."""
+        self.setup_model()
+        self.setup_precision()
+        self.setup_optimizer()
+        self.setup_data()
+        self.setup_schedule()
+        self.marks["optimizer+loader"] = time.time()
+        self.resume()
+        self.setup_ddp()
+
+    def setup_model(self) -> None:
+        """The workload, the per-rank seeds, and the model on the device (SyncBatchNorm,
+        channels_last)."""
         import torch
-        from torch.nn.parallel import DistributedDataParallel as DDP
-        from torch.utils.data import DataLoader, DistributedSampler
 
         from trainer.config import ConfigError
-        from trainer.data import EpochBatches, RankShard, WorkerSeeded, collate, is_iterable
         from trainer.models import build_workload
 
         cfg, device = self.cfg, self.device
         self.workload = build_workload(cfg)
         self.marks["workload built"] = time.time()
         # Seeds per rank, after the model exists (model init is identical on every rank).
-        seed = cfg.seed + self.rank
-        torch.manual_seed(seed)
-        random.seed(seed)
+        self.seed = cfg.seed + self.rank
+        torch.manual_seed(self.seed)
+        random.seed(self.seed)
         with contextlib.suppress(ImportError):
             import numpy as np
 
-            np.random.seed(seed)
+            np.random.seed(self.seed)
         model = self.workload.model
         if cfg.sync_batchnorm:
             if device.type != "cuda":
@@ -342,7 +395,12 @@ class Trainer:
         if cfg.channels_last:
             self.model = self.model.to(memory_format=torch.channels_last)
 
-        name = autocast_dtype(cfg.precision, device.type,
+    def setup_precision(self) -> None:
+        """`self.autocast` (a context factory) and, for fp16, the GradScaler."""
+        import torch
+
+        device = self.device
+        name = autocast_dtype(self.cfg.precision, device.type,
                               device.type == "cuda" and torch.cuda.is_bf16_supported())
         dtype = getattr(torch, name) if name else None
         self.autocast = (
@@ -350,6 +408,13 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler("cuda") if dtype is torch.float16 else None
 
+    def setup_optimizer(self) -> None:
+        """The workload's own optimizer, else `train.optimizer` (sgd or adamw)."""
+        import torch
+
+        from trainer.config import ConfigError
+
+        cfg = self.cfg
         if self.workload.optimizer is not None:
             self.optimizer = self.workload.optimizer(self.model)
             if not isinstance(self.optimizer, torch.optim.Optimizer):
@@ -362,58 +427,95 @@ class Trainer:
         else:
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
 
+    def setup_data(self) -> None:
+        """This rank's loader and the run's step count (`total_steps`)."""
+        from trainer.data import collate, is_iterable
+
         self.collate = self.workload.collate_fn or collate
-        data = self.workload.train_data
-        self.iterable = is_iterable(data)
+        self.iterable = is_iterable(self.workload.train_data)
         if self.iterable:
-            if cfg.max_steps is None:
-                raise ConfigError("train.max_steps: an IterableDataset has no length, so the "
-                                  "schedule needs a step count; set train.max_steps")
-            self.sampler = self.batches = None
-            self.shard = RankShard(data, self.rank, self.world, cfg.seed, self.workload.iterable_sharded)
-            self.loader = DataLoader(
-                self.shard, batch_size=cfg.batch_size, collate_fn=self.collate,
-                num_workers=cfg.num_workers, pin_memory=device.type == "cuda",
-            )  # workers are made per epoch: they see the shard's epoch
-            self.micro_per_epoch = None
-            self.total_steps = cfg.max_steps
+            self.setup_iterable_data()
         else:
-            self.sampler = DistributedSampler(data, num_replicas=self.world, rank=self.rank, shuffle=True, seed=cfg.seed)
-            self.batches = EpochBatches(self.sampler, cfg.batch_size)
-            self.loader = DataLoader(
-                WorkerSeeded(data) if cfg.num_workers > 0 else data,
-                batch_sampler=self.batches,
-                collate_fn=self.collate,
-                num_workers=cfg.num_workers,
-                pin_memory=device.type == "cuda",
-                persistent_workers=cfg.num_workers > 0,
-                # Workers reseed per batch (WorkerSeeded), so this only keeps the global RNG untouched.
-                generator=torch.Generator().manual_seed(seed),
+            self.setup_sampled_data()
+
+    def setup_iterable_data(self) -> None:
+        """An IterableDataset: each rank reads its shard; `train.max_steps` is the step count."""
+        from torch.utils.data import DataLoader
+
+        from trainer.config import ConfigError
+        from trainer.data import RankShard
+
+        cfg = self.cfg
+        if cfg.max_steps is None:
+            raise ConfigError("train.max_steps: an IterableDataset has no length, so the "
+                              "schedule needs a step count; set train.max_steps")
+        self.sampler = self.batches = None
+        self.shard = RankShard(self.workload.train_data, self.rank, self.world, cfg.seed,
+                               self.workload.iterable_sharded)
+        self.loader = DataLoader(
+            self.shard, batch_size=cfg.batch_size, collate_fn=self.collate,
+            num_workers=cfg.num_workers, pin_memory=self.device.type == "cuda",
+        )  # workers are made per epoch: they see the shard's epoch
+        self.micro_per_epoch = None
+        self.total_steps = cfg.max_steps
+
+    def setup_sampled_data(self) -> None:
+        """A map-style data set: DistributedSampler batches (resumable inside an epoch); the
+        step count is epochs x whole steps per epoch, at most `train.max_steps`."""
+        import torch
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        from trainer.config import ConfigError
+        from trainer.data import EpochBatches, WorkerSeeded
+
+        cfg, data = self.cfg, self.workload.train_data
+        self.sampler = DistributedSampler(data, num_replicas=self.world, rank=self.rank, shuffle=True, seed=cfg.seed)
+        self.batches = EpochBatches(self.sampler, cfg.batch_size)
+        self.loader = DataLoader(
+            WorkerSeeded(data) if cfg.num_workers > 0 else data,
+            batch_sampler=self.batches,
+            collate_fn=self.collate,
+            num_workers=cfg.num_workers,
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=cfg.num_workers > 0,
+            # Workers reseed per batch (WorkerSeeded), so this only keeps the global RNG untouched.
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+        self.micro_per_epoch = len(self.batches) // cfg.grad_accum * cfg.grad_accum
+        steps_per_epoch = self.micro_per_epoch // cfg.grad_accum
+        if steps_per_epoch == 0:
+            raise ConfigError(
+                f"train.batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} is more than one "
+                f"rank's share of the data ({len(self.sampler)} samples); make them smaller"
             )
-            self.micro_per_epoch = len(self.batches) // cfg.grad_accum * cfg.grad_accum
-            steps_per_epoch = self.micro_per_epoch // cfg.grad_accum
-            if steps_per_epoch == 0:
-                raise ConfigError(
-                    f"train.batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} is more than one "
-                    f"rank's share of the data ({len(self.sampler)} samples); make them smaller"
-                )
-            self.total_steps = cfg.epochs * steps_per_epoch
-            if cfg.max_steps is not None:
-                self.total_steps = min(self.total_steps, cfg.max_steps)
-        total, warmup, schedule = self.total_steps, cfg.warmup_steps, cfg.lr_schedule
+        self.total_steps = cfg.epochs * steps_per_epoch
+        if cfg.max_steps is not None:
+            self.total_steps = min(self.total_steps, cfg.max_steps)
+
+    def setup_schedule(self) -> None:
+        """The LR schedule over `total_steps`, and the run's position: step 0 until `resume`."""
+        import torch
+
+        from trainer.checkpoint import AsyncSaver
+
+        total, warmup, schedule = self.total_steps, self.cfg.warmup_steps, self.cfg.lr_schedule
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total, warmup, schedule)
         )
-
         self.step, self.epoch, self.micro = 0, 0, 0
         self.resumed_from: int | None = None
         self.last_saved = -1  # the step of the newest checkpoint (resume sets it too)
-        from trainer.checkpoint import AsyncSaver
-
         self.saver = AsyncSaver()  # used by rank 0 with checkpoint.async_save
-        self.marks["optimizer+loader"] = time.time()
-        self.resume()  # before DDP: every rank holds the same restored weights anyway
 
+    def setup_ddp(self) -> None:
+        """DDP around the model on more than one rank (comm hook too), `torch.compile` if asked:
+        `self.forward` is what the steps call."""
+        import torch
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        from trainer.config import ConfigError
+
+        cfg, device = self.cfg, self.device
         self.ddp = None
         wrapped = self.model
         if self.distributed and self.world > 1:
@@ -637,196 +739,268 @@ class Trainer:
             yield batch
 
     def train(self) -> int:
-        torch, cfg = self.torch, self.cfg
-        accum = cfg.grad_accum
-        global_batch = cfg.batch_size * accum * self.world
-        pbar = _progress(self.total_steps, self.step, enabled=self.is_main)
-        pending: list[tuple[int, int, Any, float, float]] = []  # step, epoch, loss, lr, dt
-        session_steps, first_step_s, window_t0, window_steps = 0, None, None, 0
+        """The loop of named steps (like torchtitan's `train_step`), then the end of the run:
+        the final checkpoint, the last evaluation, the summary. `EXIT_OK`, or `EXIT_STOPPED`
+        after a stop whose checkpoint is complete on every rank."""
+        s = self.session = Session(global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
+                                   pbar=_progress(self.total_steps, self.step, enabled=self.is_main))
         self.paused = 0.0  # evaluation time inside the throughput window
-        losses: list[float] = []
-        last_eval: dict[str, float] | None = None
-        last_eval_step = -1
-        stopped = False
-        t_prev = time.perf_counter()
-        step_loss = None
-
-        def flush() -> None:
-            if not pending:
-                return
-            values = torch.stack([p[2] for p in pending]).float().tolist()
-            for (step, epoch, _, lr, dt), loss in zip(pending, values, strict=True):
-                losses.append(loss)
-                self.write({"step": step, "epoch": epoch, "loss": loss, "lr": lr,
-                            "samples_per_s": global_batch / dt if dt > 0 else None})
-            step, epoch, _, lr, dt = pending[-1]
-            msg = (f"step {step}/{self.total_steps} epoch {epoch} loss {values[-1]:.4f} lr {lr:.3g} "
-                   f"{global_batch / dt if dt > 0 else 0:.0f} samples/s")
-            pbar.set_postfix_str(f"loss {values[-1]:.4f}", refresh=False)
-            _log_line(pbar, msg)
-            pending.clear()
-
+        s.t_prev = time.perf_counter()
         self.stop.phase = "training"
-        while self.step < self.total_steps and self.epoch < cfg.epochs and not stopped:
-            exhausted = False
-            for batch in self.epoch_batches():
-                batch = self.to_device(batch)
-                last_micro = (self.micro + 1) % accum == 0
-                sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
-                with sync_ctx:
-                    loss, _, _ = self.forward_loss(self.forward, batch)
-                    scaled = loss / accum if accum > 1 else loss
-                    (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-                step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-                self.micro += 1
-                if not last_micro:
-                    continue
-                if cfg.grad_clip is not None:
-                    if self.scaler:
-                        self.scaler.unscale_(self.optimizer)
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-                lr = self.optimizer.param_groups[0]["lr"]
-                if step_optimizer(self.optimizer, self.scaler):
-                    self.scheduler.step()  # not on a step the GradScaler skipped
-                self.optimizer.zero_grad(set_to_none=True)
-                self.step += 1
-                session_steps += 1
-                t_now = time.perf_counter()
-                pending.append((self.step, self.epoch, step_loss / accum if accum > 1 else step_loss, lr, t_now - t_prev))
-                step_loss = None
-                t_prev = t_now
-                if first_step_s is None:
-                    self.sync()
-                    first_step_s = time.time() - self.t0
-                    self.marks["first step"] = self.t0 + first_step_s
-                    if self.is_main:
-                        log.info("first step %.2fs after launch (%s)", first_step_s, ", ".join(
-                            f"{k} {v - self.t0:.2f}s" for k, v in self.marks.items()))
-                if session_steps == STEADY_AFTER_STEPS or (window_t0 is None and session_steps == 1):
-                    self.sync()
-                    window_t0, window_steps, self.paused = time.perf_counter(), 0, 0.0
-                else:
-                    window_steps += 1
-                pbar.update(1)
-                if self.step % cfg.log_every_steps == 0:
-                    flush()
-                if self.step % self.job.checkpoint.every_steps == 0:
-                    self.save()  # checkpoint time counts against throughput
-                if self.vote.poll(self.stop.requested(self.step)):
-                    stopped = True
-                    self.stop.acted.set()
-                    break
-                if self.step >= self.total_steps:
-                    break
-            else:
-                exhausted = True
-            if self.micro % accum:  # an iterable epoch ended inside an accumulation: drop it
-                self.optimizer.zero_grad(set_to_none=True)
-                step_loss = None
-            if exhausted or (self.micro_per_epoch is not None and self.micro >= self.micro_per_epoch):
-                # the last epoch's evaluation comes after the final checkpoint (below)
-                if (cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not stopped
-                        and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
-                    flush()
-                    last_eval = self.evaluate()
-                    last_eval_step = self.step
-                    if last_eval:
-                        self.write({"eval": True, "step": self.step, "epoch": self.epoch, **last_eval})
-                        _log_line(pbar, f"eval after epoch {self.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-                    t_prev = time.perf_counter()
-                self.epoch, self.micro = self.epoch + 1, 0
+        while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
+            self.end_epoch(exhausted=self.train_epoch())
+        self.end_loop()
+        self.final_checkpoint()
+        status = "stopped" if s.stopped else "completed"
+        if s.stopped:
+            self.report_stop()
+        else:
+            self.final_evaluation()
+        self.publish(self.summary(status), status)
+        return EXIT_STOPPED if s.stopped else EXIT_OK
+
+    def train_epoch(self) -> bool:
+        """The steps of the rest of this epoch: True when its data ran out, False when the run's
+        last step or a stop ended it."""
+        for batch in self.epoch_batches():
+            if not self.train_step(batch):
+                continue  # inside a gradient accumulation
+            self.log_metrics()
+            self.maybe_checkpoint()
+            # The stop vote is a collective: every rank takes part at every step boundary.
+            if self.handle_stop() or self.step >= self.total_steps:
+                return False
+        return True
+
+    def train_step(self, batch: Any) -> bool:
+        """One micro-batch forward and backward; after the last of an accumulation, the
+        optimizer step. True when an optimizer step was taken."""
+        if not self.forward_backward_step(batch):
+            return False
+        lr = self.optimizer_step()
+        self.record_step(lr)
+        return True
+
+    def forward_backward_step(self, batch: Any) -> bool:
+        """Loss and gradients of one micro-batch (DDP syncs them only on the last micro-batch of
+        an accumulation: `no_sync` before); True when it was that last one."""
+        s, accum = self.session, self.cfg.grad_accum
+        batch = self.to_device(batch)
+        last_micro = (self.micro + 1) % accum == 0
+        sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
+        with sync_ctx:
+            loss, _, _ = self.forward_loss(self.forward, batch)
+            scaled = loss / accum if accum > 1 else loss
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
+        self.micro += 1
+        return last_micro
+
+    def optimizer_step(self) -> float:
+        """Clip, step the optimizer and the LR schedule, clear the gradients; the LR it used."""
+        cfg = self.cfg
+        if cfg.grad_clip is not None:
+            if self.scaler:
+                self.scaler.unscale_(self.optimizer)
+            self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        lr = self.optimizer.param_groups[0]["lr"]
+        if step_optimizer(self.optimizer, self.scaler):
+            self.scheduler.step()  # not on a step the GradScaler skipped
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return lr
+
+    def record_step(self, lr: float) -> None:
+        """The step's loss and time for the next metrics flush; the first-step launch mark; the
+        throughput window (it starts after `STEADY_AFTER_STEPS` steps of this session)."""
+        s, accum = self.session, self.cfg.grad_accum
+        s.steps += 1
+        t_now = time.perf_counter()
+        s.pending.append((self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, t_now - s.t_prev))
+        s.step_loss = None
+        s.t_prev = t_now
+        if s.first_step_s is None:
+            self.sync()
+            s.first_step_s = time.time() - self.t0
+            self.marks["first step"] = self.t0 + s.first_step_s
+            if self.is_main:
+                log.info("first step %.2fs after launch (%s)", s.first_step_s, ", ".join(
+                    f"{k} {v - self.t0:.2f}s" for k, v in self.marks.items()))
+        if s.steps == STEADY_AFTER_STEPS or (s.window_t0 is None and s.steps == 1):
+            self.sync()
+            s.window_t0, s.window_steps, self.paused = time.perf_counter(), 0, 0.0
+        else:
+            s.window_steps += 1
+
+    def log_metrics(self) -> None:
+        """The progress bar; every `train.log_every_steps`, the pending steps' metrics."""
+        self.session.pbar.update(1)
+        if self.step % self.cfg.log_every_steps == 0:
+            self.flush_metrics()
+
+    def flush_metrics(self) -> None:
+        """Write the pending steps to metrics.jsonl and log the last one (one device sync for
+        all their losses)."""
+        s = self.session
+        if not s.pending:
+            return
+        values = self.torch.stack([p[2] for p in s.pending]).float().tolist()
+        for (step, epoch, _, lr, dt), loss in zip(s.pending, values, strict=True):
+            s.losses.append(loss)
+            self.write({"step": step, "epoch": epoch, "loss": loss, "lr": lr,
+                        "samples_per_s": s.global_batch / dt if dt > 0 else None})
+        step, epoch, _, lr, dt = s.pending[-1]
+        msg = (f"step {step}/{self.total_steps} epoch {epoch} loss {values[-1]:.4f} lr {lr:.3g} "
+               f"{s.global_batch / dt if dt > 0 else 0:.0f} samples/s")
+        s.pbar.set_postfix_str(f"loss {values[-1]:.4f}", refresh=False)
+        _log_line(s.pbar, msg)
+        s.pending.clear()
+
+    def maybe_checkpoint(self) -> None:
+        if self.step % self.job.checkpoint.every_steps == 0:
+            self.save()  # checkpoint time counts against throughput
+
+    def handle_stop(self) -> bool:
+        """This step boundary's stop vote (all ranks stop at the same step): True to stop now."""
+        if not self.vote.poll(self.stop.requested(self.step)):
+            return False
+        self.session.stopped = True
+        self.stop.acted.set()
+        return True
+
+    def end_epoch(self, exhausted: bool) -> None:
+        """After `train_epoch`: drop a partial accumulation; at the epoch's end, evaluate (when
+        due) and move on to the next epoch."""
+        if self.micro % self.cfg.grad_accum:  # an iterable epoch ended inside an accumulation: drop it
+            self.optimizer.zero_grad(set_to_none=True)
+            self.session.step_loss = None
+        if exhausted or (self.micro_per_epoch is not None and self.micro >= self.micro_per_epoch):
+            self.maybe_evaluate()
+            self.epoch, self.micro = self.epoch + 1, 0
+
+    def maybe_evaluate(self) -> None:
+        """The evaluation after this epoch, every `train.eval_every_epochs`; the last epoch's
+        comes after the final checkpoint (`final_evaluation`)."""
+        s, cfg = self.session, self.cfg
+        if not (cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not s.stopped
+                and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
+            return
+        self.flush_metrics()
+        s.last_eval = self.evaluate()
+        s.last_eval_step = self.step
+        if s.last_eval:
+            self.write({"eval": True, "step": self.step, "epoch": self.epoch, **s.last_eval})
+            _log_line(s.pbar, f"eval after epoch {self.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in s.last_eval.items()))
+        s.t_prev = time.perf_counter()
+
+    # -- the end of a run ---------------------------------------------------------------
+    def end_loop(self) -> None:
+        """Close the throughput window, flush the metrics, settle the last stop vote."""
+        s = self.session
         self.sync()
-        t_end, paused = time.perf_counter(), self.paused
-        flush()
-        pbar.close()
+        s.t_end, s.paused = time.perf_counter(), self.paused
+        self.flush_metrics()
+        s.pbar.close()
         self.vote.close()
 
+    def final_checkpoint(self) -> None:
+        """The last step saved and complete on every rank; after a stop, `DDPKIT_STOP_FILE`
+        tells `trainer.launch` so (it then exits `EXIT_STOPPED`)."""
         if self.last_saved != self.step:
             self.save(final=True)
         else:
             self.finish_saves()
-        if stopped and os.environ.get("DDPKIT_STOP_FILE"):
+        if self.session.stopped and os.environ.get(STOP_FILE_VAR):
             # the save (or finish_saves) returned after its barrier: complete on every rank.
-            Path(os.environ["DDPKIT_STOP_FILE"]).write_text(f"{self.step}\n")  # trainer.launch: 143
-        if stopped:
-            status = "stopped"
-            signame = signal.Signals(self.stop.signum).name if self.stop.signum else "DDPKIT_STOP_AT_STEP"
-            if self.is_main:
-                log.warning("stop requested (%s): checkpoint at step %d written; exiting %d",
-                            signame, self.step, EXIT_STOPPED)
-        else:
-            status = "completed"
-            if cfg.eval_every_epochs and last_eval_step != self.step:
-                last_eval = self.evaluate()
-                if last_eval:
-                    epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
-                    self.write({"eval": True, "step": self.step, "epoch": epoch, **last_eval})
+            Path(os.environ[STOP_FILE_VAR]).write_text(f"{self.step}\n")
 
-        # Every rank leaves a checksum file; the summary lists ranks, hosts and checksums.
-        # Parameters are what DDP keeps equal; buffers are compared only where it does too
-        # (BatchNorm running statistics are rank-local unless they are SyncBatchNorm's).
+    def report_stop(self) -> None:
+        signame = signal.Signals(self.stop.signum).name if self.stop.signum else STOP_AT_STEP_VAR
+        if self.is_main:
+            log.warning("stop requested (%s): checkpoint at step %d written; exiting %d",
+                        signame, self.step, EXIT_STOPPED)
+
+    def final_evaluation(self) -> None:
+        """A completed run's evaluation, unless the last epoch's already covered this step."""
+        s = self.session
+        if self.cfg.eval_every_epochs and s.last_eval_step != self.step:
+            s.last_eval = self.evaluate()
+            if s.last_eval:
+                epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
+                self.write({"eval": True, "step": self.step, "epoch": epoch, **s.last_eval})
+
+    def summary(self, status: str) -> dict[str, Any]:
+        """The `ddpkit-summary` record. Every rank leaves a checksum file; the summary lists
+        ranks, hosts and checksums. Parameters are what DDP keeps equal; buffers are compared
+        only where it does too (BatchNorm running statistics are rank-local unless they are
+        SyncBatchNorm's)."""
+        s = self.session
         sha, buffers = params_sha256(self.model), buffers_sha256(self.model)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / f"params-rank{self.rank}.sha256").write_text(sha + "\n")
         # first/final loss: mean over the first/last k steps of this session on every rank
         # (k = steps/5, 1..10), so "the loss went down" is not decided by one noisy batch.
+        losses = s.losses
         k = max(1, min(10, len(losses) // 5))
         ends = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else None
         ranks = self.all_gather({"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha,
                                  "buffers_sha256": buffers, "ends": ends})
         all_ends = [e for e in (r.pop("ends") for r in ranks) if e]  # no rank record keeps "ends"
-        first_loss = sum(e[0] for e in all_ends) / len(all_ends) if all_ends else None
-        final_loss = sum(e[1] for e in all_ends) / len(all_ends) if all_ends else None
         identical = all(r["params_sha256"] == sha for r in ranks)
         buffers_checked = buffers is not None and not rank_local_buffers(self.model)
-        buffers_identical = all(r["buffers_sha256"] == buffers for r in ranks) if buffers_checked else None
-        window = window_steps if window_t0 is not None else 0
-        elapsed = (t_end - window_t0 - paused) if window_t0 is not None else 0.0
-        summary = {
+        window = s.window_steps if s.window_t0 is not None else 0
+        elapsed = (s.t_end - s.window_t0 - s.paused) if s.window_t0 is not None else 0.0
+        return {
             "summary": True,
             "status": status,
             "steps": self.step,
             "epochs_done": self.epoch,
-            "session_steps": session_steps,
+            "session_steps": s.steps,
             "resumed_from_step": self.resumed_from,
             "world_size": self.world,
-            "global_batch": global_batch,
-            "samples_per_s": (window * global_batch / elapsed) if window and elapsed > 0 else None,
-            "first_loss": first_loss,
-            "final_loss": final_loss,
+            "global_batch": s.global_batch,
+            "samples_per_s": (window * s.global_batch / elapsed) if window and elapsed > 0 else None,
+            "first_loss": sum(e[0] for e in all_ends) / len(all_ends) if all_ends else None,
+            "final_loss": sum(e[1] for e in all_ends) / len(all_ends) if all_ends else None,
             "loss_window_steps": k if losses else None,
-            **(last_eval or {}),
+            **(s.last_eval or {}),
             "wall_s": time.time() - self.t0,
-            "first_step_s": first_step_s,
+            "first_step_s": s.first_step_s,
             "launch_marks": {k: round(v - self.t0, 4) for k, v in self.marks.items()},
             "device": str(self.device),
-            "threads_per_rank": torch.get_num_threads(),
+            "threads_per_rank": self.torch.get_num_threads(),
             "hostnames": sorted({r["hostname"] for r in ranks}),
             "ranks": ranks,
             "final_params_sha256": sha if identical else None,
             "params_identical": identical,
-            "buffers_identical": buffers_identical,  # null: no buffers, or rank-local BatchNorm statistics
+            # null: no buffers, or rank-local BatchNorm statistics
+            "buffers_identical": all(r["buffers_sha256"] == buffers for r in ranks) if buffers_checked else None,
             "run_dir": str(self.run_dir),
             "checkpoint_dir": str(self.ckpt_dir),
         }
-        if self.is_main:
-            self.write(summary)
-            self.metrics.close()
-            print("ddpkit-summary " + json.dumps(summary), flush=True)
-            if status == "completed":
-                from trainer import checkpoint
 
-                # Last: after the final checkpoint, the evaluation and the summary, so a run that
-                # dies before here is not taken for finished by a restart.
-                checkpoint.write_finished(self.ckpt_dir, self.step)
-            if cfg.plot and status == "completed":
-                try:
-                    from trainer.plot import plot_run
+    def publish(self, summary: dict[str, Any], status: str) -> None:
+        """Rank 0: the summary in metrics.jsonl and on stdout; a completed run's FINISHED
+        marker and plot."""
+        if not self.is_main:
+            return
+        self.write(summary)
+        self.metrics.close()
+        print("ddpkit-summary " + json.dumps(summary), flush=True)
+        if status != "completed":
+            return
+        from trainer import checkpoint
 
-                    log.info("plot %s", plot_run(self.run_dir))
-                except Exception as e:  # a plot must never fail a finished training run
-                    log.warning("could not write the plot: %s", e)
-        return EXIT_STOPPED if stopped else EXIT_OK
+        # Last: after the final checkpoint, the evaluation and the summary, so a run that
+        # dies before here is not taken for finished by a restart.
+        checkpoint.write_finished(self.ckpt_dir, self.step)
+        if self.cfg.plot:
+            try:
+                from trainer.plot import plot_run
+
+                log.info("plot %s", plot_run(self.run_dir))
+            except Exception as e:  # a plot must never fail a finished training run
+                log.warning("could not write the plot: %s", e)
 
 
 def _progress(total: int, initial: int, enabled: bool):
@@ -875,8 +1049,8 @@ def run(job: Any, denv: Any, t0: float) -> int:
     # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the
     # time to the first step goes, node shim and torchrun included.
     marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
-    if os.environ.get("DDPKIT_TORCHRUN_T0"):
-        marks = {"torchrun started": float(os.environ["DDPKIT_TORCHRUN_T0"]), **marks}
+    if os.environ.get(TORCHRUN_T0_VAR):
+        marks = {"torchrun started": float(os.environ[TORCHRUN_T0_VAR]), **marks}
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
         trainer = Trainer(job, denv, device, stop, t0)
@@ -888,7 +1062,7 @@ def run(job: Any, denv: Any, t0: float) -> int:
 
 
 def main() -> int:
-    t0 = float(os.environ.get("DDPKIT_LAUNCH_T0") or time.time())
+    t0 = float(os.environ.get(LAUNCH_T0_VAR) or time.time())
     from pydantic import ValidationError
 
     from trainer.config import ConfigError, error_line, load_job_sections
