@@ -179,7 +179,7 @@ def test_ctrl_c_stops_and_removes_every_container_and_the_network(image, tmp_pat
 
 
 # restarts: 1 on 2 nodes: PyTorchJob's backoffLimit is restarts x nodes + 1 (the operator fails
-# the job when the restarts of all pods reach it; see deploy/k8s/pytorchjob.py, verified on the
+# the job when the restarts of all pods reach it; see deploy/k8s/pytorchjob/__init__.py, verified on the
 # testbed by tests/test_k8s_e2e.py), JobSet's maxRestarts is restarts
 @pytest.mark.parametrize("flavor, message", [("pytorchjob", "restarting it (1/2, runPolicy.backoffLimit 3"),
                                              ("jobset", "restarting every pod (1/1")])

@@ -507,7 +507,7 @@ def failures(out: Path) -> int:
 
 
 def emulated_limit(path: Path):
-    """What `run --docker` would do with the same job (deploy/submit/docker.py restart_policy)."""
+    """What `run --docker` would do with the same job (deploy/run/docker.py restart_policy)."""
     from deploy.k8s.render import render_objects
     from deploy.load import load_job
     from deploy.run.docker import restart_policy

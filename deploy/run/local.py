@@ -154,7 +154,7 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if job.script is not None or job.module is not None:  # the user's code: no trainer summary
-        if rc == EXIT_STOPPED:
+        if rc in (EXIT_STOPPED, EXIT_STOPPED_UNSAVED):  # a script says nothing of checkpoints: 137
             print("ddpkit: stopped by a signal", file=sys.stderr)
         return rc
     summary = read_summary(run_dir, offset)
