@@ -214,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
+    _job_commands(sub)
+    _handle_commands(sub)
+    _tool_commands(sub)
+    return parser
+
+
+def _job_commands(sub) -> None:
+    """The commands that read a job file: init, validate, render, run, submit."""
     p = _command(sub, "init", cmd_init, "write a commented starter job file",
                  "ddpkit init job.yaml --script train.py")
     p.add_argument("path", nargs="?", default="job.yaml", metavar="PATH")
@@ -261,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="k8s: override k8s.flavor")
     p.add_argument("--via", choices=["sbatch", "submitit"], help="slurm: how to submit")
 
+
+def _handle_commands(sub) -> None:
+    """The commands that take a job handle: status, logs, cancel."""
     p = _command(sub, "status", cmd_status, "print a job's state (PENDING, RUNNING, RESTARTING, "
                  "SUCCEEDED, FAILED, CANCELLED)", "ddpkit status slurm://1234")
     p.add_argument("handle", metavar="HANDLE")
@@ -276,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="wait until the job has ended and its objects are gone (default: 30 for "
                         "Slurm, 300 for Kubernetes, as `kubectl delete` waits; 0: return at once)")
 
+
+def _tool_commands(sub) -> None:
+    """lint, plot, image, testbed."""
     p = _command(sub, "lint", cmd_lint, "check manifests offline as the API server and the operators' webhooks would",
                  "ddpkit render k8s job.yaml -o job.k8s.yaml && ddpkit lint job.k8s.yaml")
     p.add_argument("files", nargs="+", metavar="FILE")
@@ -310,7 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down", "status", "env"], metavar="ACTION",
                    help="up, down, status, or env (prints the lines that point clients at it: "
                         "PATH, and KUBECONFIG for k8s)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -154,6 +154,34 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
     obj = set_defaults(obj)
     meta, spec = obj["metadata"], obj["spec"]
     name, namespace = meta["name"], meta.get("namespace", "default")
+    replicas, counts = _replicas_to_run(name, spec)
+    total = sum(counts.values())
+    nproc_raw = spec.get("nprocPerNode")
+    nproc = int(nproc_raw) if str(nproc_raw).isdigit() else 1  # getNprocPerNodeInt
+    has_master = "Master" in replicas
+    found = []
+    for rtype in ("Master", "Worker"):
+        if rtype not in replicas:
+            continue
+        template = replicas[rtype]["template"]
+        for i in range(counts[rtype]):
+            rank = i + 1 if rtype == "Worker" and has_master else i
+            injected = [env("PYTHONUNBUFFERED", "1")]
+            if has_master:
+                master, port = f"{name}-master-0", _port(replicas, "Master")
+                injected += [env("MASTER_PORT", port), env("PET_MASTER_PORT", port),
+                             env("MASTER_ADDR", master), env("PET_MASTER_ADDR", master),
+                             env("WORLD_SIZE", total * nproc), env("RANK", rank),
+                             env("PET_NODE_RANK", rank)]
+            if nproc_raw is not None:
+                injected.append(env("PET_NPROC_PER_NODE", nproc_raw))
+            injected += _rendezvous_env(name, spec, replicas, total)
+            found.append(_pod(name, namespace, rtype, i, rank, template, replicas, injected, has_master))
+    return found
+
+
+def _replicas_to_run(name: str, spec: dict) -> tuple[dict, dict[str, int]]:
+    """The replica specs and counts, refused where the operator would refuse or not act."""
     run_policy = spec.get("runPolicy") or {}
     if run_policy.get("suspend"):
         raise UserError(f"PyTorchJob {name}: suspended (runPolicy.suspend); on a cluster no pod "
@@ -175,66 +203,55 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
         if not any(c.get("name") == CONTAINER for c in replicas[rtype]["template"]["spec"].get("containers", [])):
             raise UserError(f"PyTorchJob {name}: {rtype} has no container named {CONTAINER!r}; "
                             "the operator only configures that one")
-    total = sum(counts.values())
-    nproc_raw = spec.get("nprocPerNode")
-    nproc = int(nproc_raw) if str(nproc_raw).isdigit() else 1  # getNprocPerNodeInt
-    elastic = spec.get("elasticPolicy")
-    has_master = "Master" in replicas
+    return replicas, counts
 
-    found = []
-    for rtype in ("Master", "Worker"):
-        if rtype not in replicas:
-            continue
-        template = replicas[rtype]["template"]
-        for i in range(counts[rtype]):
-            rank = i + 1 if rtype == "Worker" and has_master else i
-            pod_name = f"{name}-{rtype.lower()}-{i}"
-            injected = [env("PYTHONUNBUFFERED", "1")]
-            if has_master:
-                master, port = f"{name}-master-0", _port(replicas, "Master")
-                injected += [env("MASTER_PORT", port), env("PET_MASTER_PORT", port),
-                             env("MASTER_ADDR", master), env("PET_MASTER_ADDR", master),
-                             env("WORLD_SIZE", total * nproc), env("RANK", rank),
-                             env("PET_NODE_RANK", rank)]
-            if nproc_raw is not None:
-                injected.append(env("PET_NPROC_PER_NODE", nproc_raw))
-            if elastic is not None:
-                host = elastic.get("rdzvHost") or f"{name}-worker-0"
-                port = elastic.get("rdzvPort") or _port(replicas, "Worker")
-                injected += [env("PET_RDZV_ENDPOINT", f"{host}:{port}"),
-                             env("PET_RDZV_BACKEND", elastic.get("rdzvBackend") or "c10d"),
-                             env("PET_NNODES", f"{elastic['minReplicas']}:{elastic['maxReplicas']}")]
-                for key, var in (("maxRestarts", "PET_MAX_RESTARTS"), ("nProcPerNode", "PET_NPROC_PER_NODE"),
-                                 ("rdzvId", "PET_RDZV_ID")):
-                    if elastic.get(key) is not None:
-                        injected.append(env(var, elastic[key]))
-                if elastic.get("rdzvConf"):
-                    injected.append(env("PET_RDZV_CONF", ",".join(
-                        f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])))
-                if elastic.get("standalone"):
-                    injected.append(env("PET_STANDALONE", ""))
-            else:
-                injected.append(env("PET_NNODES", total))
-            tpl = copy.deepcopy(template)
-            pod_spec = tpl["spec"]
-            for c in pod_spec.get("containers", []):
-                append_env(c, injected)
-            if has_master and rtype == "Worker":
-                pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []), init_container(name)]
-            policy = replicas[rtype]["restartPolicy"]
-            pod_spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
-            labels = {**template_labels(template), OPERATOR_NAME_LABEL: OPERATOR_NAME,
-                      JOB_NAME_LABEL: name, REPLICA_TYPE_LABEL: rtype.lower(),
-                      REPLICA_INDEX_LABEL: str(i)}
-            if rtype == "Master" or (not has_master and i == 0):
-                labels[JOB_ROLE_LABEL] = "master"
-            tpl.setdefault("metadata", {})["labels"] = dict(labels)
-            found.append(Pod(name=pod_name, index=rank, namespace=namespace,
-                             hostname=pod_spec.get("hostname") or pod_name,
-                             subdomain=pod_spec.get("subdomain"), template=tpl, labels=labels,
-                             annotations=template_annotations(template),
-                             dns_names=service_names(pod_name, namespace)))
-    return found
+
+def _rendezvous_env(name: str, spec: dict, replicas: dict, total: int) -> list[dict]:
+    """setPodEnv's elastic part (elastic.go): the c10d endpoint and PET_NNODES=min:max, or
+    PET_NNODES = the pod count without an elasticPolicy."""
+    elastic = spec.get("elasticPolicy")
+    if elastic is None:
+        return [env("PET_NNODES", total)]
+    host = elastic.get("rdzvHost") or f"{name}-worker-0"
+    port = elastic.get("rdzvPort") or _port(replicas, "Worker")
+    injected = [env("PET_RDZV_ENDPOINT", f"{host}:{port}"),
+                env("PET_RDZV_BACKEND", elastic.get("rdzvBackend") or "c10d"),
+                env("PET_NNODES", f"{elastic['minReplicas']}:{elastic['maxReplicas']}")]
+    for key, var in (("maxRestarts", "PET_MAX_RESTARTS"), ("nProcPerNode", "PET_NPROC_PER_NODE"),
+                     ("rdzvId", "PET_RDZV_ID")):
+        if elastic.get(key) is not None:
+            injected.append(env(var, elastic[key]))
+    if elastic.get("rdzvConf"):
+        injected.append(env("PET_RDZV_CONF", ",".join(f"{c['key']}={c['value']}" for c in elastic["rdzvConf"])))
+    if elastic.get("standalone"):
+        injected.append(env("PET_STANDALONE", ""))
+    return injected
+
+
+def _pod(name: str, namespace: str, rtype: str, i: int, rank: int, template: dict, replicas: dict,
+         injected: list[dict], has_master: bool) -> Pod:
+    """createNewPod: the template with the env appended to every container, the init
+    container on workers, the replica's restart policy, the operator's labels."""
+    pod_name = f"{name}-{rtype.lower()}-{i}"
+    tpl = copy.deepcopy(template)
+    pod_spec = tpl["spec"]
+    for c in pod_spec.get("containers", []):
+        append_env(c, injected)
+    if has_master and rtype == "Worker":
+        pod_spec["initContainers"] = [*(pod_spec.get("initContainers") or []), init_container(name)]
+    policy = replicas[rtype]["restartPolicy"]
+    pod_spec["restartPolicy"] = "Never" if policy == "ExitCode" else policy
+    labels = {**template_labels(template), OPERATOR_NAME_LABEL: OPERATOR_NAME,
+              JOB_NAME_LABEL: name, REPLICA_TYPE_LABEL: rtype.lower(),
+              REPLICA_INDEX_LABEL: str(i)}
+    if rtype == "Master" or (not has_master and i == 0):
+        labels[JOB_ROLE_LABEL] = "master"
+    tpl.setdefault("metadata", {})["labels"] = dict(labels)
+    return Pod(name=pod_name, index=rank, namespace=namespace,
+               hostname=pod_spec.get("hostname") or pod_name,
+               subdomain=pod_spec.get("subdomain"), template=tpl, labels=labels,
+               annotations=template_annotations(template),
+               dns_names=service_names(pod_name, namespace))
 
 
 
