@@ -330,40 +330,53 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
             create += ["--domainname", f"{pod.subdomain}.{pod.namespace}.svc.{CLUSTER_DOMAIN}"]
         for key, value in env.items():
             create += ["--env", f"{key}={value}"]
-        for m in mounts:
-            if m.source is None:
-                opts = f"rw,size={m.size}" if m.size else "rw"
-                create += ["--tmpfs", f"{m.target}:{opts},mode=1777"]
-            else:
-                create += ["--volume", f"{m.source.resolve()}:{m.target}{':ro' if m.read_only else ''}"]
-        if shm:
-            create += ["--shm-size", str(shm)]
-        limits = (container.get("resources") or {}).get("limits") or {}
-        if limits.get("cpu"):
-            create += ["--cpus", _cpus(limits["cpu"])]
-        if limits.get("memory"):
-            create += ["--memory", str(units.parse_quantity(limits["memory"]))]
-        gpus = [v for k, v in limits.items() if k.endswith("/gpu")]
-        if gpus:
-            create += ["--gpus", str(gpus[0])]
-        if pod.spec.get("hostNetwork"):
-            raise UserError(f"pod {pod.name}: hostNetwork is not supported by --docker (the pods "
-                            "share a private Docker network); run without k8s.host_network")
-        for cap in ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []:
-            create += ["--cap-add", str(cap)]
-        sc = {**(pod.spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
-        if sc.get("runAsUser") is not None:
-            create += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
-        if pod.spec.get("securityContext", {}).get("fsGroup") is not None:
-            create += ["--group-add", str(pod.spec["securityContext"]["fsGroup"])]
-        if container.get("workingDir"):
-            create += ["--workdir", container["workingDir"]]
+        create += _mount_args(mounts, shm) + _limit_args(pod, container)
         if command:
             create += ["--entrypoint", command[0]]
         argv = command[1:] + args if command else args
         plans.append(ContainerPlan(pod, cname, container["image"], create, argv, mounts))
     check_names(pods, envs, argvs)
     return plans
+
+
+def _mount_args(mounts: list[Mount], shm: int | None) -> list[str]:
+    """Volumes as tmpfs (emptyDir) or bind mounts, and the memory-backed /dev/shm's size."""
+    create: list[str] = []
+    for m in mounts:
+        if m.source is None:
+            opts = f"rw,size={m.size}" if m.size else "rw"
+            create += ["--tmpfs", f"{m.target}:{opts},mode=1777"]
+        else:
+            create += ["--volume", f"{m.source.resolve()}:{m.target}{':ro' if m.read_only else ''}"]
+    if shm:
+        create += ["--shm-size", str(shm)]
+    return create
+
+
+def _limit_args(pod: Pod, container: dict) -> list[str]:
+    """The container's limits, capabilities, user and group, and working directory."""
+    create: list[str] = []
+    limits = (container.get("resources") or {}).get("limits") or {}
+    if limits.get("cpu"):
+        create += ["--cpus", _cpus(limits["cpu"])]
+    if limits.get("memory"):
+        create += ["--memory", str(units.parse_quantity(limits["memory"]))]
+    gpus = [v for k, v in limits.items() if k.endswith("/gpu")]
+    if gpus:
+        create += ["--gpus", str(gpus[0])]
+    if pod.spec.get("hostNetwork"):
+        raise UserError(f"pod {pod.name}: hostNetwork is not supported by --docker (the pods "
+                        "share a private Docker network); run without k8s.host_network")
+    for cap in ((container.get("securityContext") or {}).get("capabilities") or {}).get("add") or []:
+        create += ["--cap-add", str(cap)]
+    sc = {**(pod.spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+    if sc.get("runAsUser") is not None:
+        create += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
+    if pod.spec.get("securityContext", {}).get("fsGroup") is not None:
+        create += ["--group-add", str(pod.spec["securityContext"]["fsGroup"])]
+    if container.get("workingDir"):
+        create += ["--workdir", container["workingDir"]]
+    return create
 
 
 # --------------------------------------------------------------------------------------------
