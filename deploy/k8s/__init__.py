@@ -30,30 +30,26 @@ __all__ = ["FLAVORS", "flavor", "flavor_of_kind", "operator", "operator_of_kind"
 
 
 def flavor(name: str) -> ModuleType:
-    """The module of flavor `name` (imported on first use)."""
-    if name not in FLAVORS:
-        raise KeyError(name)
-    return importlib.import_module(f"deploy.k8s.{name}")
-
-
-def flavor_of_kind(kind: str) -> ModuleType | None:
-    """The flavor whose workload object is `kind`, or None."""
-    for name, k in FLAVOR_KIND.items():
-        if k == kind:
-            return flavor(name)
-    return None
+    """The module of flavor `name`, what ddpkit renders (imported on first use)."""
+    return _part(name, "")
 
 
 def operator(name: str) -> ModuleType:
     """What flavor `name`'s controller and webhooks do with its object (`<flavor>/operator.py`)."""
-    if name not in FLAVORS:
-        raise KeyError(name)
-    return importlib.import_module(f"deploy.k8s.{name}.operator")
+    return _part(name, ".operator")
+
+
+def flavor_of_kind(kind: str) -> ModuleType | None:
+    """The flavor whose workload object is `kind`, or None."""
+    return next((flavor(n) for n, k in FLAVOR_KIND.items() if k == kind), None)
 
 
 def operator_of_kind(kind: str) -> ModuleType | None:
     """The operator module of the flavor whose workload object is `kind`, or None."""
-    for name, k in FLAVOR_KIND.items():
-        if k == kind:
-            return operator(name)
-    return None
+    return next((operator(n) for n, k in FLAVOR_KIND.items() if k == kind), None)
+
+
+def _part(name: str, suffix: str) -> ModuleType:
+    if name not in FLAVORS:
+        raise KeyError(name)
+    return importlib.import_module(f"deploy.k8s.{name}{suffix}")

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 
 from deploy.errors import RuntimeFailure, UserError
 
@@ -23,3 +24,22 @@ def apt_install(packages: list[str]) -> None:
         subprocess.run(["apt-get", "update", "-q"], env=env, stdout=subprocess.DEVNULL)
         if subprocess.run(install, env=env, stdout=subprocess.DEVNULL).returncode != 0:
             raise RuntimeFailure(f"apt-get install {' '.join(packages)} failed (see above)")
+
+
+def run_action(kind: str, action: str, *, up: Callable[[], object], down: Callable[[], object],
+               status: Callable[[], bool], env_lines: Callable[[], list[str]] | None = None) -> int:
+    """The CLI's `testbed KIND ACTION`, the same verbs on every testbed: `status` exits 3 when
+    the testbed is not up; `env` prints the lines that point clients at it (where it has any)."""
+    actions = ["up", "down", "status", *(["env"] if env_lines else [])]
+    if action == "up":
+        up()
+    elif action == "down":
+        down()
+    elif action == "status":
+        return 0 if status() else 3
+    elif action == "env" and env_lines:
+        print("\n".join(env_lines()))
+    else:
+        raise UserError(f"testbed {kind}: unknown action {action!r}: use {', '.join(actions[:-1])} "
+                        f"or {actions[-1]}")
+    return 0

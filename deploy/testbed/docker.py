@@ -22,7 +22,7 @@ from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists
-from deploy.testbed import apt_install
+from deploy.testbed import apt_install, run_action
 
 BASE_IMAGE = "ddpkit-base:bookworm"
 SUITE = "bookworm"
@@ -148,17 +148,14 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def status() -> bool:
+    """Print whether the daemon runs and the base image exists; True when both do."""
+    ok = daemon_up() and image_exists(BASE_IMAGE)
+    print(f"docker daemon {'up' if daemon_up() else 'down'}; base image {BASE_IMAGE} "
+          f"{'present' if ok else 'missing'}")
+    return ok
+
+
 def main(action: str) -> int:
     """The CLI's `testbed docker ACTION`."""
-    if action == "up":
-        up()
-    elif action == "down":
-        down()
-    elif action == "status":
-        ok = daemon_up() and image_exists(BASE_IMAGE)
-        print(f"docker daemon {'up' if daemon_up() else 'down'}; base image {BASE_IMAGE} "
-              f"{'present' if ok else 'missing'}")
-        return 0 if ok else 3
-    else:
-        raise UserError(f"testbed docker: unknown action {action!r}: use up, down or status")
-    return 0
+    return run_action("docker", action, up=up, down=down, status=status)

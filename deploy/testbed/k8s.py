@@ -36,7 +36,7 @@ import tarfile
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.testbed import apt_install
+from deploy.testbed import apt_install, run_action
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent
 PACKAGES = ["runc", "containernetworking-plugins", "iptables", "busybox-static", "curl", "openssl"]
@@ -427,18 +427,9 @@ def write_manifests(outdir: Path, ca_file: Path) -> None:
 
 def main(action: str) -> int:
     """The CLI's `testbed k8s ACTION`."""
-    if action == "up":
-        up()
-    elif action == "down":
-        down()
-    elif action == "status":
-        return 0 if status() else 3
-    elif action == "env":
-        print(f"export KUBECONFIG={shlex.quote(str(kubeconfig()))}")
-        print(f"export PATH={shlex.quote(str(bin_dir()))}:\"$PATH\"")
-    else:
-        raise UserError(f"testbed k8s: unknown action {action!r}: use up, down, status or env")
-    return 0
+    return run_action("k8s", action, up=up, down=down, status=status, env_lines=lambda: [
+        f"export KUBECONFIG={shlex.quote(str(kubeconfig()))}",
+        f"export PATH={shlex.quote(str(bin_dir()))}:\"$PATH\""])
 
 
 if __name__ == "__main__":  # the steps cluster.sh hands to Python

@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.testbed import apt_install
+from deploy.testbed import apt_install, run_action
 
 SCRIPT = Path(__file__).with_name("slurm-testbed.sh")
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
@@ -112,14 +112,5 @@ def start_node(node: str) -> None:
 
 def main(action: str) -> int:
     """The CLI's `testbed slurm ACTION`."""
-    if action == "up":
-        up()
-    elif action == "down":
-        down()
-    elif action == "status":
-        return 0 if status() else 3
-    elif action == "env":
-        print(f"export PATH={shlex.quote(str(bin_dir()))}:\"$PATH\"")
-    else:
-        raise UserError(f"testbed slurm: unknown action {action!r}: use up, down, status or env")
-    return 0
+    return run_action("slurm", action, up=up, down=down, status=status, env_lines=lambda: [
+        f"export PATH={shlex.quote(str(bin_dir()))}:\"$PATH\""])
