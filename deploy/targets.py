@@ -65,7 +65,13 @@ class Target:
         """Everything this target cannot do with `job` (never raises)."""
         return self._renderer().check(job, flavor)
 
+    def request(self, job: JobSpec, *, flavor: str | None = None) -> object:
+        """What `render` lays out, as data (TorchX's dry-run request): the Kubernetes objects
+        (a list of dicts), or the Slurm `SbatchRequest`. UserError when `check` finds problems."""
+        return self._renderer().request(job, flavor=flavor)
+
     def render(self, job: JobSpec, *, flavor: str | None = None, source: str) -> str:
+        """The request as the text a user applies: multi-document YAML, or the sbatch script."""
         return self._renderer().render(job, flavor=flavor, source=source)
 
     def after_render(self, job: JobSpec) -> None:

@@ -61,6 +61,11 @@ def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.ya
     return _header(job, flavor, source) + dump_documents(render_objects(job, flavor=flavor))
 
 
+def request(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
+    """The target's request verb (deploy/targets.py): the objects `kubectl apply` sends."""
+    return render_objects(job, flavor=flavor)
+
+
 def render(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
     """The target's render verb (deploy/targets.py): `render_k8s`."""
     return render_k8s(job, flavor=flavor, source=source)

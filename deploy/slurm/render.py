@@ -47,6 +47,12 @@ def render_slurm(job: JobSpec, *, source: str = "job.yaml") -> str:
     return render_template("slurm", "job.sh.j2", **slurm_context(job, source=source))
 
 
+def request(job: JobSpec, *, flavor: None = None) -> SbatchRequest:
+    """The target's request verb (deploy/targets.py): the sbatch job as data, after the check."""
+    refuse(job, check(job))
+    return SbatchRequest.of(job)
+
+
 def render(job: JobSpec, *, flavor: None = None, source: str = "job.yaml") -> str:
     """The target's render verb (deploy/targets.py): `render_slurm` (Slurm has no flavors)."""
     return render_slurm(job, source=source)
