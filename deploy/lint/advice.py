@@ -12,7 +12,7 @@ from typing import Any
 
 from deploy.k8s import pytorchjob, trainjob
 from deploy.lint.report import join
-from trainer.contract import LAUNCH_MODULE
+from trainer.contract import LAUNCH_MODULE, NPROC_PER_NODE_VAR
 
 RULES = {
     "dev-shm": "/dev/shm is a memory-backed emptyDir mounted in the training container",
@@ -167,7 +167,7 @@ def _nproc(obj: dict, container: dict) -> int | None:
         if value is not None and str(value).isdigit():
             return int(value)
     for var in container.get("env") or []:
-        if isinstance(var, dict) and var.get("name") == "DDPKIT_NPROC_PER_NODE" and str(var.get("value", "")).isdigit():
+        if isinstance(var, dict) and var.get("name") == NPROC_PER_NODE_VAR and str(var.get("value", "")).isdigit():
             return int(var["value"])
     return None
 
