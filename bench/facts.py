@@ -44,7 +44,8 @@ for top in ("deploy", "trainer"):
 for tpl in sorted((root / "slurm").glob("*.j2")):
     text = tpl.read_text()
     for n, line in enumerate(text.splitlines(), 1):
-        if "15000" in line: counts["Slurm port formula 15000"].append(f"{tpl.relative_to(root)}:{n}")
+        if "15000" in line:
+            counts["Slurm port formula 15000"].append(f"{tpl.relative_to(root)}:{n}")
         if re.search(r"export DDPKIT_(RUN_ID|NNODES|NPROC_PER_NODE|MAX_RESTARTS|LAUNCHER|STOP_GRACE_S)=", line):
             counts["launch contract (DDPKIT_* names written)"].append(f"{tpl.relative_to(root)}:{n}")
 for fact, places in counts.items():
