@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 from deploy import __version__
+from deploy.api import Handle, Job
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import FLAVOR_KIND
-from deploy.targets import REGISTRY, TARGETS, load_module, of_handle, refuse_option
+from deploy.targets import REGISTRY, TARGETS, load_module
 
 STARTER = Path(__file__).with_name("starter.yaml")
 
@@ -26,10 +27,8 @@ STARTER = Path(__file__).with_name("starter.yaml")
 # helpers
 
 
-def _load(args: argparse.Namespace):
-    from deploy.load import load_job
-
-    return load_job(args.job, args.set or [])
+def _load(args: argparse.Namespace) -> Job:
+    return Job.from_file(args.job, args.set or [])
 
 
 def write_output(text: str, output: str | None) -> None:
@@ -102,14 +101,8 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from deploy.problems import refuse
-    from deploy.targets import targets_of
-
-    job = _load(args)
-    if args.flavor and args.target == "slurm":
-        raise UserError("--flavor applies to --target k8s only")
-    targets = [args.target] if args.target else (["k8s"] if args.flavor else targets_of(job))
-    refuse(job, [p for t in targets for p in REGISTRY[t].check(job, args.flavor if t == "k8s" else None)])
+    loaded = _load(args)
+    targets, job = loaded.validate(args.target, flavor=args.flavor), loaded.spec
     checked = ", ".join(f"k8s ({args.flavor or job.k8s.flavor})" if t == "k8s" else t for t in targets)
     nodes = f"{job.nodes} nodes" if job.nodes.elastic else f"{job.nodes.min} node(s)"
     device = f"{job.gpus_per_node} GPU(s)" if job.gpus_per_node else "CPU"
@@ -121,43 +114,37 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     job = _load(args)
-    refuse_option(args.target, "render", flavor=args.flavor)
-    target = REGISTRY[args.target]
-    write_output(target.render(job, flavor=args.flavor, source=args.job), args.output)
-    target.after_render(job)
+    write_output(job.render(args.target, flavor=args.flavor), args.output)
+    REGISTRY[args.target].after_render(job.spec)
     return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     job = _load(args)
     if args.docker:
-        runner = load_module("deploy.run.docker", "`ddpkit run --docker`")
-        return runner.run_docker(job, args.job, flavor=args.flavor)
+        return job.run_docker(flavor=args.flavor)
     if args.flavor:
         raise UserError("--flavor applies to `run --docker` only")
-    runner = load_module("deploy.run.local", "`ddpkit run --local`")
-    return runner.run_local(job, args.job, nproc=args.nproc)
+    return job.run_local(nproc=args.nproc)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    job = _load(args)
-    refuse_option(args.target, "submit", via=args.via, flavor=args.flavor)
-    print(REGISTRY[args.target].submit(job, dry_run=args.dry_run, source=args.job,
-                                       flavor=args.flavor, via=args.via))
+    print(_load(args).submit(args.target, flavor=args.flavor, via=args.via, dry_run=args.dry_run))
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    print(of_handle(args.handle).describe(args.handle))
+    print(Handle(args.handle).describe())
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    return of_handle(args.handle).logs(args.handle, rank=args.rank, follow=args.follow)
+    Handle(args.handle).logs(args.rank, follow=args.follow, out=sys.stdout)
+    return 0
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    of_handle(args.handle).cancel(args.handle, wait_s=args.wait)
+    Handle(args.handle).cancel(wait_s=args.wait)
     print(f"cancelled {args.handle}")
     return 0
 

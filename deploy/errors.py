@@ -8,8 +8,24 @@ Neither prints a traceback.
 from __future__ import annotations
 
 
+class FieldProblem(str):
+    """One problem of a job file as the line the CLI prints, `WHERE: FIELD: MESSAGE`, that
+    also keeps its parts: `.where` (`job.yaml:12`, `--set nodes`), `.field` (`slurm.partition`),
+    `.message` (what is wrong; the fix)."""
+
+    where: str
+    field: str
+    message: str
+
+    def __new__(cls, where: str, field: str, message: str) -> FieldProblem:
+        line = super().__new__(cls, f"{where}: {field}: {message}")
+        line.where, line.field, line.message = where, field, message
+        return line
+
+
 class UserError(Exception):
-    """Bad input. `problems` holds one line per problem (at least one)."""
+    """Bad input. `problems` holds one line per problem (at least one); a job's problems are
+    `FieldProblem`s."""
 
     exit_code = 2
 

@@ -92,6 +92,8 @@ FLAVORS = tuple(FLAVOR_KIND)
 
 #: ddpkit's job states, the vocabulary shared by every target (Slurm too).
 STATES = ("PENDING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
+#: The states a job does not leave.
+TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
 #: Kubernetes' annotation (and, since 1.28, label) with an Indexed Job pod's index
 #: (kubernetes pkg/apis/batch/types.go JobCompletionIndexAnnotation).

@@ -10,29 +10,40 @@ errors into those lines (did-you-mean hints for unknown fields, plain words for 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from deploy.errors import UserError
+from deploy.errors import FieldProblem, UserError
 from deploy.problems import Problems
 from deploy.spec import JobSpec, close_matches
 from deploy.yamlfile import load_scalar, load_yaml, locate, read_text
 
+#: Overrides: `--set` assignments (`["nodes=4"]`, values typed as YAML), or a mapping of
+#: dotted keys to values already typed (`{"nodes": 4, "env.LR": "1.10"}`, the Python API's).
+Overrides = Mapping[str, Any] | Iterable[str]
 
-def apply_override(data: dict, assignment: str) -> None:
-    """Apply one `--set a.b.c=value` (value typed as YAML) to the raw job mapping."""
+
+def parse_assignment(assignment: str) -> tuple[str, Any]:
+    """`a.b.c=value` as (key, value), the value typed as YAML (env values as written)."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
         raise UserError(f"--set {assignment}: expected KEY=VALUE, e.g. --set nodes=4")
-    parts = key.strip().split(".")
+    key = key.strip()
     try:
         value = load_scalar(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
-    if len(parts) == 2 and parts[0] == "env":
+    if len(key.split(".")) == 2 and key.startswith("env."):
         value = raw  # env values are strings exactly as written: --set env.LR=1.10 is "1.10"
+    return key, value
+
+
+def apply_override(data: dict, key: str, value: Any) -> None:
+    """Set the field at dotted `key` (list entries by index) of the raw job mapping."""
+    parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts):
         last = i == len(parts) - 1
@@ -50,6 +61,12 @@ def apply_override(data: dict, assignment: str) -> None:
                 node[part] = {}
             node = node[part]
 
+
+def overrides_of(overrides: Overrides) -> list[tuple[str, Any]]:
+    """(key, value) pairs of either form."""
+    if isinstance(overrides, Mapping):
+        return [(str(k), v) for k, v in overrides.items()]
+    return [parse_assignment(a) for a in overrides]
 
 
 def _model_at(loc: tuple) -> type[BaseModel] | None:
@@ -124,7 +141,7 @@ def validation_problems(exc: ValidationError, source: str, lines: dict, overridd
             found = [(loc, _message(err))]
         for where_loc, message in found:
             dotted = ".".join(str(p) for p in where_loc) or "(top level)"
-            line = f"{locate(where_loc, source, lines, overridden)}: {dotted}: {message}"
+            line = FieldProblem(locate(where_loc, source, lines, overridden), dotted, message)
             if line not in problems:
                 problems.append(line)
     return problems
@@ -132,16 +149,15 @@ def validation_problems(exc: ValidationError, source: str, lines: dict, overridd
 
 
 def parse_job(data: Any, *, source: str = "job.yaml", lines: dict | None = None,
-              overrides: list[str] = ()) -> JobSpec:
+              overrides: Overrides = ()) -> JobSpec:
     """Build a JobSpec from an already-parsed mapping (after applying overrides)."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: a job file is a YAML mapping (name: ..., image: ...), "
                         f"not a {type(data).__name__}")
     overridden = set()
-    for assignment in overrides:
-        apply_override(data, assignment)
-        overridden.add(tuple(int(p) if p.isdigit() else p
-                             for p in assignment.partition("=")[0].strip().split(".")))
+    for key, value in overrides_of(overrides):
+        apply_override(data, key, value)
+        overridden.add(tuple(int(p) if p.isdigit() else p for p in key.split(".")))
     try:
         job = JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -151,7 +167,7 @@ def parse_job(data: Any, *, source: str = "job.yaml", lines: dict | None = None,
 
 
 
-def load_job(path: str, overrides: list[str] = ()) -> JobSpec:
+def load_job(path: str, overrides: Overrides = ()) -> JobSpec:
     """Read, override and validate a job file. Raises UserError listing every problem."""
     text = read_text(path)
     data, lines = load_yaml(text, str(path))

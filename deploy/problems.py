@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from deploy.errors import UserError
+from deploy.errors import FieldProblem, UserError
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
@@ -53,7 +53,7 @@ def refuse(job: JobSpec, problems: list[Problem]) -> None:
     if problems:
         lines = []
         for problem in problems:
-            line = f"{job.where(problem.path)}: {problem}"
+            line = FieldProblem(job.where(problem.path), problem.path, problem.text)
             if line not in lines:
                 lines.append(line)
         raise UserError(*lines)

@@ -88,8 +88,9 @@ class Target:
         """The state first (scripts parse the first word), then why, where the target says."""
         return self._jobs().describe(handle)
 
-    def logs(self, handle: str, *, rank: int | None, follow: bool) -> int:
-        return self._jobs().logs(handle, rank=rank, follow=follow) or 0
+    def logs(self, handle: str, *, rank: int | None, follow: bool, out=None) -> int:
+        """Print node `rank`'s log (default 0) to `out` (default stdout)."""
+        return self._jobs().logs(handle, rank=rank, follow=follow, out=out) or 0
 
     def cancel(self, handle: str, *, wait_s: float | None) -> None:
         jobs = self._jobs()

@@ -23,6 +23,7 @@ FLOORS = [
     ["deploy.load", "deploy.durability", "deploy.docs", "deploy.image", "deploy.testbed"],
     ["deploy.k8s", "deploy.slurm"],
     ["deploy.lint.admission", "deploy.lint.advice", "deploy.lint.command", "deploy.targets", "deploy.run"],
+    ["deploy.api"],
     ["deploy.cli", "deploy.__main__"],
 ]
 

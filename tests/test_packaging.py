@@ -48,6 +48,21 @@ def test_wheel_ships_templates_and_packages(installed):
     assert "Requires-Python: >=3.11" in metadata
 
 
+def test_the_wheel_imports_as_ddpkit_and_is_typed(installed, tmp_path):
+    """`import ddpkit` from the installed wheel (not the checkout): the Python API renders."""
+    wheel, target = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ddpkit.py" in names and "deploy/py.typed" in names and "trainer/py.typed" in names
+    probe = ("import ddpkit, deploy\n"
+             f"assert deploy.__file__.startswith({str(target)!r}), deploy.__file__\n"
+             "job = ddpkit.Job(name='w', image='img:1', checkpoint={'ephemeral': True})\n"
+             "print(sorted(ddpkit.__all__), [o['kind'] for o in job.request('k8s', flavor='job')])\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)},
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("] ")[1].strip() == "['ConfigMap', 'Service', 'Job']"
+
+
 def test_every_dependency_is_imported_and_the_python_claim_is_one():
     """A runtime dependency nothing imports only weighs on `pip install`; the Python version
     claim (tomllib in the tests and the image need 3.11) is the same everywhere."""

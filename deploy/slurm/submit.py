@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.kube import TERMINAL_STATES
 from deploy.problems import Problem, refuse
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -40,7 +41,7 @@ STATES = {
     "FAILED": "FAILED", "TIMEOUT": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
     "BOOT_FAIL": "FAILED", "DEADLINE": "FAILED",
 }
-TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+TERMINAL = TERMINAL_STATES
 _HANDLE = re.compile(r"^(?:slurm://)?([0-9]+(?:_[0-9]+)?)$")
 _NO_SLURM = ("{cmd} not found: run this on a Slurm login node, or try the local testbed: "
              "`sudo ddpkit testbed slurm up` then `eval \"$(ddpkit testbed slurm env)\"`")
