@@ -157,6 +157,33 @@ def test_quickstart_runs_on_two_nodes(cluster, jobs, tmp_path, launcher):
     assert proc.returncode == 0 and "ddpkit-summary" in proc.stdout
 
 
+def test_the_readme_python_api_example_submits_waits_and_reads_the_log(cluster, jobs, tmp_path, monkeypatch, capsys):
+    """The README's cluster example of `import ddpkit`, as written, against the testbed: run
+    from a directory holding the examples, with the testbed's Slurm commands on PATH and the
+    job's venv set the way `submit()` above sets it for every job here."""
+    from tests.test_api import readme_python_blocks
+
+    code = readme_python_blocks()[1]
+    overrides = '{"train.epochs": 1}'
+    assert overrides in code
+    code = code.replace(overrides, '{"train.epochs": 1, "slurm.venv": %r}' % sys.prefix)
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    for key in ("PATH", "SLURM_CONF"):
+        if key in cluster:
+            monkeypatch.setenv(key, cluster[key])
+    namespace: dict = {}
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)
+    finally:
+        if "handle" in namespace:
+            jobs.append(str(namespace["handle"]))
+    out = capsys.readouterr().out
+    assert out.startswith("slurm://"), out
+    [summary] = summaries(job_log(cluster, str(namespace["handle"])))
+    assert_trained_on_two_nodes(summary)
+
+
 def test_preempted_job_checkpoints_requeues_resumes_and_never_reruns(cluster, jobs, tmp_path):
     # long enough to be signalled mid-run; checkpoints every 20 steps
     handle = submit(cluster, jobs, tmp_path, "--set", "train.max_steps=120",
