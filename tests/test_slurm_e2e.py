@@ -166,7 +166,7 @@ def test_the_readme_python_api_example_submits_waits_and_reads_the_log(cluster, 
     code = readme_python_blocks()[1]
     overrides = '{"train.epochs": 1}'
     assert overrides in code
-    code = code.replace(overrides, '{"train.epochs": 1, "slurm.venv": %r}' % sys.prefix)
+    code = code.replace(overrides, f'{{"train.epochs": 1, "slurm.venv": {sys.prefix!r}}}')
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)
     for key in ("PATH", "SLURM_CONF"):
