@@ -2,6 +2,8 @@
 # Build the Kubernetes testbed's Go binaries from their published Go modules, once per version.
 #
 #   bash k8s/testbed/build.sh            # builds what is missing, prints the cache's bin dir last
+#   DDPKIT_K8S_EXTRAS="kueue kwok" bash k8s/testbed/build.sh   # also the opt-in extras (issue 19;
+#   bash k8s/testbed/build.sh kueue kwok                      #  no test uses them yet)
 #
 # Everything lands in $DDPKIT_K8S_CACHE/<component>-<version>/ (default /var/cache/ddpkit/k8s),
 # outside the clone, so a later clone (and CI on the same machine) reuses an earlier build.
@@ -16,6 +18,19 @@ COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
 TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION:-1.9.3}
 JOBSET_VERSION=${JOBSET_VERSION:-0.12.0}
 TRAINER_VERSION=${TRAINER_VERSION:-2.3.0}
+KUEUE_VERSION=${KUEUE_VERSION:-0.18.4}   # opt-in extras (README: "Kueue and kwok")
+KWOK_VERSION=${KWOK_VERSION:-0.8.0}
+
+# Extras are built only when asked for (env or arguments): a plain build.sh builds, caches and
+# lists exactly the testbed's components.
+read -ra asked <<< "${DDPKIT_K8S_EXTRAS:-} $*"
+EXTRAS=()
+for x in "${asked[@]}"; do
+  case $x in
+    kueue|kwok) [[ " ${EXTRAS[*]} " == *" $x "* ]] || EXTRAS+=("$x") ;;
+    *) echo "build.sh: unknown extra '$x' (known: kueue kwok)" >&2; exit 2 ;;
+  esac
+done
 
 CACHE=${DDPKIT_K8S_CACHE:-/var/cache/ddpkit/k8s}
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=${CGO_ENABLED:-0}
@@ -134,13 +149,59 @@ import (
 func main() { coremain.Run() }
 EOF
   # no `go mod tidy`: it would drop the two commands' modules, which no package here imports
-  go get "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$TRAINER_VERSION" \
-    "sigs.k8s.io/jobset@v$JOBSET_VERSION" "github.com/coredns/coredns@v$COREDNS_VERSION" >/dev/null
+  go get "${CONTROLLER_MODULES[@]}" >/dev/null
   go build -trimpath -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=v$COREDNS_VERSION" \
     -o "$out/" "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager" \
     "sigs.k8s.io/jobset" ./coredns
   copy_manifests "github.com/kubeflow/trainer/v2@v$TRAINER_VERSION" "$out" trainer manifests
   copy_manifests "sigs.k8s.io/jobset@v$JOBSET_VERSION" "$out" jobset config
+}
+
+# The controllers wrapper's top-level requirements, also required first by the extras' wrappers
+CONTROLLER_MODULES=("github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$TRAINER_VERSION"
+  "sigs.k8s.io/jobset@v$JOBSET_VERSION" "github.com/coredns/coredns@v$COREDNS_VERSION")
+
+# next_to_controllers NAME MODULE@VERSION...: a wrapper module that requires the controllers'
+# modules at the controllers' versions plus the given ones, so minimal version selection keeps
+# the controllers' library versions wherever the new module does not require newer ones, and
+# the Go build cache already holds those packages compiled (kwok needs nothing newer: it
+# compiles only its own packages). The controllers' own build and cache key stay as they are.
+next_to_controllers() {
+  go mod init "ddpkit.local/$1" >/dev/null 2>&1; shift
+  go mod edit -go=1.26.0
+  go get "${CONTROLLER_MODULES[@]}" "$@" >/dev/null
+}
+
+# origin MODULE@VERSION: "<commit> <time>" of the tag, as the Go module proxy protocol's .info
+# records them (the commit may be absent)
+origin() {
+  go list -m -f '{{with .Origin}}{{.Hash}}{{end}} {{with .Time}}{{.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' "$1"
+}
+
+# Kueue's manager, built against the Trainer and JobSet API types the testbed runs (MVS lifts
+# Kueue 0.18.4's trainer v2.2.1 to v2.3.0: upstream's "Trainer v2.2 and v2.3 don't have API
+# compatibility"). Kueue requires newer k8s.io/utils, kube-openapi and go-openapi than the
+# controllers, so the k8s.io libraries above them compile again for it (README: why not joined).
+kueue() {
+  local v=$KUEUE_VERSION out=$2 m=sigs.k8s.io/kueue p=sigs.k8s.io/kueue/pkg/version commit date
+  next_to_controllers kueue "$m@v$v"
+  read -r commit date <<< "$(origin "$m@v$v")"   # upstream's BuildDate: the build's date
+  local ld="-s -w -X $p.GitVersion=v$v -X $p.GitCommit=$commit -X $p.BuildDate=$date"
+  go build -trimpath -ldflags "$ld" -o "$out/kueue" "$m/cmd/kueue"
+  copy_manifests "$m@v$v" "$out" kueue config/components config/default
+}
+
+# kwok (fake nodes): only the `kwok` controller, not kwokctl (which makes whole fake clusters).
+# v0.8 has no built-in Stages: without --config stages it exits "no stages found". Its
+# kustomize/ tree is copied, and the fast stages (node-initialize, node-heartbeat-with-lease,
+# pod-ready/-complete/-delete) rendered into stage-fast.yaml for `kwok --config`.
+kwok() {
+  local v=$1 out=$2 m=sigs.k8s.io/kwok
+  next_to_controllers kwok "$m@v$v"
+  go build -trimpath -ldflags "-s -w -X $m/pkg/consts.Version=v$v" -o "$out/kwok" "$m/cmd/kwok"
+  copy_manifests "$m@v$v" "$out" kwok kustomize
+  "$CACHE/kubernetes-$KUBERNETES_VERSION/bin/kubectl" kustomize "$out/../manifests/kwok/kustomize/stage/fast" \
+    > "$out/../manifests/kwok/stage-fast.yaml"
 }
 
 # One build at a time: a second build.sh (`ddpkit testbed k8s up` while .ci/run's background
@@ -160,12 +221,20 @@ build etcd "$ETCD_VERSION" etcd
 build containerd "$CONTAINERD_VERSION" containerd
 build training-operator "$TRAINING_OPERATOR_VERSION" training_operator
 build controllers "$CONTROLLERS" controllers
+for x in "${EXTRAS[@]}"; do   # after the controllers: they reuse the controllers' compiled packages
+  case $x in
+    kueue) COMPONENTS+=("kueue-$KUEUE_VERSION-trainer$TRAINER_VERSION-jobset$JOBSET_VERSION")
+      build kueue "$KUEUE_VERSION-trainer$TRAINER_VERSION-jobset$JOBSET_VERSION" kueue ;;
+    kwok) COMPONENTS+=("kwok-$KWOK_VERSION"); build kwok "$KWOK_VERSION" kwok ;;
+  esac
+done
 mkdir -p "$CACHE/manifests"
 for d in "${COMPONENTS[@]}"; do
   ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
   case $d in   # $CACHE/manifests/<controller> -> its upstream manifests
     training-operator-*) ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/training-operator" ;;
     controllers-*) for m in trainer jobset; do ln -sfn "$CACHE/$d/manifests/$m" "$CACHE/manifests/$m"; done ;;
+    kueue-*|kwok-*) ln -sfn "$CACHE/$d/manifests/${d%%-*}" "$CACHE/manifests/${d%%-*}" ;;
   esac
 done
 printf '%s\n' "${COMPONENTS[@]}" > "$CACHE/components"   # what bench/k8s_testbed.py reports
