@@ -71,6 +71,21 @@ def pyxis(image: str) -> str:
     return f"{registry}#{rest}" if registry else rest
 
 
+def pull_policy(image: str) -> str:
+    """Kubernetes' own default imagePullPolicy for a registry reference (kubernetes
+    pkg/apis/core/v1/defaults.go `SetDefaults_Container`: `Always` when `ParseImageName` gives
+    the tag `latest`, which it also gives a reference with neither tag nor digest; else
+    `IfNotPresent`). So `trainer`, `trainer:latest` and `trainer:latest@sha256:...` are pulled
+    on every start (a node's cached `:latest` may be old code); `trainer:1.0` and
+    `trainer@sha256:...` (a digest pins the content) are pulled when missing."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    tag = last.rpartition(":")[2] if ":" in last else ""
+    if not tag and not digest:
+        tag = "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
 def problems(image: str, runtime: str) -> list[Problem]:
     """What `runtime` (`k8s`, `apptainer`, `pyxis`, `none`) cannot do with `image`."""
     kind = form(image)

@@ -724,8 +724,11 @@ class JobSpec(Strict):
         "reference (`ghcr.io/org/trainer:1.0`, every target); Slurm only: a `docker://` URI, an "
         "Apptainer `.sif` file, an enroot `.sqsh` file or `registry#image` "
         "(deploy/image_forms.py).")
-    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
-        "IfNotPresent", description="Kubernetes imagePullPolicy.")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] | None = Field(
+        None, description="Kubernetes imagePullPolicy of the trainer and of every init container "
+        "and sidecar. Default: Kubernetes' own rule, per container by its image: `Always` for "
+        "`:latest` or no tag (a node's cached `:latest` may be old code), `IfNotPresent` for "
+        "any other tag or a digest (`@sha256:...`).")
     nodes: Nodes = Field(Nodes(min=1, max=1), description="Node count `N`, or `MIN:MAX` for "
                          "elastic training (PyTorchJob only).")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU with the "
