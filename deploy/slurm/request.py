@@ -10,7 +10,6 @@ options, the container (Apptainer's argv prefix or pyxis's options) and the laun
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 from dataclasses import dataclass
 
@@ -68,7 +67,7 @@ class Pyxis:
     """pyxis/enroot's srun options (the submit directory is mounted at the same path)."""
 
     image: str  # in the form enroot reads
-    name: str  # --container-name
+    name: str  # --container-name, a bash word (it holds $SLURM_JOB_ID)
     mount_job_dir: bool
     mounts: tuple[str, ...]  # SRC:DST[:ro]
     remap_root: bool
@@ -139,10 +138,16 @@ def apptainer_options(job: JobSpec) -> tuple[str, ...]:
 
 
 def container_name(job: JobSpec) -> str:
-    """pyxis `--container-name`: stable for the job and its image, so a requeued job (same
-    name, same image) reuses the imported container instead of importing it on every node."""
-    digest = hashlib.sha256(job.image.encode()).hexdigest()[:8]
-    return f"ddpkit-{job.name}-{digest}"
+    """pyxis `--container-name`, as a bash word: one per job submission (`$SLURM_JOB_ID`).
+
+    pyxis keeps a named container on every node and, when one of that name exists, reuses its
+    root filesystem and skips the import (NVIDIA/pyxis README `--container-name`;
+    pyxis_slurmstepd.c: `reuse_rootfs`, with the default `container_scope=global` the name is
+    `pyxis_NAME` on the node). A name shared by submissions of the same tag would run the rootfs
+    of an older push; with the job id a requeue of the job (same id) still reuses its import,
+    and a new submission imports the image again. The script removes the container when the
+    job ends without being requeued by it (slurm/job.sh.j2)."""
+    return f'ddpkit-{job.name}-"$SLURM_JOB_ID"'
 
 
 def container_mounts(job: JobSpec) -> tuple[str, ...]:
