@@ -734,8 +734,10 @@ class JobSpec(Strict):
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU with the "
                                "gloo backend. One process per GPU.")
     gpu_resource: ResourceName = Field(
-        "nvidia.com/gpu", description="Kubernetes extended resource name "
-                              "of a GPU (e.g. `amd.com/gpu`).")
+        "nvidia.com/gpu", description="Kubernetes extended resource name of a GPU (e.g. "
+        "`amd.com/gpu`, a MIG slice `nvidia.com/mig-3g.40gb`, `nvidia.com/gpu.shared`). Its "
+        "domain names the vendor: Apptainer gets `--nv` for every `nvidia.com/` name, `--rocm` "
+        "for `amd.com/` ones; `run --docker` gives `--gpus` for both.")
     procs_per_node: int | None = Field(None, ge=1, le=256, description="Processes per node on "
                                        "CPU jobs (default 1). With GPUs it is gpus_per_node.")
     resources: Resources = Field(default_factory=Resources, description="CPU, memory and shm per node.")

@@ -408,6 +408,25 @@ def test_each_runtime_gets_the_image_form_it_reads(image, apptainer, pyxis):
         assert option in script, (container, want)
 
 
+# Every name a vendor's device plugin advertises (NVIDIA: whole GPUs, MIG slices, time-sliced
+# shared GPUs; AMD): Apptainer binds the driver only with the vendor's flag.
+GPU_RESOURCES = [("nvidia.com/gpu", "--nv"), ("nvidia.com/mig-3g.40gb", "--nv"),
+                 ("nvidia.com/mig-1g.10gb", "--nv"), ("nvidia.com/gpu.shared", "--nv"),
+                 ("amd.com/gpu", "--rocm"), ("gpu.intel.com/i915", None)]
+
+
+@pytest.mark.parametrize("resource,flag", GPU_RESOURCES)
+def test_apptainer_gets_the_gpu_vendor_s_flag_for_every_resource_name_of_it(resource, flag):
+    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 2") + f"gpu_resource: {resource}\n"
+    argv = render_slurm(job_from(gpu, "slurm.container=apptainer")).replace(" \\\n  ", " ")
+    [line] = [ln for ln in argv.splitlines() if "apptainer exec" in ln]
+    words = line.split()[line.split().index("exec") + 1:]
+    assert [w for w in words if w in ("--nv", "--rocm")] == ([flag] if flag else [])
+    # a CPU job gets neither, whatever the resource name
+    cpu = render_slurm(job_from(BASE + f"gpu_resource: {resource}\n", "slurm.container=apptainer"))
+    assert "--nv" not in cpu and "--rocm" not in cpu
+
+
 def test_amd_gpus_get_rocm_and_writable_options_reach_both_runtimes():
     amd = BASE.replace("procs_per_node: 2", "gpus_per_node: 2") + "gpu_resource: amd.com/gpu\n"
     script = render_slurm(job_from(amd, "slurm.container=apptainer", "slurm.container_writable=true"))

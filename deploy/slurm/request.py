@@ -14,6 +14,7 @@ import posixpath
 from dataclasses import dataclass
 
 from deploy import image_forms
+from deploy.kube import gpu_vendor
 from deploy.slurm import directives
 from deploy.slurm.directives import Directive
 from deploy.slurm.template import shquote
@@ -125,10 +126,13 @@ class SbatchRequest:
 
 
 def gpu_vendor_flag(job: JobSpec) -> str | None:
-    """Apptainer's GPU option: `--nv` for NVIDIA, `--rocm` for AMD (by gpu_resource)."""
+    """Apptainer's GPU option by the vendor of gpu_resource (deploy/kube.py `gpu_vendor`):
+    `--nv` for every NVIDIA name (`nvidia.com/gpu`, MIG `nvidia.com/mig-3g.40gb`,
+    `nvidia.com/gpu.shared`), `--rocm` for AMD's; without it Apptainer binds neither the driver
+    libraries nor the devices and the job trains on CPU (Apptainer docs, "GPU Support")."""
     if not job.gpus_per_node:
         return None
-    return {"nvidia.com/gpu": "--nv", "amd.com/gpu": "--rocm"}.get(job.gpu_resource)
+    return {"nvidia": "--nv", "amd": "--rocm"}.get(gpu_vendor(job.gpu_resource) or "")
 
 
 def apptainer_options(job: JobSpec) -> tuple[str, ...]:
