@@ -566,3 +566,12 @@ def test_each_container_s_pull_policy_follows_kubernetes_default_for_its_own_ima
                                      k8s={"sidecars": [{"name": "s", "image": "x"}]}), flavor)):
         assert {c["imagePullPolicy"] for c in template["spec"]["containers"]
                 + [c for c in template["spec"]["initContainers"] if c["name"] == "s"]} == {"Never"}
+
+
+def test_an_indexed_job_replaces_a_pod_only_once_it_has_failed(crds):
+    """Without podReplacementPolicy: Failed the Job controller creates the replacement while
+    the evicted pod still writes its SIGTERM checkpoint: two pods of one index at once."""
+    for spec in (job(nodes=2, restarts=3), job()):
+        [workload_obj] = [o for o in yaml.safe_load_all(k8s.render_k8s(spec, flavor="job")) if o["kind"] == "Job"]
+        assert workload_obj["spec"]["podReplacementPolicy"] == "Failed"
+        assert [p for p in lint.lint_object(workload_obj, crds) if p.severity == lint.ERROR] == []
