@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     PrivateAttr,
     field_validator,
     model_serializer,
@@ -130,8 +131,16 @@ def _scalar_str(value: Any) -> Any:
     return value
 
 
+def _time_limit(value: Any) -> int:
+    return units.parse_time_limit(value)
+
+
 Quantity = Annotated[str, BeforeValidator(_quantity)]
 Seconds = Annotated[int, BeforeValidator(_duration)]
+#: time_limit: units or sbatch's HH:MM:SS forms, never a bare number (deploy/units.py
+#: parse_time_limit); written back as a duration (`30m`), which reads the same.
+TimeLimit = Annotated[int, BeforeValidator(_time_limit),
+                      PlainSerializer(units.format_duration, return_type=str)]
 EnvValue = Annotated[str, BeforeValidator(_scalar_str)]
 
 
@@ -763,8 +772,11 @@ class JobSpec(Strict):
     restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
                           "torchrun `--max-restarts`, backoffLimit, Slurm requeues (after a node "
                           "failure; before the time limit with `slurm.requeue`).")
-    time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "
-                                       "Slurm `--time`, activeDeadlineSeconds.")
+    time_limit: TimeLimit | None = Field(
+        None, description="Wall-clock limit, one meaning on every target: Slurm `--time`, "
+        "activeDeadlineSeconds. Units (`90m`, `24h`, `2d`, `1h30m`) or sbatch's forms with "
+        "hours (`04:00:00`, `2-12`, `1-12:00:00`); a bare number is refused (sbatch reads "
+        "minutes, Kubernetes seconds), as is sbatch's `MM:SS`.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
                                          description="Checkpoint directory, interval and retention.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="What the trainer trains "
