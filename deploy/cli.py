@@ -153,7 +153,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    return of_handle(args.handle).logs(args.handle, rank=args.rank, follow=args.follow)
+    return of_handle(args.handle).logs(args.handle, rank=args.rank, follow=args.follow,
+                                       worker_rank=args.worker_rank)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -278,7 +279,12 @@ def _handle_commands(sub) -> None:
 
     p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
     p.add_argument("handle", metavar="HANDLE")
-    p.add_argument("--rank", type=int, metavar="N", help="node rank (default: 0)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, metavar="N", help="node rank N, on every target: "
+                       "Kubernetes: node N's pod (default 0); Slurm: the lines of node N's "
+                       "tasks (default: every node)")
+    which.add_argument("--worker-rank", type=int, metavar="R", help="global rank R (RANK, one "
+                       "process): the lines naming it ([rankR]:, ddpkit rank R), from its node")
     p.add_argument("-f", "--follow", action="store_true", help="keep following")
 
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")

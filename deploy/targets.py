@@ -88,8 +88,10 @@ class Target:
         """The state first (scripts parse the first word), then why, where the target says."""
         return self._jobs().describe(handle)
 
-    def logs(self, handle: str, *, rank: int | None, follow: bool) -> int:
-        return self._jobs().logs(handle, rank=rank, follow=follow) or 0
+    def logs(self, handle: str, *, rank: int | None, follow: bool,
+             worker_rank: int | None = None) -> int:
+        """`rank` is a node rank on every target; `worker_rank` a global (torchrun) rank."""
+        return self._jobs().logs(handle, rank=rank, follow=follow, worker_rank=worker_rank) or 0
 
     def cancel(self, handle: str, *, wait_s: float | None) -> None:
         jobs = self._jobs()
