@@ -13,7 +13,8 @@ Users have images in several forms, and each runtime reads a different one:
 A registry reference whose first component has no `.` or `:` (and is not `localhost`) is on
 Docker Hub (`pytorch/pytorch:2.3`, `ubuntu`), as Docker and Kubernetes read it; enroot needs no
 `registry#` for those. Local files (`.sif`, `.sqsh`) are paths on the cluster's nodes, absolute
-or relative to the submit directory.
+or relative to the submit directory; a relative `.sqsh` is given to pyxis as `./PATH`, since
+pyxis reads `PATH` alone (not starting with `/` or `.`) as a registry image name.
 """
 
 from __future__ import annotations
@@ -66,9 +67,27 @@ def pyxis(image: str) -> str:
     """What `srun --container-image` (pyxis/enroot) is given (a local .sqsh, else
     `registry#image`, or just the image for Docker Hub)."""
     if form(image) == "sqsh":
-        return image
+        # pyxis reads the image as a squashfs file only when it starts with / or . (pyxis_slurmstepd.c:
+        # `strspn(image, "./") > 0`), else as a registry name: a path relative to the submit
+        # directory (srun's working directory) is given as ./PATH
+        return image if image[0] in "./" else "./" + image
     registry, rest = _split_registry(_registry_ref(image))
     return f"{registry}#{rest}" if registry else rest
+
+
+def pull_policy(image: str) -> str:
+    """Kubernetes' own default imagePullPolicy for a registry reference (kubernetes
+    pkg/apis/core/v1/defaults.go `SetDefaults_Container`: `Always` when `ParseImageName` gives
+    the tag `latest`, which it also gives a reference with neither tag nor digest; else
+    `IfNotPresent`). So `trainer`, `trainer:latest` and `trainer:latest@sha256:...` are pulled
+    on every start (a node's cached `:latest` may be old code); `trainer:1.0` and
+    `trainer@sha256:...` (a digest pins the content) are pulled when missing."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]
+    tag = last.rpartition(":")[2] if ":" in last else ""
+    if not tag and not digest:
+        tag = "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
 
 
 def problems(image: str, runtime: str) -> list[Problem]:

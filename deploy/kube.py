@@ -123,3 +123,14 @@ def common_labels(job_name: str) -> dict[str, str]:
     """`app.kubernetes.io/*` labels of every object and pod ddpkit renders."""
     return {"app.kubernetes.io/name": "ddpkit", "app.kubernetes.io/instance": job_name,
             "app.kubernetes.io/component": "trainer", "app.kubernetes.io/managed-by": "ddpkit"}
+
+
+#: GPU vendors by the domain of their device plugin's resource names: the NVIDIA device plugin
+#: advertises `nvidia.com/gpu`, MIG slices `nvidia.com/mig-3g.40gb` (mig-strategy mixed) and
+#: shared GPUs `nvidia.com/gpu.shared` (time-slicing with renameByDefault); AMD's `amd.com/gpu`.
+GPU_VENDORS = {"nvidia.com": "nvidia", "amd.com": "amd"}
+
+
+def gpu_vendor(resource: str) -> str | None:
+    """The vendor of an extended resource name (`nvidia`, `amd`), by its domain, or None."""
+    return GPU_VENDORS.get(resource.partition("/")[0])

@@ -21,6 +21,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PlainSerializer,
     PrivateAttr,
     field_validator,
     model_serializer,
@@ -130,8 +131,16 @@ def _scalar_str(value: Any) -> Any:
     return value
 
 
+def _time_limit(value: Any) -> int:
+    return units.parse_time_limit(value)
+
+
 Quantity = Annotated[str, BeforeValidator(_quantity)]
 Seconds = Annotated[int, BeforeValidator(_duration)]
+#: time_limit: units or sbatch's HH:MM:SS forms, never a bare number (deploy/units.py
+#: parse_time_limit); written back as a duration (`30m`), which reads the same.
+TimeLimit = Annotated[int, BeforeValidator(_time_limit),
+                      PlainSerializer(units.format_duration, return_type=str)]
 EnvValue = Annotated[str, BeforeValidator(_scalar_str)]
 
 
@@ -724,15 +733,20 @@ class JobSpec(Strict):
         "reference (`ghcr.io/org/trainer:1.0`, every target); Slurm only: a `docker://` URI, an "
         "Apptainer `.sif` file, an enroot `.sqsh` file or `registry#image` "
         "(deploy/image_forms.py).")
-    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
-        "IfNotPresent", description="Kubernetes imagePullPolicy.")
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] | None = Field(
+        None, description="Kubernetes imagePullPolicy of the trainer and of every init container "
+        "and sidecar. Default: Kubernetes' own rule, per container by its image: `Always` for "
+        "`:latest` or no tag (a node's cached `:latest` may be old code), `IfNotPresent` for "
+        "any other tag or a digest (`@sha256:...`).")
     nodes: Nodes = Field(Nodes(min=1, max=1), description="Node count `N`, or `MIN:MAX` for "
                          "elastic training (PyTorchJob only).")
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU with the "
                                "gloo backend. One process per GPU.")
     gpu_resource: ResourceName = Field(
-        "nvidia.com/gpu", description="Kubernetes extended resource name "
-                              "of a GPU (e.g. `amd.com/gpu`).")
+        "nvidia.com/gpu", description="Kubernetes extended resource name of a GPU (e.g. "
+        "`amd.com/gpu`, a MIG slice `nvidia.com/mig-3g.40gb`, `nvidia.com/gpu.shared`). Its "
+        "domain names the vendor: Apptainer gets `--nv` for every `nvidia.com/` name, `--rocm` "
+        "for `amd.com/` ones; `run --docker` gives `--gpus` for both.")
     procs_per_node: int | None = Field(None, ge=1, le=256, description="Processes per node on "
                                        "CPU jobs (default 1). With GPUs it is gpus_per_node.")
     resources: Resources = Field(default_factory=Resources, description="CPU, memory and shm per node.")
@@ -758,8 +772,11 @@ class JobSpec(Strict):
     restarts: int = Field(0, ge=0, le=100, description="Restarts after failure or preemption: "
                           "torchrun `--max-restarts`, backoffLimit, Slurm requeues (after a node "
                           "failure; before the time limit with `slurm.requeue`).")
-    time_limit: Seconds | None = Field(None, description="Wall-clock limit (`90m`, `24h`, `2d`): "
-                                       "Slurm `--time`, activeDeadlineSeconds.")
+    time_limit: TimeLimit | None = Field(
+        None, description="Wall-clock limit, one meaning on every target: Slurm `--time`, "
+        "activeDeadlineSeconds. Units (`90m`, `24h`, `2d`, `1h30m`) or sbatch's forms with "
+        "hours (`04:00:00`, `2-12`, `1-12:00:00`); a bare number is refused (sbatch reads "
+        "minutes, Kubernetes seconds), as is sbatch's `MM:SS`.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig,
                                          description="Checkpoint directory, interval and retention.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="What the trainer trains "

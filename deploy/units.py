@@ -81,6 +81,48 @@ def parse_duration(value: object) -> int:
     return seconds
 
 
+_SBATCH_TIME = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]+))?(?::([0-9]+))?")
+
+
+def parse_time_limit(value: object) -> int:
+    """Seconds in `time_limit`, which means one thing on every target (Slurm `--time`,
+    Kubernetes activeDeadlineSeconds):
+
+    - a duration with units: `90m`, `24h`, `2d`, `1h30m`, `45s` (parse_duration);
+    - sbatch's forms that name hours (sbatch(1) `--time`: "hours:minutes:seconds",
+      "days-hours", "days-hours:minutes", "days-hours:minutes:seconds"): `04:00:00`,
+      `2-12`, `1-00:30`, `1-12:00:00`; a job file's YAML keeps `04:00:00` a string.
+
+    Refused, with the fix: a bare number, which sbatch reads as minutes and Kubernetes'
+    activeDeadlineSeconds as seconds (ddpkit read it as seconds, a 60x surprise to a Slurm
+    user), and sbatch's "minutes:seconds" (`90:00` reads as 90 minutes there and as 90 hours to
+    anyone who writes HH:MM)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a duration such as 90m, 24h or 2d")
+    text = str(value).strip()
+    if isinstance(value, (int, float)) or re.fullmatch(r"[0-9]+(\.[0-9]*)?", text):
+        example = f"{text}m" if text.isdigit() else "90m"
+        raise ValueError(f"{text} is a bare number: sbatch reads it as minutes, Kubernetes as "
+                         f"seconds; write the unit, e.g. {example}, 2h or 04:00:00")
+    match = _SBATCH_TIME.fullmatch(text)
+    if match is None:
+        return parse_duration(text)
+    days, first, second, third = match.groups()
+    if days is None and third is None:  # MM:SS (MM alone is the bare number above)
+        raise ValueError(f"{text!r} is sbatch's minutes:seconds, easily read as hours:minutes; "
+                         f"write {int(first)}m{int(second)}s, or HH:MM:SS")
+    if days is None:
+        hours, minutes, seconds = first, second, third
+    else:
+        hours, minutes, seconds = first, second or "0", third or "0"
+    if int(minutes) > 59 or int(seconds) > 59:
+        raise ValueError(f"{text!r}: minutes and seconds go up to 59 (D-HH:MM:SS)")
+    total = int(days or 0) * 86400 + int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+    if total <= 0:
+        raise ValueError("must be positive (leave time_limit out for no limit)")
+    return total
+
+
 def format_duration(seconds: int) -> str:
     """The shortest `2d`, `1h30m`, `45s`-style spelling of a number of seconds."""
     out = []

@@ -229,6 +229,13 @@ def test_resources_and_grace_period_become_docker_limits(tmp_path):
     assert opt(args, "--entrypoint") == ["python"]
 
 
+@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/gpu.shared"])
+def test_every_nvidia_resource_name_gets_docker_gpus(tmp_path, resource):
+    objs = objects_for(flavor="job", overrides=["gpus_per_node=2", f"gpu_resource={resource}"])
+    for p in plan(objs, tmp_path):
+        assert opt(p.create_args, "--gpus") == ["2"]
+
+
 def test_secret_env_comes_from_the_host_or_fails_naming_it(tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(Path(QUICK).read_text() +

@@ -535,3 +535,43 @@ def test_time_limit_stops_pods_one_grace_period_early_with_the_stop_grace_in_env
         for tpl in pods(objects(spec, flavor)):
             assert env_of(tpl)["DDPKIT_STOP_GRACE_S"]["value"] == "300"
             assert tpl["spec"]["terminationGracePeriodSeconds"] == 300
+
+
+# Kubernetes' default per image (pkg/apis/core/v1/defaults.go SetDefaults_Container: tag
+# `latest`, which ParseImageName also gives a reference with neither tag nor digest -> Always)
+PULL_DEFAULTS = [("ghcr.io/o/t:1.0", "IfNotPresent"), ("ghcr.io/o/t:latest", "Always"),
+                 ("ghcr.io/o/t", "Always"), ("localhost:5000/t", "Always"),
+                 ("localhost:5000/t:2", "IfNotPresent"), ("ghcr.io/o/t@sha256:" + "a" * 64, "IfNotPresent"),
+                 ("ghcr.io/o/t:1@sha256:" + "a" * 64, "IfNotPresent"),
+                 ("ghcr.io/o/t:latest@sha256:" + "a" * 64, "Always"), ("ubuntu", "Always")]
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "jobset", "job"])
+def test_each_container_s_pull_policy_follows_kubernetes_default_for_its_own_image(flavor):
+    images = [image for image, _ in PULL_DEFAULTS]
+    spec = job(image=images[0], k8s={
+        "init_containers": [{"name": f"i{n}", "image": image} for n, image in enumerate(images)],
+        "sidecars": [{"name": f"s{n}", "image": image} for n, image in enumerate(images[::-1])]})
+    expected = dict(PULL_DEFAULTS)
+    for trainer_image, policy in PULL_DEFAULTS[:3]:
+        rendered = yaml.safe_load(yaml.safe_dump(objects(spec.model_copy(update={"image": trainer_image}), flavor)))
+        for template in pods(rendered):
+            main, *_ = template["spec"]["containers"]
+            assert (main["image"], main["imagePullPolicy"]) == (trainer_image, policy)
+            ours = [c for c in template["spec"]["initContainers"] if c["name"][0] in "is"]
+            assert len(ours) == 2 * len(images)
+            assert all(c["imagePullPolicy"] == expected[c["image"]] for c in ours), ours
+    # a policy the job sets is every container's
+    for template in pods(objects(job(image_pull_policy="Never", image="t:latest",
+                                     k8s={"sidecars": [{"name": "s", "image": "x"}]}), flavor)):
+        assert {c["imagePullPolicy"] for c in template["spec"]["containers"]
+                + [c for c in template["spec"]["initContainers"] if c["name"] == "s"]} == {"Never"}
+
+
+def test_an_indexed_job_replaces_a_pod_only_once_it_has_failed(crds):
+    """Without podReplacementPolicy: Failed the Job controller creates the replacement while
+    the evicted pod still writes its SIGTERM checkpoint: two pods of one index at once."""
+    for spec in (job(nodes=2, restarts=3), job()):
+        [workload_obj] = [o for o in yaml.safe_load_all(k8s.render_k8s(spec, flavor="job")) if o["kind"] == "Job"]
+        assert workload_obj["spec"]["podReplacementPolicy"] == "Failed"
+        assert [p for p in lint.lint_object(workload_obj, crds) if p.severity == lint.ERROR] == []

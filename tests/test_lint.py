@@ -295,6 +295,18 @@ def test_job_rules_of_the_api_server(crds):
         f'Invalid value: "{"j" * 61}": will not able to create pod with invalid DNS label: {"j" * 61}-99']
 
 
+def test_job_pod_replacement_policy_is_failed_when_a_pod_failure_policy_is_set(crds):
+    """kubernetes pkg/apis/batch/validation validatePodReplacementPolicy."""
+    pfp = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
+    assert errors(job(podReplacementPolicy="Failed", podFailurePolicy=pfp), crds) == []
+    assert errors(job(podReplacementPolicy="TerminatingOrFailed"), crds) == []
+    assert errors(job(podReplacementPolicy="TerminatingOrFailed", podFailurePolicy=pfp), crds) == [
+        ("spec.podReplacementPolicy", 'Unsupported value: "TerminatingOrFailed": supported values: "Failed"')]
+    assert errors(job(podReplacementPolicy="Never"), crds) == [
+        ("spec.podReplacementPolicy",
+         'Unsupported value: "Never": supported values: "Failed", "TerminatingOrFailed"')]
+
+
 def test_pod_spec_rules_judge_core_pods_and_warn_for_custom_resources(crds):
     bad = job()
     container = bad["spec"]["template"]["spec"]["containers"][0]

@@ -8,8 +8,12 @@ the start of the located line. Add a row for every new check.
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from deploy.cli import main
+from deploy.durability import OPT_OUT, k8s_problems, slurm_problems
+from deploy.load import parse_job as parse
+from tests.builders import merged
 
 BASE = "name: demo\nimage: img:1\n"
 
@@ -56,6 +60,10 @@ REFUSALS = [
     ("checkpoints at a host_path volume's mount, no container", "restarts: 1\ncheckpoint: {dir: /ckpt/a}\n"
      "volumes: [{name: c, host_path: /lustre/c, mount: /ckpt}]\nslurm: {partition: gpu}\n", "slurm",
      None, "4: checkpoint.dir: /ckpt/a is under the mount of volume c"),
+    ("checkpoints in a node-local directory, no container", "restarts: 1\ncheckpoint: {dir: /tmp/ckpt}\n"
+     "slurm: {partition: gpu}\n", "slurm", None, "4: checkpoint.dir: /tmp/ckpt is in /tmp, which is node-local"),
+    ("checkpoints in a variable no target expands", "checkpoint: {dir: $TMPDIR/ckpt}\n", "slurm",
+     None, "3: checkpoint.dir: '$TMPDIR/ckpt': no target expands $VARIABLES"),
     ("restarts nothing implements", "restarts: 2\nslurm: {launcher: srun}\n", "slurm", None,
      "3: restarts: 2 in srun mode, but with slurm.requeue off only a lost node"),
     ("CPUs that do not split over srun tasks", "gpus_per_node: 4\nresources: {cpus_per_node: 10}\n"
@@ -129,3 +137,38 @@ def test_a_refusal_from_an_override_names_the_override(tmp_path, capsys):
     path.write_text(BASE + EPHEMERAL + "nodes: 2\n")
     code, _, err = run(capsys, "validate", str(path), "--set", "nodes=2:4", "--flavor", "job")
     assert code == 2 and err.startswith("error: --set nodes: nodes: elastic 2:4 needs"), err
+
+
+# Every node-local directory, reached every way a target puts checkpoints on a host directory
+# (deploy/durability.py NODE_LOCAL; Slurm's job_container.conf(5) makes /tmp and /dev/shm per job)
+NODE_LOCAL_FORMS = {
+    "bare Slurm": lambda d: {"checkpoint": {"dir": f"{d}/ckpt"}, "slurm": {"partition": "gpu"}},
+    "bare Slurm, via train.output_dir": lambda d: {"train": {"output_dir": f"{d}/runs"},
+                                                   "slurm": {"partition": "gpu"}},
+    "a pyxis mount's source": lambda d: {
+        "checkpoint": {"dir": "/ckpt/a"}, "slurm": {"container": "pyxis", "container_mounts": [f"{d}/x:/ckpt"]}},
+    "an Apptainer host_path volume": lambda d: {
+        "checkpoint": {"dir": "/ckpt"}, "volumes": [{"name": "c", "host_path": f"{d}/c", "mount": "/ckpt"}],
+        "slurm": {"container": "apptainer"}},
+    "a Kubernetes host_path volume": lambda d: {
+        "checkpoint": {"dir": "/ckpt"}, "volumes": [{"name": "c", "host_path": f"{d}/c", "mount": "/ckpt"}],
+        "k8s": {"flavor": "jobset"}},
+}
+
+
+@pytest.mark.parametrize("form", NODE_LOCAL_FORMS)
+@pytest.mark.parametrize("local", ["/dev/shm", "/tmp", "/var/tmp", "/run", "/local", "/scratch/local",
+                                   "/localscratch", "/lscratch"])
+def test_node_local_checkpoints_are_refused_where_a_restart_reads_them(local, form):
+    data = merged({"name": "demo", "image": "ghcr.io/o/t:1", "nodes": 2, "restarts": 1},
+                  NODE_LOCAL_FORMS[form](local))
+    check = k8s_problems if "k8s" in data else slurm_problems
+    [problem] = check(parse(data))
+    assert problem.path == "checkpoint.dir" and f"{local}, which is node-local" in problem.message
+    assert problem.fix.endswith(OPT_OUT)
+    # the escape hatch, and the same layout on shared storage, are accepted
+    assert check(parse(merged(data, {"checkpoint": {"ephemeral": True}}))) == []
+    shared = yaml.safe_load(yaml.safe_dump(data).replace(local, "/lustre/proj"))
+    assert check(parse(shared)) == []
+    # a job nothing restarts, on one node, may keep them anywhere
+    assert check(parse(merged(data, {"nodes": 1, "restarts": 0}))) == []

@@ -193,6 +193,7 @@ def test_render_is_pure():
 # the script itself, run by bash with stand-ins for srun and scontrol
 
 FAKE_SRUN = """#!/bin/bash
+if [[ " $* " == *" enroot remove "* ]]; then echo "$*" >> "$FAKE_DIR/enroot.calls"; exit 0; fi
 printf '%s\\n' "$@" > "$FAKE_DIR/srun.args"
 env > "$FAKE_DIR/srun.env"
 exec bash -c "$FAKE_SRUN_BODY"
@@ -247,7 +248,7 @@ def test_script_sets_the_launch_contract_and_quotes_every_value(tmp_path):
     assert yaml.safe_load(job_file.read_text()) == yaml.safe_load(job.to_yaml())
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4",
-                    "--kill-on-bad-exit=1", "python", "-m", "trainer.launch"]
+                    "--kill-on-bad-exit=1", "--label", "python", "-m", "trainer.launch"]
 
 
 @pytest.mark.parametrize("job_id", ["4242", "123456", "10000"])
@@ -386,7 +387,11 @@ def test_settings_without_meaning_on_slurm_are_named_in_the_header():
     ("pytorch/pytorch:2.3", "docker://pytorch/pytorch:2.3", "pytorch/pytorch:2.3"),
     ("localhost:5000/t", "docker://localhost:5000/t", "localhost:5000#t"),
     ("/images/t.sif", "/images/t.sif", None),
-    ("images/t.sqsh", None, "images/t.sqsh"),
+    # pyxis reads a file only when it starts with / or . (pyxis_slurmstepd.c strspn(image, "./"))
+    ("images/t.sqsh", None, "./images/t.sqsh"),
+    ("./t.sqsh", None, "./t.sqsh"),
+    ("../t.sqsh", None, "../t.sqsh"),
+    ("/images/t.sqsh", None, "/images/t.sqsh"),
 ])
 def test_each_runtime_gets_the_image_form_it_reads(image, apptainer, pyxis):
     from deploy.slurm.template import shquote
@@ -403,6 +408,25 @@ def test_each_runtime_gets_the_image_form_it_reads(image, apptainer, pyxis):
         assert option in script, (container, want)
 
 
+# Every name a vendor's device plugin advertises (NVIDIA: whole GPUs, MIG slices, time-sliced
+# shared GPUs; AMD): Apptainer binds the driver only with the vendor's flag.
+GPU_RESOURCES = [("nvidia.com/gpu", "--nv"), ("nvidia.com/mig-3g.40gb", "--nv"),
+                 ("nvidia.com/mig-1g.10gb", "--nv"), ("nvidia.com/gpu.shared", "--nv"),
+                 ("amd.com/gpu", "--rocm"), ("gpu.intel.com/i915", None)]
+
+
+@pytest.mark.parametrize("resource,flag", GPU_RESOURCES)
+def test_apptainer_gets_the_gpu_vendor_s_flag_for_every_resource_name_of_it(resource, flag):
+    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 2") + f"gpu_resource: {resource}\n"
+    argv = render_slurm(job_from(gpu, "slurm.container=apptainer")).replace(" \\\n  ", " ")
+    [line] = [ln for ln in argv.splitlines() if "apptainer exec" in ln]
+    words = line.split()[line.split().index("exec") + 1:]
+    assert [w for w in words if w in ("--nv", "--rocm")] == ([flag] if flag else [])
+    # a CPU job gets neither, whatever the resource name
+    cpu = render_slurm(job_from(BASE + f"gpu_resource: {resource}\n", "slurm.container=apptainer"))
+    assert "--nv" not in cpu and "--rocm" not in cpu
+
+
 def test_amd_gpus_get_rocm_and_writable_options_reach_both_runtimes():
     amd = BASE.replace("procs_per_node: 2", "gpus_per_node: 2") + "gpu_resource: amd.com/gpu\n"
     script = render_slurm(job_from(amd, "slurm.container=apptainer", "slurm.container_writable=true"))
@@ -415,16 +439,30 @@ def test_amd_gpus_get_rocm_and_writable_options_reach_both_runtimes():
     assert "--container-remap-root" in pyxis and "--container-writable" in pyxis
 
 
-def test_pyxis_container_name_is_stable_per_job_and_image():
-    """A requeued job (same name, same image) reuses the container pyxis imported; another
-    image gets another name, so a stale container is never reused for it."""
-    def name(*overrides):
-        script = render_slurm(job_from(BASE, "slurm.container=pyxis", *overrides))
-        [option] = [w for w in script.split() if w.startswith("--container-name=")]
-        return option
-    assert name() == name("slurm.requeue=true") == name("nodes=3")
-    assert name() != name("image=ghcr.io/example/ddpkit:0.2")
-    assert name().startswith("--container-name=ddpkit-demo-")
+@pytest.mark.parametrize("requeue", [False, True])
+def test_pyxis_container_is_named_per_submission_reused_by_a_requeue_then_removed(tmp_path, requeue):
+    """pyxis reuses a named container's rootfs and skips the import (its README on
+    --container-name): the name carries $SLURM_JOB_ID, so a new submission of the same tag
+    imports the new push, a requeue (same job id) reuses its import, and the container is
+    removed from the nodes when the job ends without being requeued by the script."""
+    script = render_slurm(job_from(BASE, "slurm.container=pyxis", *(["slurm.requeue=true"] if requeue else [])))
+    names = []
+    for job_id in ("4242", "4243"):
+        (tmp_path / "enroot.calls").unlink(missing_ok=True)
+        if requeue:
+            proc = start_script(tmp_path, script, body=BODY_CHECKPOINTS, env={"SLURM_JOB_ID": job_id})
+            rc, out = signal_when_started(tmp_path, proc)
+            assert "requeueing" in out and not (tmp_path / "enroot.calls").exists(), out
+            (tmp_path / "started").unlink()
+        else:
+            rc, out = run_script(tmp_path, script, env={"SLURM_JOB_ID": job_id})
+            assert rc == 0, out
+            calls = (tmp_path / "enroot.calls").read_text().split()
+            assert calls[-3:] == ["remove", "--force", f"pyxis_ddpkit-demo-{job_id}"], calls
+            assert "--ntasks-per-node=1" in calls
+        [name] = [a for a in (tmp_path / "srun.args").read_text().split() if a.startswith("--container-name=")]
+        names.append(name)
+    assert names == ["--container-name=ddpkit-demo-4242", "--container-name=ddpkit-demo-4243"]
 
 
 def test_typed_gpus_all_memory_and_gpu_cpus():

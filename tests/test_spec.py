@@ -14,6 +14,7 @@ from deploy import units
 from deploy.errors import UserError
 from deploy.load import load_job, parse_job
 from deploy.spec import JobSpec
+from deploy.yamlfile import load_scalar
 
 BASE = {"name": "demo", "image": "ddpkit:0.1"}
 
@@ -218,6 +219,31 @@ def test_durations(text, expected):
 def test_bad_durations(bad):
     with pytest.raises(ValueError):
         units.parse_duration(bad)
+
+
+# time_limit has one meaning on every target: units, or sbatch(1) --time's forms that name hours
+@pytest.mark.parametrize("text,seconds", [
+    ("90m", 5400), ("2h", 7200), ("1d12h", 129600), ("04:00:00", 14400), ("100:00:00", 360000),
+    ("2-12", 216000), ("1-00:30", 88200), ("1-12:00:00", 129600), ("0-00:00:30", 30)])
+def test_time_limit_takes_units_and_sbatch_hour_forms_and_reads_back_the_same(text, seconds):
+    job = parse_job({"name": "d", "image": "i:1", "time_limit": text})
+    assert job.time_limit == seconds
+    assert parse_job(yaml.safe_load(job.to_yaml())).time_limit == seconds
+    # as an unquoted YAML scalar too (the job file's loader keeps 04:00:00 a string)
+    assert parse_job({"name": "d", "image": "i:1", "time_limit": load_scalar(text)}).time_limit == seconds
+
+
+@pytest.mark.parametrize("value,message", [
+    (90, "90 is a bare number: sbatch reads it as minutes, Kubernetes as seconds; write the unit, e.g. 90m"),
+    ("3600", "3600 is a bare number"), (1.5, "1.5 is a bare number"),
+    ("1:30", "'1:30' is sbatch's minutes:seconds, easily read as hours:minutes; write 1m30s, or HH:MM:SS"),
+    ("0:75:00", "minutes and seconds go up to 59"), ("0:00:00", "must be positive"),
+    ("1 day", "'1 day' is not a duration")])
+def test_time_limit_refuses_what_targets_read_differently(value, message):
+    with pytest.raises(UserError) as err:
+        parse_job({"name": "d", "image": "i:1", "time_limit": value})
+    [line] = err.value.problems
+    assert line.startswith("job.yaml: time_limit: ") and message in line, line
 
 
 @given(st.integers(min_value=1, max_value=10**8))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deploy import units
+from deploy import image_forms, units
 from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
@@ -154,10 +154,16 @@ def command(job: JobSpec) -> list[str]:
     return [literal(arg) for arg in job.command or DEFAULT_COMMAND]
 
 
+def pull_policy(job: JobSpec, image: str) -> str:
+    """`image_pull_policy` when the job sets it, else Kubernetes' default for `image`
+    (deploy/image_forms.py `pull_policy`), written out so the manifest says what runs."""
+    return job.image_pull_policy or image_forms.pull_policy(image)
+
+
 def container(job: JobSpec, name: str, env: list[dict], ports: list[dict] | None = None) -> dict:
     """The training container (the flavor picks its name, env and ports)."""
     _, mounts = volumes_and_mounts(job)
-    out: dict[str, Any] = {"name": name, "image": job.image, "imagePullPolicy": job.image_pull_policy,
+    out: dict[str, Any] = {"name": name, "image": job.image, "imagePullPolicy": pull_policy(job, job.image),
                            "command": command(job)}
     if ports:
         out["ports"] = ports
@@ -188,7 +194,7 @@ def extra_containers(job: JobSpec) -> list[dict]:
     _, mounts = volumes_and_mounts(job)
     out = []
     for c, sidecar in [*((c, False) for c in job.k8s.init_containers), *((c, True) for c in job.k8s.sidecars)]:
-        item: dict[str, Any] = {"name": c.name, "image": c.image, "imagePullPolicy": job.image_pull_policy}
+        item: dict[str, Any] = {"name": c.name, "image": c.image, "imagePullPolicy": pull_policy(job, c.image)}
         if sidecar:
             item["restartPolicy"] = "Always"
         if c.command:

@@ -182,8 +182,10 @@ def _gpus(resources: Any, nproc: Any, path: str) -> list[Advice]:
 
 
 def shm_ok(pod: dict, container: dict | None) -> bool:
-    volumes = {v.get("name"): v for v in pod.get("volumes") or [] if isinstance(v, dict)}
-    for mount in (container or {}).get("volumeMounts") or []:
+    listed = pod.get("volumes")
+    volumes = {v.get("name"): v for v in listed if isinstance(v, dict)} if isinstance(listed, list) else {}
+    mounts = (container or {}).get("volumeMounts")
+    for mount in mounts if isinstance(mounts, list) else []:
         if isinstance(mount, dict) and mount.get("mountPath") == "/dev/shm":
             empty_dir = (volumes.get(mount.get("name")) or {}).get("emptyDir")
             return isinstance(empty_dir, dict) and empty_dir.get("medium") == "Memory"

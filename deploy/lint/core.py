@@ -365,6 +365,15 @@ def validate_job(job: dict) -> list[Finding]:
                 found.append(m.invalid(join("spec", key), spec[key], "requires indexed completion mode"))
     if spec.get("maxFailedIndexes") is not None and spec.get("backoffLimitPerIndex") is None:
         found.append(m.required("spec.backoffLimitPerIndex", "when maxFailedIndexes is specified"))
+    # validatePodReplacementPolicy (kubernetes pkg/apis/batch/validation/validation.go)
+    replacement = spec.get("podReplacementPolicy")
+    if replacement is not None:
+        if spec.get("podFailurePolicy") is not None:
+            if replacement != "Failed":
+                found.append(m.not_supported("spec.podReplacementPolicy", replacement, ["Failed"]))
+        elif replacement not in ("Failed", "TerminatingOrFailed"):
+            found.append(m.not_supported("spec.podReplacementPolicy", replacement,
+                                         ["Failed", "TerminatingOrFailed"]))
     template = spec.get("template") if isinstance(spec.get("template"), dict) else {}
     found += validate_pod_template(template, "spec.template")
     # The strategy labels the pods with the job name (batch.kubernetes.io/job-name).

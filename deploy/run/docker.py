@@ -48,7 +48,7 @@ from deploy.image import docker, docker_binary, docker_env, image_exists, requir
 from deploy.k8s import operator_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
 from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
-from deploy.kube import FLAVOR_KIND
+from deploy.kube import FLAVOR_KIND, gpu_vendor
 from trainer.contract import EXIT_STOPPED, LAUNCH_T0_VAR
 
 #: Label on every container and network this module creates (for manual clean-up:
@@ -361,7 +361,7 @@ def _limit_args(pod: Pod, container: dict) -> list[str]:
         create += ["--cpus", _cpus(limits["cpu"])]
     if limits.get("memory"):
         create += ["--memory", str(units.parse_quantity(limits["memory"]))]
-    gpus = [v for k, v in limits.items() if k.endswith("/gpu")]
+    gpus = [v for k, v in limits.items() if gpu_vendor(k)]  # MIG and shared names too
     if gpus:
         create += ["--gpus", str(gpus[0])]
     if pod.spec.get("hostNetwork"):

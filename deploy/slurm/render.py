@@ -146,7 +146,7 @@ def launch_line(request: SbatchRequest) -> str:
     pyxis = request.pyxis
     if pyxis is not None:
         parts += [f"--container-image={shquote(pyxis.image)}",
-                  f"--container-name={shquote(pyxis.name)}",
+                  '--container-name="$container_name"',
                   "--container-mounts=\"$container_mounts\"", "--container-workdir=\"$PWD\""]
         if pyxis.remap_root:
             parts.append("--container-remap-root")

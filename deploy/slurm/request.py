@@ -10,11 +10,11 @@ options, the container (Apptainer's argv prefix or pyxis's options) and the laun
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 from dataclasses import dataclass
 
 from deploy import image_forms
+from deploy.kube import gpu_vendor
 from deploy.slurm import directives
 from deploy.slurm.directives import Directive
 from deploy.slurm.template import shquote
@@ -68,7 +68,7 @@ class Pyxis:
     """pyxis/enroot's srun options (the submit directory is mounted at the same path)."""
 
     image: str  # in the form enroot reads
-    name: str  # --container-name
+    name: str  # --container-name, a bash word (it holds $SLURM_JOB_ID)
     mount_job_dir: bool
     mounts: tuple[str, ...]  # SRC:DST[:ro]
     remap_root: bool
@@ -103,7 +103,8 @@ class SbatchRequest:
                         for line in SECRET_CHECK]
         cpus = directives.cpus_per_task(job)
         step = [f"--ntasks-per-node={directives.tasks_per_node(job)}",
-                *([f"--cpus-per-task={cpus}"] if cpus is not None else []), "--kill-on-bad-exit=1"]
+                *([f"--cpus-per-task={cpus}"] if cpus is not None else []), "--kill-on-bad-exit=1",
+                "--label"]  # each line starts `TASK: `: the node (torchrun mode), the rank (srun)
         log_dir_absolute = posixpath.isabs(s.log_dir)
         apptainer = pyxis = None
         if s.container == "apptainer":
@@ -126,10 +127,13 @@ class SbatchRequest:
 
 
 def gpu_vendor_flag(job: JobSpec) -> str | None:
-    """Apptainer's GPU option: `--nv` for NVIDIA, `--rocm` for AMD (by gpu_resource)."""
+    """Apptainer's GPU option by the vendor of gpu_resource (deploy/kube.py `gpu_vendor`):
+    `--nv` for every NVIDIA name (`nvidia.com/gpu`, MIG `nvidia.com/mig-3g.40gb`,
+    `nvidia.com/gpu.shared`), `--rocm` for AMD's; without it Apptainer binds neither the driver
+    libraries nor the devices and the job trains on CPU (Apptainer docs, "GPU Support")."""
     if not job.gpus_per_node:
         return None
-    return {"nvidia.com/gpu": "--nv", "amd.com/gpu": "--rocm"}.get(job.gpu_resource)
+    return {"nvidia": "--nv", "amd": "--rocm"}.get(gpu_vendor(job.gpu_resource) or "")
 
 
 def apptainer_options(job: JobSpec) -> tuple[str, ...]:
@@ -139,10 +143,16 @@ def apptainer_options(job: JobSpec) -> tuple[str, ...]:
 
 
 def container_name(job: JobSpec) -> str:
-    """pyxis `--container-name`: stable for the job and its image, so a requeued job (same
-    name, same image) reuses the imported container instead of importing it on every node."""
-    digest = hashlib.sha256(job.image.encode()).hexdigest()[:8]
-    return f"ddpkit-{job.name}-{digest}"
+    """pyxis `--container-name`, as a bash word: one per job submission (`$SLURM_JOB_ID`).
+
+    pyxis keeps a named container on every node and, when one of that name exists, reuses its
+    root filesystem and skips the import (NVIDIA/pyxis README `--container-name`;
+    pyxis_slurmstepd.c: `reuse_rootfs`, with the default `container_scope=global` the name is
+    `pyxis_NAME` on the node). A name shared by submissions of the same tag would run the rootfs
+    of an older push; with the job id a requeue of the job (same id) still reuses its import,
+    and a new submission imports the image again. The script removes the container when the
+    job ends without being requeued by it (slurm/job.sh.j2)."""
+    return f'ddpkit-{job.name}-"$SLURM_JOB_ID"'
 
 
 def container_mounts(job: JobSpec) -> tuple[str, ...]:

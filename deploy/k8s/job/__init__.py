@@ -9,6 +9,15 @@ may fail N times, and the (N+1)-th failure of any node fails the Job (Kubernetes
 on by default since 1.29; verified on the testbed). `backoffLimit: N x nodes` (failed pods of
 all indexes) is what a cluster without per-index limits applies; it never binds before the
 per-index limit does.
+
+`podReplacementPolicy: Failed`: the controller creates a pod's replacement only once the pod
+has failed, not while it is terminating (an eviction, a drain, a preemption: the pod is
+writing its SIGTERM checkpoint). With the API default, `TerminatingOrFailed` (when no
+podFailurePolicy is set: kubernetes pkg/apis/batch/v1/defaults.go), two pods of one index
+would run at once, both writing the checkpoint. Beta and on by default since Kubernetes 1.29,
+GA in 1.34; an API server without the feature drops the field. The API server allows only
+`Failed` with a podFailurePolicy (pkg/apis/batch/validation validatePodReplacementPolicy;
+deploy/lint/core.py), so one added later keeps it valid.
 """
 
 from __future__ import annotations
@@ -59,7 +68,8 @@ def objects(job: JobSpec) -> list[dict]:
     }
     spec: dict = {"completionMode": "Indexed", "completions": job.nodes.max,
                   "parallelism": job.nodes.max, "backoffLimit": backoff_limit(job),
-                  "backoffLimitPerIndex": job.restarts, "maxFailedIndexes": 0}
+                  "backoffLimitPerIndex": job.restarts, "maxFailedIndexes": 0,
+                  "podReplacementPolicy": "Failed"}
     if podlib.deadline(job) is not None:
         spec["activeDeadlineSeconds"] = podlib.deadline(job)
     if job.k8s.ttl_after_finished is not None:

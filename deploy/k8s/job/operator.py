@@ -38,5 +38,8 @@ def _headless_service(objects: list[dict], name: str, namespace: str, labels: di
 
 
 def restarts(obj: dict, objects: list[dict]) -> Restarts:
-    """The Job controller's (controller.job_restarts)."""
+    """The Job controller's (controller.job_restarts). `run --docker` starts a replacement
+    only after the container has exited, which is `podReplacementPolicy: Failed`, the policy
+    ddpkit renders; the API default TerminatingOrFailed (a replacement beside the terminating
+    pod) is not emulated."""
     return job_restarts(obj.get("spec") or {})

@@ -59,10 +59,11 @@ def check(job: JobSpec) -> list[Problem]:
             problems.append(Problem(
                 f"k8s.{field}", "a TrainJob cannot set it (Trainer v2.3 runtimePatches have no such "
                 "field)", f"set it in the ClusterTrainingRuntime {k8s.runtime!r} or use another flavor"))
-    if job.image_pull_policy != "IfNotPresent":
+    if job.image_pull_policy not in (None, "IfNotPresent"):
         problems.append(Problem(
             "image_pull_policy", "a TrainJob cannot set imagePullPolicy",
-            "leave it IfNotPresent (set it in the runtime) or use another flavor"))
+            "remove it (the runtime's container sets it, else Kubernetes' default for the image "
+            "applies) or use another flavor"))
     for field, value in (("host_network", k8s.host_network), ("topology_spread", k8s.topology_spread),
                          ("init_containers", k8s.init_containers), ("sidecars", k8s.sidecars)):
         if value:
