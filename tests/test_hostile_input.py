@@ -81,9 +81,15 @@ def canaries(d: Path) -> list[str]:
     return [str(p) for p in d.rglob(f"*{CANARY}*")]
 
 
-def try_parse(data: dict):
+def try_parse(data: dict, target: str):
+    """The job, or the refusal: the model's, or the target's checks (what its render refuses)."""
+    from deploy.problems import refuse
+    from deploy.targets import REGISTRY
+
     try:
-        return parse_job(data), None
+        job = parse_job(data)
+        refuse(job, REGISTRY[target].check(job, None))
+        return job, None
     except UserError as exc:
         return None, exc
 
@@ -98,17 +104,17 @@ def field_of(problem: str) -> str:
     return problem.split(": ")[1] if problem.count(": ") >= 2 else problem.split(":")[0]
 
 
-def parse_or_drop(data: dict, droppable: dict[str, tuple[str, str]]):
+def parse_or_drop(data: dict, droppable: dict[str, tuple[str, str]], target: str):
     """Parse `data`; a refusal may only name the path fields in `droppable` (field -> section,
     key), and parsing again without them must succeed: env values and args are data."""
-    job, refused = try_parse(data)
+    job, refused = try_parse(data, target)
     if refused is None:
         return job
     assert all("\n" not in p for p in refused.problems)
     assert {field_of(p) for p in refused.problems} <= set(droppable), refused.problems
     for section, key in droppable.values():
         data.get(section, {}).pop(key, None)
-    job, refused = try_parse(data)
+    job, refused = try_parse(data, target)
     assert refused is None, refused.problems
     return job
 
@@ -136,8 +142,8 @@ def test_the_sbatch_script_never_runs_injected_text_and_hands_values_on_byte_for
     env = {f"V{i}": v for i, v in enumerate(values)}
     # the built-in trainer with hostile paths; a user module with hostile args
     check_sbatch(parse_or_drop({**BASE, "env": env, "checkpoint": {"dir": ckpt}, "train": {"output_dir": out}},
-                               PATHS), env)
-    check_sbatch(parse_or_drop({**BASE, "env": env, "module": "my_pkg.train", "args": args}, {}), env)
+                               PATHS, "slurm"), env)
+    check_sbatch(parse_or_drop({**BASE, "env": env, "module": "my_pkg.train", "args": args}, {}, "slurm"), env)
 
 
 @SETTINGS
@@ -150,7 +156,7 @@ def test_container_paths_and_images_are_quoted_or_refused(venv, mounts, image, s
                 "slurm": {"container": container, "container_mounts": mounts,
                           "setup": [f"printf '%s' {shlex.quote(setup_data)} > setup.out"],
                           **({"venv": venv} if container == "none" else {})}}
-        job, refused = try_parse(data)
+        job, refused = try_parse(data, "slurm")
         if refused is not None:
             assert all("\n" not in p for p in refused.problems)
             continue
@@ -171,8 +177,8 @@ def test_kubernetes_yaml_parses_back_to_exactly_the_input(values, notes, args, c
     annotations = {f"example.com/n{i}": v for i, v in enumerate(notes)}
     # one node, no restarts: a checkpoint in the container's working directory is fine then
     base = {**BASE, "nodes": 1, "restarts": 0, "k8s": {"annotations": annotations}}
-    for job in (parse_or_drop({**base, "env": env, "checkpoint": {"dir": ckpt}}, PATHS),
-                parse_or_drop({**base, "env": env, "module": "my_pkg.train", "args": args}, {})):
+    for job in (parse_or_drop({**base, "env": env, "checkpoint": {"dir": ckpt}}, PATHS, "k8s"),
+                parse_or_drop({**base, "env": env, "module": "my_pkg.train", "args": args}, {}, "k8s")):
         check_k8s(job, env, annotations)
 
 
