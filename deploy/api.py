@@ -143,16 +143,14 @@ class Handle:
             time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
         return state
 
-    def logs(self, rank: int | None = None, *, worker_rank: int | None = None, follow: bool = False,
-             out: Any = None) -> str | None:
-        """The log of node `rank` (default 0), or of global rank `worker_rank`, as text; with
-        `out` (a file-like object), written there as it comes instead (with `follow`, until
-        the job ends)."""
+    def logs(self, rank: int | None = None, *, follow: bool = False, out: Any = None) -> str | None:
+        """The log of node `rank` (default 0) as text; with `out` (a file-like object), written
+        there as it comes instead (with `follow`, until the job ends)."""
         if out is not None:
-            self._target.logs(self.text, rank=rank, worker_rank=worker_rank, follow=follow, out=out)
+            self._target.logs(self.text, rank=rank, follow=follow, out=out)
             return None
         buffer = io.StringIO()
-        self._target.logs(self.text, rank=rank, worker_rank=worker_rank, follow=follow, out=buffer)
+        self._target.logs(self.text, rank=rank, follow=follow, out=buffer)
         return buffer.getvalue()
 
     def cancel(self, *, wait_s: float | None = None) -> None:

@@ -139,7 +139,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    Handle(args.handle).logs(args.rank, worker_rank=args.worker_rank, follow=args.follow, out=sys.stdout)
+    Handle(args.handle).logs(args.rank, follow=args.follow, out=sys.stdout)
     return 0
 
 
@@ -265,12 +265,7 @@ def _handle_commands(sub) -> None:
 
     p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
     p.add_argument("handle", metavar="HANDLE")
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--rank", type=int, metavar="N", help="node rank N, on every target: "
-                       "Kubernetes: node N's pod (default 0); Slurm: the lines of node N's "
-                       "tasks (default: every node)")
-    which.add_argument("--worker-rank", type=int, metavar="R", help="global rank R (RANK, one "
-                       "process): the lines naming it ([rankR]:, ddpkit rank R), from its node")
+    p.add_argument("--rank", type=int, metavar="N", help="node rank (default: 0)")
     p.add_argument("-f", "--follow", action="store_true", help="keep following")
 
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")

@@ -88,11 +88,9 @@ class Target:
         """The state first (scripts parse the first word), then why, where the target says."""
         return self._jobs().describe(handle)
 
-    def logs(self, handle: str, *, rank: int | None, follow: bool, worker_rank: int | None = None,
-             out=None) -> int:
-        """Print a log to `out` (default stdout): `rank` is a node rank on every target (default
-        0), `worker_rank` a global (torchrun) rank."""
-        return self._jobs().logs(handle, rank=rank, follow=follow, worker_rank=worker_rank, out=out) or 0
+    def logs(self, handle: str, *, rank: int | None, follow: bool, out=None) -> int:
+        """Print node `rank`'s log (default 0) to `out` (default stdout)."""
+        return self._jobs().logs(handle, rank=rank, follow=follow, out=out) or 0
 
     def cancel(self, handle: str, *, wait_s: float | None) -> None:
         jobs = self._jobs()

@@ -307,28 +307,6 @@ def test_logs_for_indexed_pods_use_the_completion_index_and_follow():
     assert out.getvalue() == "hi\n" and ("log", "demo-1-new", "trainer", True) in cluster.calls
 
 
-def test_logs_worker_rank_reads_its_node_s_pod_and_keeps_the_lines_naming_it():
-    """--rank is the node (a pod); --worker-rank R the process: the pod of node R // nproc, the
-    lines that name R (torch's [rankR]:, the trainer's `ddpkit rank R`), split chunks joined."""
-    idx = COMPLETION_INDEX_KEY
-    env = {"spec": {"containers": [{"name": "trainer", "env": [{"name": "DDPKIT_NPROC_PER_NODE", "value": "2"}]}]}}
-    pods = [{**pod("demo-0", **{idx: "0"}), **env}, {**pod("demo-1", **{idx: "1"}), **env}]
-    chunks = ["ddpkit launch: node rank 1\n10:00 ddpkit rank 2 INFO a\n[ran", "k3]: boom\n10:01 ddpkit ra",
-              "nk 3 WARNING b\n10:02 ddpkit rank 2 INFO c"]
-    cluster = FakeCluster(pods=pods, logs={"demo-1": chunks})
-    out = io.StringIO()
-    sub.logs("k8s://ml/job/demo", worker_rank=3, cluster=cluster, out=out)
-    assert out.getvalue() == "[rank3]: boom\n10:01 ddpkit rank 3 WARNING b\n"
-    out = io.StringIO()
-    sub.logs("k8s://ml/job/demo", worker_rank=2, cluster=cluster, out=out)
-    assert out.getvalue() == "10:00 ddpkit rank 2 INFO a\n10:02 ddpkit rank 2 INFO c"
-    out = io.StringIO()
-    sub.logs("k8s://ml/job/demo", rank=1, cluster=cluster, out=out)
-    assert out.getvalue() == "".join(chunks)
-    with pytest.raises(RuntimeFailure, match=r"no pod for worker rank 5 \(node rank 2\)"):
-        sub.logs("k8s://ml/job/demo", worker_rank=5, cluster=cluster, out=io.StringIO())
-
-
 def test_logs_for_a_rank_without_a_pod_says_which_ranks_exist():
     cluster = FakeCluster(pods=[pod("demo-0", **{COMPLETION_INDEX_KEY: "0"})])
     with pytest.raises(RuntimeFailure, match=r"no pod for node rank 3 \(ranks with pods: 0\)"):

@@ -248,7 +248,7 @@ def test_script_sets_the_launch_contract_and_quotes_every_value(tmp_path):
     assert yaml.safe_load(job_file.read_text()) == yaml.safe_load(job.to_yaml())
     args = (tmp_path / "srun.args").read_text().splitlines()
     assert args == ["--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=4",
-                    "--kill-on-bad-exit=1", "--label", "python", "-m", "trainer.launch"]
+                    "--kill-on-bad-exit=1", "python", "-m", "trainer.launch"]
 
 
 @pytest.mark.parametrize("job_id", ["4242", "123456", "10000"])

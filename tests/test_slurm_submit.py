@@ -90,7 +90,6 @@ def test_missing_slurm_commands_are_one_line(tmp_path):
     ("PENDING", 0, "PENDING"), ("PENDING", 1, "RESTARTING"), ("RUNNING", 0, "RUNNING"),
     ("COMPLETING", 0, "RUNNING"), ("REQUEUED", 1, "RESTARTING"), ("COMPLETED", 1, "SUCCEEDED"),
     ("FAILED", 0, "FAILED"), ("TIMEOUT", 0, "FAILED"), ("OUT_OF_MEMORY", 0, "FAILED"),
-    ("PREEMPTED", 0, "FAILED"), ("PREEMPTED", 1, "FAILED"),  # a requeue would show REQUEUED/PENDING
     ("CANCELLED", 0, "CANCELLED"),
 ])
 def test_status_speaks_the_shared_vocabulary(state, restarts, shared):
@@ -107,10 +106,6 @@ def test_status_speaks_the_shared_vocabulary(state, restarts, shared):
     ("JobState=PENDING Reason=Nodes_required_for_job_are_DOWN,_DRAINED Requeue=1 Restarts=1",
      "RESTARTING (Slurm reason: Nodes_required_for_job_are_DOWN,_DRAINED; restart 1)"),
     ("JobState=COMPLETED Reason=None Requeue=1 Restarts=1", "SUCCEEDED"),
-    # preempted and not requeued (restarts used, or not requeueable): over, never RESTARTING
-    ("JobState=PREEMPTED Reason=None Requeue=1 Restarts=2",
-     "FAILED (PREEMPTED: preempted, and Slurm does not requeue it (not requeueable, or restarts "
-     "used): submit it again to resume from the checkpoint)"),
 ])
 def test_status_line_says_why_slurm_ended_or_holds_a_job(fields, line):
     fake = FakeSlurm(scontrol=(0, f"JobId=12 JobName=demo {fields} BatchFlag=1 WorkDir=/w\n", ""))
@@ -134,60 +129,16 @@ def test_handles_are_checked():
     assert slurm.job_id("slurm://12") == "12" and slurm.job_id("34_2") == "34_2"
 
 
-# What a job's output file holds: the batch shell's lines unlabelled, then the step's, which
-# `srun --label` starts with the task id (padded); torch prefixes `[rankR]:`, the trainer
-# writes `ddpkit rank R`. Two nodes, two processes per node.
-TORCHRUN_LOG = ("ddpkit: demo (job 12) on 2 nodes\n"
-                "0: ddpkit launch: context slurm, node rank 0\n"
-                "1: ddpkit launch: context slurm, node rank 1\n"
-                "0: 10:00:00 ddpkit rank 0 INFO step 10 loss 2.0\n"
-                "1: [rank3]: RuntimeError: NCCL timeout\n"
-                "1: 10:00:01 ddpkit rank 2 WARNING slow\n"
-                "ddpkit: job step exited with code 1\n")
-SRUN_LOG = ("ddpkit: demo (job 12) on 2 nodes\n"
-            " 0: 10:00:00 ddpkit rank 0 INFO step 10\n"
-            " 1: torch warning\n"
-            " 2: ddpkit launch: rank 2\n"
-            " 3: [rank3]: RuntimeError\n")
-
-
-def picked(log_text, kept):
-    return "".join(line for i, line in enumerate(log_text.splitlines(True)) if i in kept)
-
-
-@pytest.mark.parametrize("launcher,log_text,job_file,rank,worker,kept", [
-    # --rank is a node rank on every target: node 1's task lines
-    ("torchrun", TORCHRUN_LOG, True, 1, None, {0, 2, 4, 5, 6}),
-    ("srun", SRUN_LOG, True, 1, None, {0, 3, 4}),  # tasks 2, 3 are node 1's
-    ("srun", SRUN_LOG, False, 1, None, {0, 3, 4}),  # scontrol NtasksPerN says 2 per node
-    # --worker-rank is a global rank: its task (srun), the lines naming it (torchrun)
-    ("torchrun", TORCHRUN_LOG, True, None, 3, {0, 4, 6}),
-    ("torchrun", TORCHRUN_LOG, True, None, 2, {0, 5, 6}),
-    ("srun", SRUN_LOG, True, None, 1, {0, 2}),
-    ("torchrun", TORCHRUN_LOG, True, None, None, set(range(7))),
-])
-def test_logs_rank_is_the_node_and_worker_rank_the_process(tmp_path, launcher, log_text, job_file,
-                                                            rank, worker, kept):
+def test_logs_print_the_output_file_slurm_names(tmp_path):
     log = tmp_path / "demo-12.out"
-    log.write_text(log_text)
-    if job_file:
-        (tmp_path / "demo-12.job.yaml").write_text(yaml.safe_dump(
-            {"name": "demo", "procs_per_node": 2, "slurm": {"launcher": launcher}}))
-    per_node = 2 if launcher == "srun" else 1
-    line = scontrol_line("COMPLETED", stdout=str(log)).replace(
-        " Power=", f" NumNodes=2 NumCPUs=4 NumTasks={2 * per_node} NtasksPerN:B:S:C={per_node}:0:*:* Power=")
+    log.write_text("ddpkit: demo starting\n[rank0]: step 10 loss 2.0\n[rank1]: step 10 loss 2.1\n")
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
     out = io.StringIO()
-    assert slurm.logs("slurm://12", rank=rank, worker_rank=worker, runner=FakeSlurm(scontrol=(0, line, "")),
-                      out=out) == 0
-    assert out.getvalue() == picked(log_text, kept)
-
-
-def test_the_job_step_labels_its_lines_with_the_slurm_task():
-    from deploy.load import parse_job
-    from deploy.slurm.render import render_slurm
-
-    script = render_slurm(parse_job({"name": "demo", "image": "x:1", "checkpoint": {"ephemeral": True}}))
-    assert "srun --nodes=\"$SLURM_JOB_NUM_NODES\"" in script and " --label " in script.replace("\\\n", " ")
+    assert slurm.logs("slurm://12", runner=fake, out=out) == 0
+    assert out.getvalue() == log.read_text()
+    out = io.StringIO()
+    slurm.logs("slurm://12", rank=1, runner=fake, out=out)
+    assert out.getvalue() == "ddpkit: demo starting\n[rank1]: step 10 loss 2.1\n"
 
 
 def test_logs_follow_until_the_job_ends(tmp_path):

@@ -118,18 +118,3 @@ PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight chec
 STOP_AT_STEP_VAR = "DDPKIT_STOP_AT_STEP"  # act as if a stop signal came at step N
 FAULT_CRASH_VAR = "DDPKIT_FAULT_CRASH"  # STEP:POINT: die at POINT of the save of STEP
 FAULT_SAVE_DELAY_S_VAR = "DDPKIT_FAULT_SAVE_DELAY_S"  # a checkpoint write takes S seconds longer
-
-
-#: How a log line names the worker (global rank) that printed it: torch's own `[rankR]:`
-#: prefix, and the trainer's log format `... ddpkit rank R LEVEL ...` (trainer/train.py main).
-#: `ddpkit logs --worker-rank R` keeps the lines that name R (deploy/k8s/submit.py,
-#: deploy/slurm/submit.py).
-WORKER_LINE_TAG = r"\[rank(\d+)\]:|\bddpkit rank (\d+) "
-
-
-def line_worker_rank(line: str, start: int = 0) -> int | None:
-    """The worker rank a log line names (WORKER_LINE_TAG), or None."""
-    import re
-
-    match = re.compile(WORKER_LINE_TAG).search(line, start)
-    return int(match.group(1) or match.group(2)) if match else None

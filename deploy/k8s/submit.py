@@ -27,7 +27,6 @@ from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
 from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
-from trainer.contract import NPROC_PER_NODE_VAR, line_worker_rank
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -408,52 +407,27 @@ def pods_by_rank(flavor: str, pods: list[dict]) -> dict[int, dict]:
 
 
 def logs(handle: str, rank: int | None = None, follow: bool = False, *,
-         worker_rank: int | None = None, cluster: Cluster | None = None, out=None) -> int:
-    """Print the log of node `rank` (default 0), a pod; with `follow`, until the container ends.
-    `worker_rank` R (a global rank) reads the pod of node R // processes per node (the pod's
-    DDPKIT_NPROC_PER_NODE) and keeps the lines that name R (trainer.contract WORKER_LINE_TAG;
-    with one process per node, every line of its pod)."""
+         cluster: Cluster | None = None, out=None) -> int:
+    """Print the log of node `rank` (default 0); with `follow`, until the container ends."""
     h = parse_handle(handle)
     cluster = _cluster(cluster)
     out = out or sys.stdout
+    rank = 0 if rank is None else rank
     selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
     try:
         pods = cluster.pods(h.namespace, selector)
     except ApiError as err:
         raise RuntimeFailure(explain(err, "Pod", h.namespace, selector, "list")) from None
     ranks = pods_by_rank(h.flavor, pods)
-    nproc = _nproc_per_node(pods)
-    if worker_rank is not None:
-        rank = worker_rank // nproc
-    rank = 0 if rank is None else rank
     if rank not in ranks:
         have = ", ".join(str(r) for r in sorted(ranks)) or "none yet"
-        asked = f"worker rank {worker_rank} (node rank {rank})" if worker_rank is not None else f"node rank {rank}"
-        raise RuntimeFailure(f"{h}: no pod for {asked} (ranks with pods: {have}); "
+        raise RuntimeFailure(f"{h}: no pod for node rank {rank} (ranks with pods: {have}); "
                              f"see `ddpkit status {h}`")
     pod = ranks[rank]["metadata"]["name"]
-    only = worker_rank if worker_rank is not None and nproc > 1 else None
-    pending = ""
     try:
         for chunk in cluster.log(h.namespace, pod, flavor_module(h.flavor).CONTAINER, follow):
-            if only is None:
-                out.write(chunk)
-            else:
-                *lines, pending = (pending + chunk).split("\n")
-                out.writelines(f"{line}\n" for line in lines if line_worker_rank(line) == only)
+            out.write(chunk)
             out.flush()
     except ApiError as err:
         raise RuntimeFailure(explain(err, "Pod", h.namespace, pod, "read logs of")) from None
-    if only is not None and line_worker_rank(pending) == only:
-        out.write(pending)
     return 0
-
-
-def _nproc_per_node(pods: list[dict]) -> int:
-    """Processes per node from a pod's DDPKIT_NPROC_PER_NODE (the launch contract), else 1."""
-    for pod in pods:
-        for container in (pod.get("spec") or {}).get("containers") or []:
-            for var in container.get("env") or []:
-                if var.get("name") == NPROC_PER_NODE_VAR and str(var.get("value", "")).isdigit():
-                    return max(int(var["value"]), 1)
-    return 1

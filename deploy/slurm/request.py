@@ -103,8 +103,7 @@ class SbatchRequest:
                         for line in SECRET_CHECK]
         cpus = directives.cpus_per_task(job)
         step = [f"--ntasks-per-node={directives.tasks_per_node(job)}",
-                *([f"--cpus-per-task={cpus}"] if cpus is not None else []), "--kill-on-bad-exit=1",
-                "--label"]  # each line starts `TASK: `: the node (torchrun mode), the rank (srun)
+                *([f"--cpus-per-task={cpus}"] if cpus is not None else []), "--kill-on-bad-exit=1"]
         log_dir_absolute = posixpath.isabs(s.log_dir)
         apptainer = pyxis = None
         if s.container == "apptainer":

@@ -22,27 +22,20 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import TERMINAL_STATES
 from deploy.problems import Problem, refuse
-from trainer.contract import line_worker_rank
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
 #: Slurm job states in the shared vocabulary (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED,
-#: CANCELLED). A pending job that has been requeued before is RESTARTING. PREEMPTED is an
-#: ended job: a preempted job that Slurm requeues (PreemptMode=REQUEUE, requeueable) shows
-#: REQUEUED then PENDING with Restarts counted, which are RESTARTING; one left PREEMPTED is
-#: not requeued (requeue off, --no-requeue with restarts: 0, PreemptMode=CANCEL) and is over,
-#: as a pod evicted from a Job with no restarts left is Failed.
+#: CANCELLED). A pending job that has been requeued before is RESTARTING.
 STATES = {
     "PENDING": "PENDING", "CONFIGURING": "PENDING", "SUSPENDED": "PENDING",
     "REQUEUE_HOLD": "PENDING", "SPECIAL_EXIT": "FAILED",
     "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
     "RESIZING": "RUNNING",
-    "REQUEUED": "RESTARTING", "REQUEUE_FED": "RESTARTING", "PREEMPTED": "FAILED",
+    "REQUEUED": "RESTARTING", "REQUEUE_FED": "RESTARTING", "PREEMPTED": "RESTARTING",
     "COMPLETED": "SUCCEEDED",
     "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED",
     "FAILED": "FAILED", "TIMEOUT": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
@@ -211,8 +204,6 @@ _ENDED_BECAUSE = {
     "OUT_OF_MEMORY": "a task ran out of memory",
     "BOOT_FAIL": "a node failed to boot",
     "DEADLINE": "the job reached its deadline",
-    "PREEMPTED": "preempted, and Slurm does not requeue it (not requeueable, or restarts used): "
-                 "submit it again to resume from the checkpoint",
 }
 
 
@@ -240,10 +231,7 @@ def describe(handle: str, *, runner: Runner = subprocess.run) -> str:
 
 def log_path(handle: str, *, runner: Runner = subprocess.run) -> Path:
     """The job's output file, as Slurm names it (StdOut, relative to WorkDir)."""
-    return _log_path(handle, show_job(handle, runner=runner))
-
-
-def _log_path(handle: str, info: dict[str, str] | None) -> Path:
+    info = show_job(handle, runner=runner)
     if info is None:
         raise RuntimeFailure(f"Slurm no longer knows job {job_id(handle)}: its log is in the "
                              "job's log directory (slurm.log_dir, default logs/)")
@@ -254,23 +242,14 @@ def _log_path(handle: str, info: dict[str, str] | None) -> Path:
 
 
 def logs(handle: str, rank: int | None = None, follow: bool = False, *,
-         worker_rank: int | None = None, runner: Runner = subprocess.run, out=None,
-         poll_s: float = 1.0) -> int:
+         runner: Runner = subprocess.run, out=None, poll_s: float = 1.0) -> int:
     """Print the job's output file; with follow, keep printing until the job ends.
 
-    Slurm writes one file per job with every node's output. The job step runs `srun --label`,
-    so each of its lines starts with the Slurm task id (`3: `, padded by srun): one task per
-    node in torchrun mode, one per process (its global rank) in srun mode. `rank` is a node
-    rank, as on Kubernetes: the lines of that node's tasks. `worker_rank` is a global rank:
-    in srun mode its task's lines; in torchrun mode, where one task runs all of a node's
-    workers, the lines that name it (`[rankR]:` from torch, `ddpkit rank R` from the trainer;
-    torchrun's and the launcher's own lines name no worker: `rank` shows them). The batch
-    shell's own lines (no task label) are always printed.
+    Slurm writes one file per job with every node's output; `rank` keeps the lines of one node
+    (lines that torchrun's or srun's labels mark with that rank, and the unlabelled ones).
     """
     out = out or sys.stdout
-    info = show_job(handle, runner=runner)
-    path = _log_path(handle, info)
-    keep = _line_filter(rank, worker_rank, *_layout(info or {}, path))
+    path = log_path(handle, runner=runner)
     position = 0
     while True:
         if path.exists():
@@ -279,7 +258,7 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
                 chunk = fh.read()
                 position = fh.tell()
             for line in chunk.splitlines(keepends=True):
-                if keep(line):
+                if rank is None or _line_rank(line) in (None, rank):
                     out.write(line)
             out.flush()
         elif not follow:
@@ -288,52 +267,18 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
             if follow and path.exists():  # what was written after the last read
                 with path.open("r", encoding="utf-8", errors="replace") as fh:
                     fh.seek(position)
-                    for line in fh.read().splitlines(keepends=True):
-                        if keep(line):
-                            out.write(line)
+                    out.write(fh.read())
                 out.flush()
             return 0
         time.sleep(poll_s)
 
 
-_TASK_LABEL = re.compile(r"^\s*(\d+): ")
-
-
-def _layout(info: dict[str, str], log: Path) -> tuple[bool, int]:
-    """(one task per process: srun mode, processes per node) of the job, from the job file the
-    script writes next to the log (`<name>-<jobid>.job.yaml`, request.JOB_FILE), else from
-    `scontrol show job` (NtasksPerN:B:S:C or NumTasks / NumNodes: more than one task per node
-    is srun mode; torchrun mode's processes per node are then unknown, taken as 1)."""
-    job_file = log.parent / f"{info.get('JobName', '')}-{info.get('JobId', '')}.job.yaml"
-    try:
-        job = yaml.safe_load(job_file.read_text())
-        nproc = int(job.get("gpus_per_node") or job.get("procs_per_node") or 1)
-        return (job.get("slurm") or {}).get("launcher") == "srun", max(nproc, 1)
-    except (OSError, ValueError, TypeError, AttributeError, yaml.YAMLError):
-        pass
-    first = info.get("NtasksPerN:B:S:C", "").split(":")[0]
-    tasks, nodes = info.get("NumTasks", ""), info.get("NumNodes", "")
-    per_node = int(first) if first.isdigit() and int(first) > 0 else (
-        max(int(tasks) // int(nodes), 1) if tasks.isdigit() and nodes.isdigit() and int(nodes) else 1)
-    return per_node > 1, per_node
-
-
-def _line_filter(rank: int | None, worker_rank: int | None, srun_mode: bool, nproc: int):
-    """Which lines `logs` prints for a node rank or a worker (global) rank (see `logs`)."""
-    def keep(line: str) -> bool:
-        label = _TASK_LABEL.match(line)
-        if label is None:
-            return True  # the batch shell's own lines
-        task = int(label.group(1))
-        node = task // nproc if srun_mode else task
-        if rank is not None and node != rank:
-            return False
-        if worker_rank is None:
-            return True
-        if srun_mode or nproc == 1:  # the task (or the node) is the worker
-            return task == worker_rank
-        return line_worker_rank(line, label.end()) == worker_rank
-    return keep
+def _line_rank(line: str) -> int | None:
+    """The rank a log line is labelled with (`[rank3]:`, `[default3]:`, srun's `3: `), if any."""
+    match = re.match(r"^\[(?:rank|default)(\d+)\]:|^\s*(\d+): ", line)
+    if not match:
+        return None
+    return int(match.group(1) or match.group(2))
 
 
 def cancel(handle: str, *, runner: Runner = subprocess.run, wait_s: float = 30.0) -> None:
