@@ -138,18 +138,25 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
         timeout=datetime.timedelta(seconds=timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    # Without torchrun (Slurm srun mode) rank 0's process hosts the store; were it to exit
-    # while another rank is still tearing its group down, that rank aborts ("terminate called
-    # without an active exception", seen 1 in 4 runs on a loaded 2-core machine), and Slurm
-    # counts a failed task. So rank 0 leaves only after every rank said its group is gone.
-    store = None if os.environ.get("TORCHELASTIC_RUN_ID") else dist.distributed_c10d._get_default_store()
+    # Rank 0's process hosts the store unless torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE;
+    # ddpkit's launcher turns the sharing off: trainer/launch.py), as in Slurm srun mode. Were
+    # rank 0 to exit while another rank is still tearing its group down, that rank aborts
+    # ("terminate called without an active exception": 4 tests in two runs on the loaded 2-core
+    # machine), a failed rank for torchrun and Slurm alike. So after a clean run rank 0 leaves
+    # only once every rank said its group is gone; after an error nobody waits (a dead peer
+    # would hold a restart up).
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = None if agent_store else dist.distributed_c10d._get_default_store()
     try:
         yield
-    finally:
+    except BaseException:
         if dist.is_initialized():
             dist.destroy_process_group()
-        if store is not None:
-            _leave_together(store, denv, timeout_s=min(timeout_s, 60))
+        raise
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if store is not None:
+        _leave_together(store, denv, timeout_s=min(timeout_s, 60))
 
 
 def _leave_together(store, denv: DistEnv, timeout_s: float) -> None:
