@@ -62,7 +62,7 @@ class FakeCluster:
         self.calls.append(("pods", selector))
         return self._pods
 
-    def log(self, namespace, pod, container, follow):
+    def log(self, namespace, pod, container, follow, tail_lines=None):
         self.calls.append(("log", pod, container, follow))
         yield from self._logs.get(pod, [])
 

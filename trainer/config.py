@@ -293,6 +293,7 @@ class JobSections(BaseModel):
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
     preflight: bool = False  # run trainer.preflight's checks before the entry (JobSpec.preflight)
+    restarts: int = 0  # JobSpec.restarts: how many restarts the target allows (the progress record)
 
     @model_validator(mode="after")
     def _entry(self) -> JobSections:
@@ -330,6 +331,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
         **{k: doc[k] for k in ("script", "module", "args", "torchrun_args") if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
         "preflight": bool(doc.get("preflight")),
+        "restarts": int(doc.get("restarts") or 0),
     })
 
 

@@ -45,6 +45,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     STOP_GRACE_S_VAR,
     TORCHRUN_T0_VAR,
 )
+from trainer.progress import Ledger, Progress
 
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
@@ -265,7 +266,8 @@ class Session:
 
 
 class Trainer:
-    def __init__(self, job: Any, denv: Any, device: Any, stop: StopRequest, t0: float):
+    def __init__(self, job: Any, denv: Any, device: Any, stop: StopRequest, t0: float,
+                 ledger: Ledger | None = None):
         import torch
         import torch.distributed as dist
 
@@ -283,6 +285,8 @@ class Trainer:
 
             self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.timeout_s))
         self.vote = StopVote(self.control, self.distributed)
+        self.ledger = ledger or Ledger(t0, phase="setup")  # rank 0's is the one written
+        self.progress: Progress | None = None  # rank 0, once the step count is known (setup)
         self.metrics = None
         self.marks: dict[str, float] = {}
         if self.is_main:
@@ -362,7 +366,12 @@ class Trainer:
         self.setup_data()
         self.setup_schedule()
         self.marks["optimizer+loader"] = time.time()
-        self.resume()
+        if self.is_main:
+            self.progress = Progress(self.run_dir, self.ledger, total_steps=self.total_steps, epochs=self.cfg.epochs,
+                                     global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
+                                     restarts_allowed=self.job.restarts)
+        with self.ledger.during("checkpoint_load"):
+            self.resume()
         self.setup_ddp()
 
     def setup_model(self) -> None:
@@ -577,6 +586,11 @@ class Trainer:
         """Checkpoint the current step. With `checkpoint.async_save` (and not `final`) rank 0
         only copies the state to host memory and a background thread writes it; other ranks
         move on at once. A final save (end of training, stop) is complete on return."""
+        # a stop's final checkpoint is booked as part of the stop
+        with contextlib.nullcontext() if self.ledger.phase == "stop" else self.ledger.during("checkpoint_save"):
+            self._save(final)
+
+    def _save(self, final: bool) -> None:
         from trainer import checkpoint
 
         background = self.job.checkpoint.async_save and not final
@@ -747,6 +761,7 @@ class Trainer:
         self.paused = 0.0  # evaluation time inside the throughput window
         s.t_prev = time.perf_counter()
         self.stop.phase = "training"
+        self.tick(force=True)
         while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
             self.end_epoch(exhausted=self.train_epoch())
         self.end_loop()
@@ -819,6 +834,7 @@ class Trainer:
         s.pending.append((self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, t_now - s.t_prev))
         s.step_loss = None
         s.t_prev = t_now
+        self.tick()
         if s.first_step_s is None:
             self.sync()
             s.first_step_s = time.time() - self.t0
@@ -831,6 +847,16 @@ class Trainer:
             s.window_t0, s.window_steps, self.paused = time.perf_counter(), 0, 0.0
         else:
             s.window_steps += 1
+
+    def tick(self, force: bool = False) -> None:
+        """After a step: the class the next step is booked to (`redone` until the furthest step
+        of an earlier attempt), and rank 0's progress record when one is due."""
+        if self.progress is None:
+            return
+        phase = self.progress.phase_of(self.step)
+        if phase != self.ledger.phase and self.ledger.phase in ("productive", "redone", "setup", "checkpoint_load"):
+            self.ledger.enter(phase)
+        self.progress.tick(self.step, self.epoch, force=force)
 
     def log_metrics(self) -> None:
         """The progress bar; every `train.log_every_steps`, the pending steps' metrics."""
@@ -866,6 +892,7 @@ class Trainer:
             return False
         self.session.stopped = True
         self.stop.acted.set()
+        self.ledger.enter("stop")
         return True
 
     def end_epoch(self, exhausted: bool) -> None:
@@ -886,7 +913,8 @@ class Trainer:
                 and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
             return
         self.flush_metrics()
-        s.last_eval = self.evaluate()
+        with self.ledger.during("eval"):
+            s.last_eval = self.evaluate()
         s.last_eval_step = self.step
         if s.last_eval:
             self.write({"eval": True, "step": self.step, "epoch": self.epoch, **s.last_eval})
@@ -902,6 +930,8 @@ class Trainer:
         self.flush_metrics()
         s.pbar.close()
         self.vote.close()
+        if not s.stopped:
+            self.ledger.enter("finish")
 
     def final_checkpoint(self) -> None:
         """The last step saved and complete on every rank; after a stop, `DDPKIT_STOP_FILE`
@@ -924,7 +954,8 @@ class Trainer:
         """A completed run's evaluation, unless the last epoch's already covered this step."""
         s = self.session
         if self.cfg.eval_every_epochs and s.last_eval_step != self.step:
-            s.last_eval = self.evaluate()
+            with self.ledger.during("eval"):
+                s.last_eval = self.evaluate()
             if s.last_eval:
                 epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
                 self.write({"eval": True, "step": self.step, "epoch": epoch, **s.last_eval})
@@ -984,6 +1015,9 @@ class Trainer:
         marker and plot."""
         if not self.is_main:
             return
+        if self.progress is not None:
+            record = self.progress.publish(self.step, self.epoch, status)
+            summary["attempt"], summary["goodput"] = record["attempt"], record["run"]["goodput"]
         self.write(summary)
         self.metrics.close()
         print("ddpkit-summary " + json.dumps(summary), flush=True)
@@ -1051,9 +1085,15 @@ def run(job: Any, denv: Any, t0: float) -> int:
     marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
     if os.environ.get(TORCHRUN_T0_VAR):
         marks = {"torchrun started": float(os.environ[TORCHRUN_T0_VAR]), **marks}
+    # The attempt's ledger: from the launch (a restart by torchrun: from this worker's start),
+    # `startup` until torch is imported, then the rendezvous, then setup.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    ledger = Ledger(WORKER_T0 if restarted else t0)
+    ledger.enter("rendezvous", at=t_torch)
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
-        trainer = Trainer(job, denv, device, stop, t0)
+        ledger.enter("setup", at=marks["process group"])
+        trainer = Trainer(job, denv, device, stop, t0, ledger)
         trainer.marks = {**marks, **trainer.marks}
         if trainer.already_finished():
             return EXIT_OK

@@ -27,6 +27,7 @@ from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
 from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
+from deploy.progress import TAIL_LINES, Report, last_record
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -86,7 +87,8 @@ class Cluster(Protocol):
     def get(self, kind: str, namespace: str, name: str) -> dict: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
-    def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]: ...
+    def log(self, namespace: str, pod: str, container: str, follow: bool,
+            tail_lines: int | None = None) -> Iterator[str]: ...
 
 
 class KubeCluster:
@@ -160,9 +162,11 @@ class KubeCluster:
         found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return self.api.sanitize_for_serialization(found).get("items", [])
 
-    def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]:
+    def log(self, namespace: str, pod: str, container: str, follow: bool,
+            tail_lines: int | None = None) -> Iterator[str]:
+        extra = {"tail_lines": tail_lines} if tail_lines else {}
         resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
-                          follow=follow, _preload_content=False)
+                          follow=follow, _preload_content=False, **extra)
         import codecs
 
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
@@ -328,6 +332,41 @@ def status(handle: str, *, cluster: Cluster | None = None) -> str:
 def describe(handle: str, *, cluster: Cluster | None = None) -> str:
     """What `ddpkit status` prints: the state (Kubernetes' reasons are not read yet)."""
     return status(handle, cluster=cluster)
+
+
+def report(handle: str, *, cluster: Cluster | None = None) -> Report:
+    """`ddpkit status`'s report: the state, the trainer's newest progress record from the end of
+    rank 0's pod log (the user's own `pods/log` permission; the trainer needs none), and how
+    long rank 0's pod waited to be scheduled."""
+    h = parse_handle(handle)
+    cluster = _cluster(cluster)
+    state_line = status_from(h.kind, _get(cluster, h))
+    selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
+    try:
+        pod = pods_by_rank(h.flavor, cluster.pods(h.namespace, selector)).get(0)
+        if pod is None:
+            return Report(state_line)
+        text = "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
+                                   False, tail_lines=TAIL_LINES))
+    except ApiError:  # no log yet (the container has not started), or not allowed: the state alone
+        return Report(state_line, None, pod_waited(pod) if pod else None)
+    return Report(state_line, last_record(text), pod_waited(pod))
+
+
+def pod_waited(pod: dict) -> float | None:
+    """Seconds from the pod's creation to its PodScheduled condition (None until scheduled)."""
+    import datetime
+
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True" and created:
+            scheduled = condition.get("lastTransitionTime")
+            try:
+                delta = datetime.datetime.fromisoformat(str(scheduled)) - datetime.datetime.fromisoformat(str(created))
+            except ValueError:
+                return None
+            return max(0.0, delta.total_seconds())
+    return None
 
 
 def status_from(kind: str, obj: dict) -> str:
