@@ -8,7 +8,9 @@ ledger books the time since the last change to the class it leaves.
 
 The **progress record** is the ledger plus the position (step, epoch, samples/s, ETA,
 restarts). Rank 0 rewrites `RUN_DIR/attempts/attempt-N.json` (atomically) at most once a
-second and prints it as one `ddpkit-progress {json}` line at most every `PRINT_EVERY_S`, so
+second, and the step count alone in `attempt-N.step` after every step (one 12-byte `pwrite`:
+the furthest step of an attempt that dies between two records, which the next attempt books
+as `redone` when it does those steps again), and prints the record as one `ddpkit-progress {json}` line at most every `PRINT_EVERY_S`, so
 `ddpkit status` reads it without any permission a user lacks: from the run directory (local),
 the job's output file (Slurm) or rank 0's pod log (Kubernetes). The record also carries the
 run so far (`run`: every earlier attempt's classes, plus `between_attempts`), read from the
@@ -121,6 +123,14 @@ def run_totals(earlier: list[dict[str, Any]]) -> tuple[dict[str, float], float, 
     return totals, last_updated or 0.0, furthest
 
 
+def step_file_value(path: Path) -> int:
+    """The step count in an attempt's `.step` file (0 when there is none)."""
+    try:
+        return int(path.read_bytes().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
 def goodput(classes: dict[str, float]) -> float | None:
     wall = sum(classes.values())
     return classes.get("productive", 0.0) / wall if wall > 0 else None
@@ -137,7 +147,10 @@ class Progress:
         earlier = [r for r in map(read_record, attempt_files(run_dir)) if r and "started" in r and "updated" in r]
         self.attempt = 1 + max((int(r.get("attempt", -1)) for r in earlier), default=-1)
         self.path = self.dir / f"attempt-{self.attempt}.json"
-        self.earlier, self.earlier_end, self.furthest = run_totals(earlier)
+        self.earlier, self.earlier_end, furthest = run_totals(earlier)
+        steps = (step_file_value(p.with_suffix(".step")) for p in attempt_files(run_dir))
+        self.furthest = max(furthest, *steps) if earlier else furthest
+        self.step_fd = os.open(self.path.with_suffix(".step"), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
         self.run_started = float(earlier[0]["started"]) if earlier else ledger.t0
         self.ledger = ledger
         self.total_steps, self.epochs, self.global_batch = total_steps, epochs, global_batch
@@ -156,6 +169,7 @@ class Progress:
             self.recent[-1] = (now, step)
         else:
             self.recent.append((now, step))
+            os.pwrite(self.step_fd, b"%12d" % step, 0)
         if force or now - self.written >= WRITE_EVERY_S:
             self.write(self.record(step, epoch, "running", now), print_line=force or now - self.printed >= PRINT_EVERY_S)
 

@@ -762,8 +762,14 @@ class Trainer:
         s.t_prev = time.perf_counter()
         self.stop.phase = "training"
         self.tick(force=True)
-        while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
-            self.end_epoch(exhausted=self.train_epoch())
+        try:
+            while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
+                self.end_epoch(exhausted=self.train_epoch())
+        except BaseException:  # a peer died, an error of the workload: the attempt's last record
+            if self.progress is not None:
+                with contextlib.suppress(Exception):  # never hide the error itself
+                    self.progress.publish(self.step, self.epoch, "failed")
+            raise
         self.end_loop()
         self.final_checkpoint()
         status = "stopped" if s.stopped else "completed"
