@@ -146,3 +146,44 @@ def test_a_killed_and_restarted_run_books_its_time_and_status_follows_it(tmp_pat
     assert booked == pytest.approx(step_seconds(run_dir), rel=0.05)
     # the log says the same as the file: the last ddpkit-progress line is the final record
     assert last_record(out) == record
+
+
+@pytest.mark.slow
+def test_prometheus_reads_the_counters_from_the_endpoint_and_the_textfile(tmp_path):
+    """`train.prometheus_port` and `train.prometheus_textfile` on a real 2-rank run, read with
+    prometheus-client's own text parser: the endpoint answers while it trains, and the textfile
+    ends with the last step and the run's time classes."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.trainer_util import free_port
+
+    def samples(text: str) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("class", "")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    port = free_port()
+    train = {"max_steps": 40, "epochs": 2, "data_samples": 4096, "prometheus_port": port,
+             "prometheus_textfile": "metrics.prom"}
+    job = write_ddpkit_job(tmp_path, "prom", train, every=20, restarts=0)
+    run_dir = tmp_path / "runs" / "prom"
+    proc = ddpkit_run(job, tmp_path)
+    try:
+        def scrape() -> dict:
+            return samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+
+        wait_for(lambda: len(logged_steps(run_dir)) >= 1, 480, "the first training step")
+        wait_for(lambda: scrape().get(("ddpkit_step", ""), 0) >= 1, 60, "a scrape after a step")
+        live = scrape()
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert live[("ddpkit_step", "")] >= 1 and live[("ddpkit_total_steps", "")] == 40
+    final = samples((run_dir / "metrics.prom").read_text())
+    assert final[("ddpkit_step", "")] == 40 and final[("ddpkit_restarts", "")] == 0
+    assert 0 < final[("ddpkit_goodput", "")] < 1 and final[("ddpkit_loss", "")] > 0
+    record = json.loads((run_dir / "attempts" / "attempt-0.json").read_text())
+    booked = sum(v for (name, _), v in final.items() if name == "ddpkit_time_seconds")
+    assert booked == pytest.approx(record["run"]["wall_s"], rel=0.01)

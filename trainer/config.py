@@ -278,6 +278,18 @@ class TrainConfig(BaseModel):
         description="Seconds to wait for the master node and for collective operations.",
     )
     plot: bool = Field(True, description="Write `metrics.png` (loss and throughput) at the end.")
+    prometheus_port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="Rank 0 serves its counters (step, samples/s, loss, goodput and its time "
+        "classes, restarts) for Prometheus at `http://HOST:PORT/metrics`; off by default. "
+        "README \"Prometheus\" has the scrape annotations.",
+    )
+    prometheus_textfile: str | None = Field(
+        None, min_length=1,
+        description="Rank 0 rewrites the same counters in Prometheus' text format to this file "
+        "(relative: to the run directory) once a second, for node_exporter's textfile collector; "
+        "off by default.",
+    )
 
 
 class JobSections(BaseModel):

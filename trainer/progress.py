@@ -136,6 +136,54 @@ def goodput(classes: dict[str, float]) -> float | None:
     return classes.get("productive", 0.0) / wall if wall > 0 else None
 
 
+class Exporter:
+    """The record's numbers for Prometheus (prometheus-client), on rank 0: served on `port`
+    (`/metrics`) and/or rewritten to `textfile` at every record. Gauges, not counters: a
+    restarted attempt resumes from a checkpoint, so the step can go back."""
+
+    def __init__(self, run_id: str, *, port: int | None, textfile: Path | None) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry, self.run_id, self.textfile = CollectorRegistry(), run_id, textfile
+        self.gauges = {name: Gauge(f"ddpkit_{name}", doc, ["run"], registry=self.registry)
+                       for name, doc in EXPORTED.items()}
+        self.seconds = Gauge("ddpkit_time_seconds", "The run's wall time so far, by goodput ledger class",
+                             ["run", "class"], registry=self.registry)
+        if textfile is not None:
+            textfile.parent.mkdir(parents=True, exist_ok=True)
+        if port:
+            try:
+                start_http_server(port, registry=self.registry)
+            except OSError as e:
+                from trainer.config import ConfigError
+
+                raise ConfigError(f"train.prometheus_port: cannot serve on port {port} of "
+                                  f"{socket.gethostname()} ({e.strerror}); pick another port") from None
+
+    def update(self, record: dict[str, Any]) -> None:
+        for name, gauge in self.gauges.items():
+            value = record["run"]["goodput"] if name == "goodput" else record.get(name)
+            if value is not None:
+                gauge.labels(self.run_id).set(value)
+        for name, seconds in record["run"]["classes"].items():
+            self.seconds.labels(self.run_id, name).set(seconds)
+        if self.textfile is not None:
+            from prometheus_client import write_to_textfile
+
+            write_to_textfile(str(self.textfile), self.registry)
+
+
+#: What `Exporter` exports beside the time classes: `ddpkit_<name>`.
+EXPORTED = {
+    "step": "Optimizer steps done", "total_steps": "Optimizer steps the run will take",
+    "epoch": "The current epoch", "samples_per_s": "Samples per second, all ranks, over the last steps",
+    "loss": "Training loss of the last logged step", "eta_s": "Seconds to the last step at the current rate",
+    "goodput": "Productive training time / the run's wall time so far",
+    "restarts": "Restarts used so far", "restarts_allowed": "Restarts the job allows",
+    "attempt": "The attempt (0: the first start)",
+}
+
+
 class Progress:
     """Rank 0's progress record for one attempt: `tick` after every step (cheap unless a write
     is due), `publish` at the end."""
@@ -158,6 +206,8 @@ class Progress:
         self.recent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of recent steps
         self.written = self.printed = 0.0
         self.host, self.pid, self.agent_pid = socket.gethostname(), os.getpid(), os.getppid()
+        self.loss: float | None = None  # the last logged step's (the trainer sets it)
+        self.exporter: Exporter | None = None
 
     def phase_of(self, step: int) -> str:
         """The class of a step that starts at `step` (done steps): redone up to the furthest."""
@@ -196,7 +246,7 @@ class Progress:
             "attempt": self.attempt, "state": state, "host": self.host, "pid": self.pid,
             "agent_pid": self.agent_pid, "started": self.ledger.t0, "updated": now,
             "step": step, "furthest_step": max(step, self.furthest), "total_steps": self.total_steps,
-            "epoch": epoch, "epochs": self.epochs,
+            "epoch": epoch, "epochs": self.epochs, "loss": self.loss,
             "samples_per_s": rate * self.global_batch if rate else None,
             "eta_s": remaining / rate if rate and state == "running" else (0.0 if remaining == 0 else None),
             "restarts": self.attempt, "restarts_allowed": self.restarts_allowed,
@@ -211,6 +261,8 @@ class Progress:
         tmp.write_text(text)
         os.replace(tmp, self.path)
         self.written = record["updated"]
+        if self.exporter is not None:
+            self.exporter.update(record)
         if print_line:
             self.printed = record["updated"]
             print(PREFIX + text, flush=True)

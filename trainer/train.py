@@ -45,7 +45,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     STOP_GRACE_S_VAR,
     TORCHRUN_T0_VAR,
 )
-from trainer.progress import Ledger, Progress
+from trainer.progress import Exporter, Ledger, Progress
 
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
@@ -370,9 +370,23 @@ class Trainer:
             self.progress = Progress(self.run_dir, self.ledger, total_steps=self.total_steps, epochs=self.cfg.epochs,
                                      global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
                                      restarts_allowed=self.job.restarts)
+            self.progress.exporter = self.prometheus_exporter()
         with self.ledger.during("checkpoint_load"):
             self.resume()
         self.setup_ddp()
+
+    def prometheus_exporter(self) -> Exporter | None:
+        """`train.prometheus_port` / `train.prometheus_textfile` (rank 0), else None."""
+        cfg = self.cfg
+        if not (cfg.prometheus_port or cfg.prometheus_textfile):
+            return None
+        textfile = Path(cfg.prometheus_textfile) if cfg.prometheus_textfile else None
+        if textfile is not None and not textfile.is_absolute():
+            textfile = self.run_dir / textfile
+        log.info("Prometheus: %s", ", ".join(filter(None, [
+            cfg.prometheus_port and f"http://{socket.gethostname()}:{cfg.prometheus_port}/metrics",
+            textfile and str(textfile)])))
+        return Exporter(self.run_dir.name, port=cfg.prometheus_port, textfile=textfile)
 
     def setup_model(self) -> None:
         """The workload, the per-rank seeds, and the model on the device (SyncBatchNorm,
@@ -859,6 +873,8 @@ class Trainer:
         of an earlier attempt), and rank 0's progress record when one is due."""
         if self.progress is None:
             return
+        if self.session.losses:
+            self.progress.loss = self.session.losses[-1]
         phase = self.progress.phase_of(self.step)
         if phase != self.ledger.phase and self.ledger.phase in ("productive", "redone", "setup", "checkpoint_load"):
             self.ledger.enter(phase)
