@@ -132,6 +132,11 @@ def submit(cluster, handles, path: Path) -> str:
 
 
 def status(cluster, handle: str) -> str:
+    """The state: the first word of `ddpkit status` (progress follows it)."""
+    return status_line(cluster, handle).split()[0]
+
+
+def status_line(cluster, handle: str) -> str:
     proc = ddpkit("status", handle, env=cluster)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
@@ -245,6 +250,11 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     log0 = logs(cluster, handle, 0)
     [summary] = summaries(log0)
     assert_trained_on_two_pods(summary, {p["spec"].get("hostname") or p["metadata"]["name"] for p in found})
+    # the progress record, from the end of rank 0's pod log, and the pod's wait to be scheduled
+    line = status_line(cluster, handle)
+    steps = summary["steps"]
+    assert line.startswith(f"SUCCEEDED  step {steps}/{steps} (100%)") and " waited " in line, line
+    assert "goodput " in line and "restarts 0/" in line, line
     log1 = logs(cluster, handle, 1)
     assert log1.strip() and "ddpkit-summary" not in log1  # rank 1's own log, not rank 0's
     assert log1 != log0

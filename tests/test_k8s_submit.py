@@ -194,6 +194,25 @@ def test_status_reads_the_workload_and_reports_a_missing_job_in_one_line():
                               "removed after finishing)")
 
 
+def test_status_report_reads_the_newest_progress_record_from_rank_0s_log_tail():
+    """`ddpkit status`: the state from the workload, the record from the end of rank 0's pod
+    log (asked for with tail_lines, never the whole log), the wait from PodScheduled."""
+    cluster = FakeCluster(logs={"demo-0": [
+        'ddpkit-progress {"state": "running", "step": 3, "total_steps": 9}\n',
+        'some output\nddpkit-progress {"state": "running", "step": 6, "total_steps": 9}\n']})
+    sub.submit(job(), flavor="job", cluster=cluster)
+    cluster.objects[("Job", "ml", "demo")]["status"] = {"active": 2, "ready": 2}
+    rank0 = pod("demo-0", "2026-01-01T00:00:00Z", **{COMPLETION_INDEX_KEY: "0"})
+    rank0["status"] = {"conditions": [{"type": "PodScheduled", "status": "True",
+                                       "lastTransitionTime": "2026-01-01T00:00:42Z"}]}
+    cluster._pods = [rank0, pod("demo-1", **{COMPLETION_INDEX_KEY: "1"})]
+    report = sub.report("k8s://ml/job/demo", cluster=cluster)
+    assert report.state == "RUNNING" and report.record["step"] == 6 and report.waited_s == 42.0
+    assert ("log", "demo-0", "trainer", False) in cluster.calls
+    cluster._logs = {}
+    assert sub.report("k8s://ml/job/demo", cluster=cluster).record is None  # a script: job
+
+
 def test_cancel_deletes_the_workload_then_its_configmap_and_service():
     cluster = FakeCluster()
     sub.submit(job(), flavor="job", cluster=cluster)
