@@ -268,6 +268,50 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     wait_no_leftovers(cluster, flavor, name)
 
 
+def free_cpus(cluster) -> float:
+    """The testbed node's allocatable CPUs less what its running pods request."""
+    from deploy.units import quantity
+
+    node = json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"][0]
+    allocatable = float(quantity(node["status"]["allocatable"]["cpu"]))
+    pods_now = json.loads(kubectl(cluster, "get", "pods", "-A", "-o", "json").stdout)["items"]
+    requested = sum(float(quantity(c.get("resources", {}).get("requests", {}).get("cpu", "0")) or 0)
+                    for p in pods_now if p["status"].get("phase") in ("Pending", "Running")
+                    and p["spec"].get("nodeName") for c in p["spec"]["containers"])
+    return allocatable - requested
+
+
+def wait_for_line(cluster, handle: str, wanted: str, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while wanted not in (line := status_line(cluster, handle)):
+        assert time.monotonic() < deadline, f"{handle}: {line!r}, waiting for {wanted!r}\n{describe(cluster, handle)}"
+        time.sleep(1)
+    return line
+
+
+def test_status_says_why_pods_wait_in_the_schedulers_words(cluster, image, handles, tmp_path):
+    """A PyTorchJob whose pods ask more CPU than the node has stays PENDING with the real
+    scheduler's reason; one whose two pods fit only one at a time says that one of its two
+    pods is not scheduled (the master starts and would wait out its rendezvous)."""
+    free = free_cpus(cluster)
+
+    def sized(name: str, cpus: float) -> Path:
+        path = job_file(tmp_path, name, "pytorchjob")
+        job = yaml.safe_load(path.read_text())
+        job["resources"]["cpus_per_node"] = round(cpus, 2)
+        path.write_text(yaml.safe_dump(job, sort_keys=False))
+        return path
+
+    big = submit(cluster, handles, sized("e2e-too-big", 2 * free + 1))
+    line = wait_for_line(cluster, big, "not scheduled")
+    assert line.startswith("PENDING (not scheduled: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"), line
+    half = submit(cluster, handles, sized("e2e-one-fits", 0.6 * free))
+    line = wait_for_line(cluster, half, "1 of 2 pods not scheduled")
+    assert "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" in line, line
+    for handle in (big, half):
+        assert ddpkit("cancel", handle, env=cluster, timeout=360).returncode == 0
+
+
 @pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
 def test_pod_deleted_mid_run_comes_back_and_resumes(cluster, image, handles, tmp_path, flavor):
     name = f"e2e-kill-{flavor}"

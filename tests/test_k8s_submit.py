@@ -213,6 +213,36 @@ def test_status_report_reads_the_newest_progress_record_from_rank_0s_log_tail():
     assert sub.report("k8s://ml/job/demo", cluster=cluster).record is None  # a script: job
 
 
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 "
+                            "nodes are available: 2 No preemption victims found for incoming pod."}
+
+
+def test_status_says_what_holds_pods_up_in_the_schedulers_and_kubelets_words():
+    """A job none of whose pods fit says why; one that is partly placed says how many are
+    held up (the state the controller reports stays first); an image that cannot be pulled is
+    named; a finished job is its state alone."""
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    handle = "k8s://ml/pytorchjob/demo"
+    master = pod("demo-master-0", **{PYTORCHJOB_REPLICA_TYPE: "master", PYTORCHJOB_REPLICA_INDEX: "0"})
+    worker = pod("demo-worker-0", **{PYTORCHJOB_REPLICA_TYPE: "worker", PYTORCHJOB_REPLICA_INDEX: "0"})
+    cluster._pods = [{**master, "status": {"conditions": [UNSCHEDULABLE]}},
+                     {**worker, "status": {"conditions": [UNSCHEDULABLE]}}]
+    assert sub.describe(handle, cluster=cluster) == (
+        "PENDING (not scheduled: Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.)")
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    cluster._pods[0] = {**master, "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    assert sub.describe(handle, cluster=cluster).startswith("RUNNING (1 of 2 pods not scheduled: Unschedulable: 0/2")
+    pulling = {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff",
+                                                            "message": 'Back-off pulling image "nope:1"'}}}]}
+    cluster._pods[1] = {**worker, "status": pulling}
+    assert sub.describe(handle, cluster=cluster) == (
+        'RUNNING (1 of 2 pods waiting: ImagePullBackOff: Back-off pulling image "nope:1")')
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    assert sub.describe(handle, cluster=cluster) == "SUCCEEDED"
+
+
 def test_cancel_deletes_the_workload_then_its_configmap_and_service():
     cluster = FakeCluster()
     sub.submit(job(), flavor="job", cluster=cluster)
