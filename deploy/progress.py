@@ -123,7 +123,7 @@ def local_state(record: dict[str, Any]) -> str:
         return "SUCCEEDED"
     if state == "stopped":
         return f"CANCELLED (stopped at step {record.get('step')} after a checkpoint)"
-    if state == "failed":
+    if state in ("failed", "hung"):
         agent = _alive(int(record.get("agent_pid", 0) or 0)) and record.get("host") == socket.gethostname()
         return (f"RESTARTING (attempt {record.get('attempt')} failed; torchrun restarts the group)" if agent
                 else f"FAILED (attempt {record.get('attempt')} failed at step {record.get('step')}: see its output)")

@@ -278,6 +278,15 @@ class TrainConfig(BaseModel):
         description="Seconds to wait for the master node and for collective operations.",
     )
     plot: bool = Field(True, description="Write `metrics.png` (loss and throughput) at the end.")
+    watchdog: bool = Field(
+        True,
+        description="The hang watchdog: a rank that stops making progress is found within "
+        "`hang_floor_s` (or `hang_factor` x the p99 step), every rank's stacks are written to "
+        "RUN_DIR/debug/attempt-N/ with a verdict naming the stuck rank, and the attempt ends "
+        "(exit 124: a restart, counted against `restarts`). README \"Hangs\".",
+    )
+    hang_floor_s: float = Field(20.0, ge=1, le=86_400, description="The watchdog's shortest deadline for a step's phases.")
+    hang_factor: float = Field(10.0, ge=1, le=1000, description="The watchdog's deadline for a step's phases: this x the p99 step time of the attempt (at least `hang_floor_s`).")
     prometheus_port: int | None = Field(
         None, ge=1024, le=65535,
         description="Rank 0 serves its counters (step, samples/s, loss, goodput and its time "

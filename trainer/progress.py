@@ -19,7 +19,7 @@ volume: the same place a resume needs).
 
 What the trainer cannot see, the target adds where it tells: `ddpkit status` reads the time a
 job waited to be scheduled or admitted (and, on Kubernetes, the container's start and image
-pull) from the scheduler. There is no `hang` class until a hang watchdog exists.
+pull) from the scheduler. `hang` is what the hang watchdog (trainer/watchdog.py) found.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ CLASSES = {
     "redone": "training steps an earlier attempt had done already: work lost to a restart",
     "checkpoint_save": "the blocking part of checkpoint saves (a background write does not block)",
     "eval": "evaluation",
+    "hang": "a stuck rank, as the hang watchdog found it: from the stuck phase's start to the verdict",
     "stop": "after a stop request: the final checkpoint and the way out",
     "finish": "after the last step of a completed run: the summary, the last evaluation's bookkeeping",
 }
@@ -77,6 +78,12 @@ class Ledger:
         self.seconds[left] += now - self.since
         self.phase, self.since = phase, now
         return left
+
+    def rebook(self, seconds: float, to: str) -> None:
+        """Move the last `seconds` of the current class to `to` (the watchdog's `hang`)."""
+        seconds = max(0.0, min(seconds, time.time() - self.since))
+        self.seconds[to] += seconds
+        self.since += seconds
 
     @contextlib.contextmanager
     def during(self, phase: str) -> Iterator[None]:

@@ -46,6 +46,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     TORCHRUN_T0_VAR,
 )
 from trainer.progress import Exporter, Ledger, Progress
+from trainer.watchdog import Heartbeat, Watchdog
 
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
@@ -286,6 +287,8 @@ class Trainer:
             self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.timeout_s))
         self.vote = StopVote(self.control, self.distributed)
         self.ledger = ledger or Ledger(t0, phase="setup")  # rank 0's is the one written
+        self.hb = Heartbeat()  # where this rank is, for the hang watchdog
+        self.watchdog: Watchdog | None = None
         self.progress: Progress | None = None  # rank 0, once the step count is known (setup)
         self.metrics = None
         self.marks: dict[str, float] = {}
@@ -371,9 +374,30 @@ class Trainer:
                                      global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
                                      restarts_allowed=self.job.restarts)
             self.progress.exporter = self.prometheus_exporter()
+        self.start_watchdog()
+        self.hb.beat("checkpoint_load")
         with self.ledger.during("checkpoint_load"):
             self.resume()
+        self.hb.beat("setup")
         self.setup_ddp()
+
+    def start_watchdog(self) -> None:
+        """`train.watchdog` on a distributed run: every rank's thread, on this attempt's number
+        (rank 0's, from the run directory's records)."""
+        attempt = self.broadcast(self.progress.attempt if self.progress else 0)
+        if not (self.cfg.watchdog and self.distributed):
+            return
+
+        def on_hang(found: dict[str, Any]) -> None:  # rank 0: the hang in its ledger, the last record
+            if self.progress is not None:
+                self.ledger.rebook(found.get("age_s", 0.0), "hang")
+                self.progress.publish(self.step, self.epoch, "hung")
+
+        self.watchdog = Watchdog(self.hb, rank=self.rank, world=self.world, attempt=attempt,
+                                 debug_dir=self.run_dir / "debug" / f"attempt-{attempt}",
+                                 floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
+                                 timeout_s=self.cfg.timeout_s, on_hang=on_hang if self.is_main else None)
+        self.watchdog.start()
 
     def prometheus_exporter(self) -> Exporter | None:
         """`train.prometheus_port` / `train.prometheus_textfile` (rank 0), else None."""
@@ -601,8 +625,19 @@ class Trainer:
         only copies the state to host memory and a background thread writes it; other ranks
         move on at once. A final save (end of training, stop) is complete on return."""
         # a stop's final checkpoint is booked as part of the stop
-        with contextlib.nullcontext() if self.ledger.phase == "stop" else self.ledger.during("checkpoint_save"):
+        with self.beat_during("checkpoint"), (
+                contextlib.nullcontext() if self.ledger.phase == "stop" else self.ledger.during("checkpoint_save")):
             self._save(final)
+
+    @contextlib.contextmanager
+    def beat_during(self, phase: str):
+        """The heartbeat in `phase`, then back in the phase it was in."""
+        left = self.hb.phase
+        self.hb.beat(phase)
+        try:
+            yield
+        finally:
+            self.hb.beat(left)
 
     def _save(self, final: bool) -> None:
         from trainer import checkpoint
@@ -780,6 +815,8 @@ class Trainer:
             while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
                 self.end_epoch(exhausted=self.train_epoch())
         except BaseException:  # a peer died, an error of the workload: the attempt's last record
+            if self.watchdog is not None:
+                self.watchdog.stop()
             if self.progress is not None:
                 with contextlib.suppress(Exception):  # never hide the error itself
                     self.progress.publish(self.step, self.epoch, "failed")
@@ -791,20 +828,26 @@ class Trainer:
             self.report_stop()
         else:
             self.final_evaluation()
+        self.hb.beat("finish")
         self.publish(self.summary(status), status)
+        if self.watchdog is not None:
+            self.watchdog.stop()
         return EXIT_STOPPED if s.stopped else EXIT_OK
 
     def train_epoch(self) -> bool:
         """The steps of the rest of this epoch: True when its data ran out, False when the run's
         last step or a stop ended it."""
+        self.hb.beat("data")
         for batch in self.epoch_batches():
             if not self.train_step(batch):
+                self.hb.beat("data")
                 continue  # inside a gradient accumulation
             self.log_metrics()
             self.maybe_checkpoint()
             # The stop vote is a collective: every rank takes part at every step boundary.
             if self.handle_stop() or self.step >= self.total_steps:
                 return False
+            self.hb.beat("data")
         return True
 
     def train_step(self, batch: Any) -> bool:
@@ -824,8 +867,10 @@ class Trainer:
         last_micro = (self.micro + 1) % accum == 0
         sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
         with sync_ctx:
+            self.hb.beat("forward", self.step)
             loss, _, _ = self.forward_loss(self.forward, batch)
             scaled = loss / accum if accum > 1 else loss
+            self.hb.beat("backward")  # DDP's all-reduce runs in here
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
         self.micro += 1
@@ -834,6 +879,7 @@ class Trainer:
     def optimizer_step(self) -> float:
         """Clip, step the optimizer and the LR schedule, clear the gradients; the LR it used."""
         cfg = self.cfg
+        self.hb.beat("optimizer")
         if cfg.grad_clip is not None:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
@@ -850,6 +896,7 @@ class Trainer:
         throughput window (it starts after `STEADY_AFTER_STEPS` steps of this session)."""
         s, accum = self.session, self.cfg.grad_accum
         s.steps += 1
+        self.hb.step_done()
         t_now = time.perf_counter()
         s.pending.append((self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, t_now - s.t_prev))
         s.step_loss = None
@@ -910,6 +957,7 @@ class Trainer:
 
     def handle_stop(self) -> bool:
         """This step boundary's stop vote (all ranks stop at the same step): True to stop now."""
+        self.hb.beat("vote")
         if not self.vote.poll(self.stop.requested(self.step)):
             return False
         self.session.stopped = True
@@ -935,7 +983,7 @@ class Trainer:
                 and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
             return
         self.flush_metrics()
-        with self.ledger.during("eval"):
+        with self.ledger.during("eval"), self.beat_during("eval"):
             s.last_eval = self.evaluate()
         s.last_eval_step = self.step
         if s.last_eval:
@@ -976,7 +1024,7 @@ class Trainer:
         """A completed run's evaluation, unless the last epoch's already covered this step."""
         s = self.session
         if self.cfg.eval_every_epochs and s.last_eval_step != self.step:
-            with self.ledger.during("eval"):
+            with self.ledger.during("eval"), self.beat_during("eval"):
                 s.last_eval = self.evaluate()
             if s.last_eval:
                 epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
