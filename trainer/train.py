@@ -817,7 +817,7 @@ class Trainer:
         except BaseException:  # a peer died, an error of the workload: the attempt's last record
             if self.watchdog is not None:
                 self.watchdog.stop()
-            if self.progress is not None:
+            if self.progress is not None and not (self.watchdog and self.watchdog.fired):  # a hang: booked
                 with contextlib.suppress(Exception):  # never hide the error itself
                     self.progress.publish(self.step, self.epoch, "failed")
             raise

@@ -181,6 +181,7 @@ class Watchdog:
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
         self.dumped = False
+        self.fired = False  # this attempt's hang flag was raised (here or by another rank)
 
     def start(self) -> None:
         self.thread.start()
@@ -211,11 +212,14 @@ class Watchdog:
     def _tick(self, store: Any) -> None:
         store.set(self._key(self.rank), json.dumps(self.hb.as_dict()))
         if store.check([self.flag]):  # another rank found the hang: stacks, then out
+            self.fired = True
             self._dump()
+            self._book({"age_s": time.time() - self.hb.since})
             time.sleep(2 * DUMP_WAIT_S)  # the reporter reads the heartbeats and exits first
             leave()
         age = time.time() - self.hb.since
         if age > self.hb.deadline(self.floor_s, self.factor, self.timeout_s):
+            self.fired = True
             if store.add(self.flag, 1) == 1:  # the first to see it reports
                 self._report(store, age)
             self._dump()
@@ -262,10 +266,15 @@ class Watchdog:
             (self.debug_dir / "verdict.txt").write_text(json.dumps(found, indent=1) + "\n" + line + "\n")
         print(PREFIX + json.dumps(found), flush=True)
         print(f"ddpkit watchdog: {line}", file=sys.stderr, flush=True)
-        if self.on_hang is not None:
-            with contextlib.suppress(Exception):
-                self.on_hang(found)
+        self._book(found)
         leave()
+
+    def _book(self, found: dict[str, Any]) -> None:
+        """Rank 0 books the hang in its ledger and writes the attempt's last record, once."""
+        if self.on_hang is not None:
+            on_hang, self.on_hang = self.on_hang, None
+            with contextlib.suppress(Exception):
+                on_hang(found)
 
 
 def leave() -> None:
