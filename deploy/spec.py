@@ -38,7 +38,9 @@ from deploy.kube import (
     JOB_FILE_DIR,
     KUEUE_QUEUE_LABEL,
     LABEL_VALUE,
+    POD_VOLUMES,
 )
+from deploy.lint import core as api_rules
 from deploy.problems import Problem, Problems
 from deploy.yamlfile import Dumper, locate
 from trainer.config import (
@@ -345,16 +347,19 @@ class Toleration(Strict):
         None, description="Taint effect to tolerate; empty: all.")
     toleration_seconds: int | None = Field(None, ge=0, description="With NoExecute: how long.")
 
+    def as_k8s(self) -> dict[str, Any]:
+        """The pod spec's toleration (what deploy/k8s/pod.py renders)."""
+        item = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect,
+                "tolerationSeconds": self.toleration_seconds}
+        return {k: v for k, v in item.items() if v is not None}
+
     @model_validator(mode="after")
-    def _exists_has_no_value(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("operator Exists takes no value; remove value or use Equal")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            # kubernetes pkg/apis/core/validation/validation.go ValidateTolerations:
-            # "must be 'NoExecute' when `tolerationSeconds` is set"
-            raise Problems([Problem("toleration_seconds", "applies only with effect NoExecute (the "
-                                    "API server refuses it otherwise)",
-                                    "set effect: NoExecute or remove toleration_seconds")])
+    def _as_the_api_server_judges(self) -> Toleration:
+        # kubernetes pkg/apis/core/validation/validation.go ValidateTolerations, as lint has it
+        fields = {"key": "key", "operator": "operator", "effect": "effect"}
+        found = api_rules.validate_toleration(self.as_k8s(), "")
+        if found:
+            raise Problems([Problem(fields[path], message) for path, message in found])
         return self
 
 
@@ -497,14 +502,12 @@ class K8sSection(Strict):
     @field_validator("extra_resources")
     @classmethod
     def _extra_resources(cls, v: dict[str, str]) -> dict[str, str]:
-        problems = []
-        for key in v:
-            if key in ("cpu", "memory"):
-                problems.append(Problem(key, "set by resources.cpus_per_node / resources.memory",
-                                        "set it there"))
-            elif not QUALIFIED_NAME.match(key):
-                problems.append(Problem(key, "not a resource name", "e.g. rdma/ib, hugepages-2Mi, "
-                                        "ephemeral-storage"))
+        problems = [Problem(key, "set by resources.cpus_per_node / resources.memory", "set it there")
+                    for key in v if key in ("cpu", "memory")]
+        # requests = limits (deploy/k8s/pod.py): the API server's resource rules, as lint has them
+        for path, message in api_rules.validate_resources({"limits": v}, ""):
+            problems.append(Problem(path.removeprefix("limits."), message,
+                                    "a domain-qualified name and a whole number, e.g. rdma/ib: 1"))
         if problems:
             raise Problems(problems)
         return v
@@ -850,6 +853,10 @@ class JobSpec(Strict):
                 if value in values[:i]:
                     problems.append(Problem(f"volumes.{i}.{field}", f"{value} is used twice",
                                             f"give each volume its own {field}"))
+                elif field == "name" and value in POD_VOLUMES:
+                    problems.append(Problem(f"volumes.{i}.name", f"{value} is the name of ddpkit's own "
+                                            f"volume for {POD_VOLUMES[value]} (Kubernetes refuses a "
+                                            "pod with two volumes of one name)", "rename it"))
         seen = set(self.env)
         for i, secret in enumerate(self.secret_env):
             if secret.name in seen:

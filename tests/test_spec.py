@@ -64,7 +64,7 @@ RULES = [
     ("volume names are unique", {"volumes": [{"name": "d", "mount": "/a", "claim": "c"}, {"name": "d", "mount": "/b", "claim": "c"}]}, "volumes.1.name: d is used twice"),
     ("mount paths are unique", {"volumes": [{"name": "a", "mount": "/d", "claim": "c"}, {"name": "b", "mount": "/d/", "claim": "c"}]}, "volumes.1.mount: /d is used twice"),
     ("volume names are DNS labels", {"volumes": [{"name": "Data", "mount": "/d", "claim": "c"}]}, "is not a valid volume name"),
-    ("tolerations: Exists takes no value", {"k8s": {"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}}, "operator Exists takes no value"),
+    ("tolerations: Exists takes no value", {"k8s": {"tolerations": [{"key": "a", "operator": "Exists", "value": "b"}]}}, "k8s.tolerations.0.operator: Invalid value: \"b\": value must be empty when `operator` is 'Exists'"),
     ("flavor is one of four", {"k8s": {"flavor": "mpijob"}}, "k8s.flavor: must be one of 'pytorchjob', 'trainjob', 'jobset' or 'job'"),
     ("namespace is a DNS label", {"k8s": {"namespace": "ML"}}, "is not a valid namespace"),
     ("labels are valid", {"k8s": {"labels": {"team": "a b"}}}, "is not a valid label value"),

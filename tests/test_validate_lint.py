@@ -110,3 +110,57 @@ def test_a_crash_of_a_lint_rule_is_ddpkit_s_bug_not_bad_input(tmp_path, monkeypa
     path.write_text(yaml.safe_dump(job_data(), sort_keys=False))
     with pytest.raises(LintBug, match="a ddpkit lint rule crashed"):
         cli("validate", str(path), "--flavor", "job")
+
+
+# The job model refuses these classes itself, at the field, with the API server's words (the
+# rules are lint's: deploy/lint/core.py), before anything is rendered.
+
+def model_refusal(patch: dict) -> list[str]:
+    with pytest.raises(UserError) as info:
+        parse_job(job_data(**patch))
+    return [f"{p.field}: {p.message}" for p in info.value.problems]
+
+
+@pytest.mark.parametrize("toleration,field,message", [
+    ({"operator": "Equal", "value": "a"}, "operator", "operator must be Exists when `key` is empty"),
+    ({"value": "a"}, "operator", "operator must be Exists when `key` is empty"),
+    ({"key": "bad key!", "operator": "Exists"}, "key", "name part must consist of alphanumeric"),
+    ({"key": "Example.com/x"}, "key", "prefix part a lowercase RFC 1123 subdomain"),
+    ({"key": "a", "operator": "Exists", "value": "v"}, "operator", "value must be empty when `operator` is 'Exists'"),
+    ({"key": "a", "value": "not a label value"}, "operator", "a valid label must be"),
+    ({"key": "a", "effect": "NoSchedule", "toleration_seconds": 5}, "effect", "effect must be 'NoExecute'"),
+])
+def test_tolerations_are_refused_as_the_api_server_refuses_them(toleration, field, message):
+    (line,) = model_refusal({"k8s": {"tolerations": [toleration]}})
+    assert line.startswith(f"k8s.tolerations.0.{field}: Invalid value: ") and message in line, line
+
+
+@pytest.mark.parametrize("name,amount,message", [
+    ("example.com/dev", "0.5", 'Invalid value: "0.5": must be an integer'),
+    ("example.com/dev", "1.5", 'Invalid value: "1.5": must be an integer'),
+    ("dev", "1", 'Invalid value: "dev": must be a standard resource for containers'),
+    ("example.com/a b", "1", "name part must consist of alphanumeric characters"),
+])
+def test_extended_resources_are_whole_numbers_of_a_domain_qualified_name(name, amount, message):
+    lines = model_refusal({"k8s": {"extra_resources": {name: amount}}})
+    assert any(line.startswith(f"k8s.extra_resources.{name}: ") and message in line for line in lines), lines
+
+
+@pytest.mark.parametrize("accepted", [{"rdma/ib": "1"}, {"hugepages-2Mi": "1Gi"}, {"ephemeral-storage": "1.5Gi"},
+                                      {"kubernetes.io/batteries": "0.5"}])
+def test_native_and_whole_extended_resources_are_accepted(accepted):
+    job = parse_job(job_data(resources={"memory": "1Gi"}, k8s={"extra_resources": accepted}))
+    objects = [o for o in job_objects(job) if o["kind"] == "Job"]
+    assert not [p for o in objects for p in command.lint_object(o) if p.severity == ERROR]
+
+
+def job_objects(job):
+    from deploy.k8s.render import render_objects
+
+    return render_objects(job, flavor="job")
+
+
+@pytest.mark.parametrize("name", ["dshm", "ddpkit-job"])
+def test_a_volume_named_like_one_of_ddpkit_s_own_is_refused(name):
+    (line,) = model_refusal({"volumes": [{"name": name, "mount": "/x", "empty_dir": {}}]})
+    assert line.startswith(f"volumes.0.name: {name} is the name of ddpkit's own volume"), line

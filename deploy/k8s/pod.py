@@ -231,12 +231,7 @@ def topology_spread(job: JobSpec) -> list[dict]:
 
 
 def tolerations(job: JobSpec) -> list[dict]:
-    out = []
-    for tol in job.k8s.tolerations:
-        item = {"key": tol.key, "operator": tol.operator, "value": tol.value, "effect": tol.effect,
-                "tolerationSeconds": tol.toleration_seconds}
-        out.append({k: v for k, v in item.items() if v is not None})
-    return out
+    return [tol.as_k8s() for tol in job.k8s.tolerations]
 
 
 def pod_metadata(job: JobSpec) -> dict:
