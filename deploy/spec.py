@@ -72,7 +72,50 @@ MAX_NAME_LEN = 40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&-]+$")  # partition, account, qos, constraint
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&-]+$")  # partition, account, qos
+
+#: One `--gres` item: NAME[:TYPE][:COUNT] (sbatch; a count may carry K, M, G or T).
+GRES = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*(:(?![0-9]+(?::|$))[A-Za-z0-9][A-Za-z0-9_.-]*)?(:[1-9][0-9]*[KMGT]?)?")
+_FEATURE = r"(?:[A-Za-z0-9_.:@%+=/-]+|\x00)(?:\*[1-9][0-9]*)?"  # \x00: a group already read
+_EXPRESSION = re.compile(rf"{_FEATURE}(?:[&|]{_FEATURE})*")
+
+
+def gres_problems(path: str, value: str) -> list[Problem]:
+    """`--gres=` in slurm.extra_directives: resources beside the GPUs, which ddpkit asks for
+    itself (and merges into one --gres with these: sbatch keeps only the last one given)."""
+    for item in value.split(","):
+        if item.split(":")[0] == "gpu":
+            return [Problem(path, f"--gres={value}: ddpkit asks for the GPUs",
+                            "set gpus_per_node (and slurm.gpu_type, slurm.gpu_flag); keep the rest here")]
+        if not GRES.fullmatch(item):
+            return [Problem(path, f"--gres={value}: {item!r} is not NAME[:TYPE][:COUNT]", "e.g. --gres=nvme:1")]
+    return []
+
+
+def constraint_ok(text: str) -> bool:
+    """sbatch's --constraint grammar: features (each with an optional `*COUNT`) joined by `&`
+    or `|`, `( )` groups, and at most one `[...]` set of them (matching OR, multiple counts)."""
+    if text.count("[") > 1 or text.count("[") != text.count("]"):
+        return False
+    inner = text
+    if "[" in text:
+        head, _, rest = text.partition("[")
+        body, _, tail = rest.partition("]")
+        if not body or (head and not head.endswith(("&", "|"))) or (tail and not tail.startswith(("&", "|"))):
+            return False
+        inner = f"{head}({body}){tail}"
+    return _groups_ok(inner)
+
+
+def _groups_ok(text: str) -> bool:
+    """Innermost `( )` group first, each features joined by & or | (with counts), then the rest."""
+    while "(" in text:
+        match = re.search(r"\(([^()]*)\)", text)
+        if not match or not _EXPRESSION.fullmatch(match[1]):
+            return False
+        text = text[:match.start()] + "\x00" + text[match.end():]
+    return bool(_EXPRESSION.fullmatch(text))
+
 
 #: Variables ddpkit or the launcher set for every process; a job file may not set them.
 RESERVED_ENV = {
@@ -566,7 +609,7 @@ class K8sSection(Strict):
 _DERIVED_DIRECTIVES = {
     "job-name": "name", "nodes": "nodes", "ntasks": "nodes and slurm.launcher",
     "ntasks-per-node": "slurm.launcher", "gpus": "gpus_per_node", "gpus-per-node": "gpus_per_node and slurm.gpu_type",
-    "gres": "gpus_per_node and slurm.gpu_flag", "gpus-per-task": "gpus_per_node",
+    "gpus-per-task": "gpus_per_node",
     "cpus-per-task": "resources.cpus_per_node", "mem": "resources.memory (or slurm.all_memory for --mem=0)",
     "time": "time_limit", "partition": "slurm.partition", "account": "slurm.account",
     "qos": "slurm.qos", "constraint": "slurm.constraint", "exclusive": "slurm.exclusive",
@@ -601,7 +644,8 @@ class SlurmSection(Strict):
     partition: SlurmWord | None = Field(None, description="`--partition`.")
     account: SlurmWord | None = Field(None, description="`--account`.")
     qos: SlurmWord | None = Field(None, description="`--qos`.")
-    constraint: SlurmWord | None = Field(None, description="`--constraint` (node features).")
+    constraint: str | None = Field(None, description="`--constraint` (node features): `a&b`, "
+                                   "`a|b`, counts `a*2`, matching OR `[ib1|ib2]`, sets `[rack1*2&rack2*4]`.")
     exclusive: bool = Field(False, description="`--exclusive`: whole nodes.")
     launcher: Literal["torchrun", "srun"] = Field(
         "torchrun", description="`torchrun`: one task per node running torchrun; `srun`: one "
@@ -621,8 +665,8 @@ class SlurmSection(Strict):
                           "and requeue (at most `restarts` times).")
     signal: Literal["USR2", "TERM", "INT"] = Field(
         "USR2", description="Signal sent to the batch shell before the time limit (not USR1: NCCL uses it).")
-    signal_seconds: int = Field(DEFAULT_STOP_GRACE_S, ge=10, le=86400, description="Send it this many seconds "
-                                "before the time limit.")
+    signal_seconds: int = Field(DEFAULT_STOP_GRACE_S, ge=10, le=65535, description="Send it this many seconds "
+                                "before the time limit (sbatch takes at most 65535).")
     log_dir: str = Field("logs", description="Directory of `%x-%j.out` logs (relative to the "
                          "submit directory).")
     gpu_type: Annotated[str, matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", 64, "a GPU type such as "
@@ -652,11 +696,26 @@ class SlurmSection(Strict):
     @field_validator("container_mounts")
     @classmethod
     def _mounts(cls, v: list[str]) -> list[str]:
+        """`SRC[:DST[:ro|rw]]`, as pyxis and Apptainer take them; a lone `SRC` (or `SRC:ro`)
+        is mounted at the same path, and written out in full."""
+        out = []
         for m in v:
             parts = m.split(":")
+            if len(parts) == 1 or (len(parts) == 2 and parts[1] in ("ro", "rw")):
+                parts.insert(1, parts[0])
             if not (2 <= len(parts) <= 3) or not all(p.startswith("/") for p in parts[:2]) or (
                 len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[\s,]", m):
-                raise ValueError(f"{m!r} is not SRC:DST[:ro|rw] with absolute paths")
+                raise ValueError(f"{m!r} is not SRC[:DST[:ro|rw]] with absolute paths")
+            out.append(":".join(parts))
+        return out
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None and not constraint_ok(v):
+            raise ValueError(f"{v!r} is not an sbatch --constraint: features joined by & or |, "
+                             "counts as NAME*N, one [...] set (e.g. [ib1|ib2] or [rack1*2&rack2*4]), "
+                             "( ) to group")
         return v
 
     @field_validator("setup")
@@ -685,7 +744,9 @@ class SlurmSection(Strict):
                                         "write --key=value or --flag (no spaces, quotes or $)"))
                 continue
             key = match.group(1)
-            if key in _DERIVED_DIRECTIVES:
+            if key == "gres":
+                problems += gres_problems(str(i), (match.group(2) or "=")[1:])
+            elif key in _DERIVED_DIRECTIVES:
                 problems.append(Problem(str(i), f"{d!r}: ddpkit derives --{key}",
                                         f"set {_DERIVED_DIRECTIVES[key]} instead"))
             elif key in _CONFLICTING_DIRECTIVES:

@@ -71,7 +71,7 @@ RULES = [
     ("annotation keys are valid", {"k8s": {"annotations": {"bad key": "x"}}}, "is not a valid annotation key"),
     ("queue is a Kubernetes name", {"k8s": {"queue": "Team Queue"}}, "is not a valid Kubernetes name"),
     ("slurm words carry no shell", {"slurm": {"partition": "gpu; rm -rf /"}}, "letters, digits and _.,:@%+=/|&- only"),
-    ("container mounts are SRC:DST", {"slurm": {"container_mounts": ["/a"]}}, "is not SRC:DST[:ro|rw]"),
+    ("container mounts are SRC[:DST]", {"slurm": {"container_mounts": ["a:/b"]}}, "is not SRC[:DST[:ro|rw]]"),
     ("modules are module names", {"slurm": {"modules": ["cuda 12"]}}, "is not a module name"),
     ("setup lines are single lines", {"slurm": {"setup": ["a\nb"]}}, "one non-empty line per entry"),
     ("extra directives are sbatch options", {"slurm": {"extra_directives": ["--mail-user=$(id)"]}}, "is not an sbatch option"),
