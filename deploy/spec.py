@@ -654,8 +654,8 @@ class SlurmSection(Strict):
         "none", description="Run bare (`none`), in pyxis/enroot (`srun --container-image`), or "
         "with `apptainer exec --nv`.")
     container_mounts: list[str] = Field(
-        default_factory=list, description="Extra bind mounts `SRC:DST[:ro]` for pyxis/Apptainer "
-        "(volumes with host_path are added automatically).")
+        default_factory=list, description="Extra bind mounts `SRC[:DST][:ro]` for pyxis/Apptainer "
+        "(a lone `SRC` mounts at the same path; volumes with host_path are added automatically).")
     venv: str | None = Field(None, description="With container none: a virtualenv or conda "
                              "prefix to activate before launching.")
     modules: list[ModuleName] = Field(default_factory=list, description="`module load` these first.")
@@ -683,7 +683,8 @@ class SlurmSection(Strict):
         "gpus-per-node", description="How to ask for GPUs: `--gpus-per-node=N` or, on older "
         "clusters, `--gres=gpu:N`.")
     extra_directives: list[str] = Field(
-        default_factory=list, description="More `#SBATCH` options, each `--key=value` or `--flag`.")
+        default_factory=list, description="More `#SBATCH` options, each `--key=value` or `--flag`; "
+        "`--gres=nvme:1` asks for non-GPU resources beside the GPUs (one `--gres` line with them).")
 
     @field_validator("signal", mode="before")
     @classmethod
