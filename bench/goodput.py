@@ -39,6 +39,9 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import Result, fmt  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from trainer.progress import attempt_files, read_record  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 TRAIN = {"model": "cnn", "data_samples": 4096, "epochs": 1000, "batch_size": 64, "lr": 0.05,
          "momentum": 0.9, "threads": 1, "eval_every_epochs": 0, "plot": False, "log_every_steps": 1}
@@ -80,6 +83,13 @@ def read_records(run_dir: Path) -> list[dict]:
         except json.JSONDecodeError:  # a line being written
             pass
     return out
+
+
+def ledger_of(run_dir: Path) -> dict | None:
+    """The run as the trainer's goodput ledger booked it: the newest attempt's `run` totals."""
+    files = attempt_files(run_dir)
+    record = read_record(files[-1]) if files else None
+    return record["run"] if record else None
 
 
 def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, fault_every: float | None,
@@ -142,13 +152,20 @@ def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, faul
             segment_max, prev = 0, r["step"]
     final = summary.get("steps", 0)
     useful = final * median_dt
+    # the same from the step times themselves: each step number's last (kept) execution
+    kept = {r["step"]: global_batch / r["samples_per_s"] for r in steps}
+    useful_sum = sum(kept.values())
     first = first_steps[0] if first_steps else 0.0
     restart_s = [min((f for f in first_steps if f > k), default=wall) - k for k in kills]
     if proc.returncode != 0:
         print(out[-3000:])
-    return {"rc": proc.returncode, "status": summary.get("status"), "steps": final, "wall_s": wall,
+    ledger = ledger_of(run_dir)
+    return {"ledger_goodput": ledger["goodput"] if ledger else None,
+            "ledger_wall_s": ledger["wall_s"] if ledger else None,
+            "ledger_classes": ledger["classes"] if ledger else None,
+            "rc": proc.returncode, "status": summary.get("status"), "steps": final, "wall_s": wall,
             "median_step_s": median_dt, "faults": len(kills), "lost": lost,
-            "goodput": useful / wall, "goodput_after_start": useful / max(1e-9, wall - first + median_dt),
+            "goodput": useful / wall, "goodput_step_sum": useful_sum / wall, "goodput_after_start": useful / max(1e-9, wall - first + median_dt),
             "first_step_s": first, "restart_s": restart_s}
 
 
@@ -180,7 +197,9 @@ def main() -> int:
                          r["faults"], fmt(r["wall_s"], ".0f"), fmt(r["median_step_s"] * 1000, ".0f"),
                          fmt(statistics.mean(lost), ".1f") if lost else "-", max(lost) if lost else "-",
                          fmt(statistics.median(r["restart_s"]), ".1f") if r["restart_s"] else "-",
-                         fmt(r["goodput"], ".3f"), fmt(r["goodput_after_start"], ".3f")])
+                         fmt(r["goodput"], ".3f"), fmt(r["goodput_after_start"], ".3f"),
+                         fmt(r["goodput_step_sum"], ".3f"), fmt(r["ledger_goodput"], ".3f"),
+                         fmt(r["ledger_goodput"] / r["goodput_step_sum"] if r["ledger_goodput"] else None, ".3f")])
             print(rows[-1], flush=True)
         for every in args.intervals if args.baseline else []:
             this, base = data[f"this-every{every}-faults"], data[f"baseline-every{every}-faults"]
@@ -191,14 +210,21 @@ def main() -> int:
                            fmt(restart, ".2f")])
     res.table(f"cnn, {args.nproc} ranks (gloo, 1 thread each), {max_steps} steps; goodput = steps x median "
               "step time / wall time", ["ckpt every", "kills", "status", "steps", "faults", "wall s", "ms/step",
-                                        "lost/fault", "max lost", "kill->step s", "goodput", "after start"], rows)
+                                        "lost/fault", "max lost", "kill->step s", "goodput", "after start",
+                                        "step sum", "ledger", "ledger/step sum"], rows)
     if args.baseline:
         res.table(f"this tree / baseline ({args.baseline}), same run, interleaved", ["ckpt every", "goodput",
                   "after start", "kill->step"], ratios)
     res.doc["data"] = {"max_steps": max_steps, "calibration": calib, "runs": data, "args": vars(args)}
     res.text(f"A worker is SIGKILLed after every {args.fault_every:.0f} s of training; torchrun restarts "
              "the group, which resumes from the newest checkpoint. `after start` leaves out the first "
-             "attempt's one-time start (imports, data, process group) that a fault-free run pays too.")
+             "attempt's one-time start (imports, data, process group) that a fault-free run pays too. "
+             "`step sum` counts each kept step at its own logged time instead of the median (the "
+             "two differ when steps vary, as on a loaded machine); `ledger` is the same run's "
+             "goodput as the trainer's own ledger books it (productive steps / launch to the last "
+             "record: RUN_DIR/attempts/), and `ledger/step sum` their ratio (the ledger's wall "
+             "leaves out the interpreter start before the launch mark and the exit after the last "
+             "record).")
     res.save()
     return 0
 

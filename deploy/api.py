@@ -21,7 +21,7 @@ from __future__ import annotations
 import io
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import FLAVORS, STATES, TERMINAL_STATES
@@ -29,6 +29,9 @@ from deploy.load import Overrides, load_job, parse_job
 from deploy.problems import refuse
 from deploy.spec import JobSpec
 from deploy.targets import REGISTRY, TARGETS, load_module, of_handle, refuse_option, targets_of
+
+if TYPE_CHECKING:
+    from deploy.progress import Report
 
 __all__ = ["FLAVORS", "STATES", "TARGETS", "Handle", "InvalidJob", "Job", "RuntimeFailure"]
 
@@ -120,7 +123,8 @@ def _target(name: str):
 
 class Handle:
     """A submitted job: `k8s://NAMESPACE/FLAVOR/NAME` or `slurm://JOBID`, as `ddpkit submit`
-    prints it (`Handle("slurm://1234")` picks one up again)."""
+    prints it (`Handle("slurm://1234")` picks one up again); or a local run's directory
+    (`Handle("runs/quickstart")`), for `status`, `report` and `wait`."""
 
     def __init__(self, text: str):
         self._target = of_handle(str(text))
@@ -131,8 +135,14 @@ class Handle:
         return self.describe().split()[0]
 
     def describe(self) -> str:
-        """What `ddpkit status` prints: the state first, then why where the target says."""
+        """The state first, then why where the target says (`FAILED (NODE_FAIL: ...)`)."""
         return self._target.describe(self.text)
+
+    def report(self) -> Report:
+        """What `ddpkit status` prints: `.state`, `.state_line`, the trainer's newest progress
+        record (`.record`: step, ETA, goodput, restarts; None before the first one or for a
+        `script:` job), `.waited_s`; `.text()` is the line, `.as_json(handle)` the JSON."""
+        return self._target.report(self.text)
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 5.0) -> str:
         """Block until the job has ended; its final state. TimeoutError after `timeout` s."""

@@ -134,7 +134,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    print(Handle(args.handle).describe())
+    handles = [Handle(text) for text in args.handle]
+    if args.watch is not None:
+        return load_module("deploy.watch", "`ddpkit status --watch`").watch(handles, every_s=args.watch)
+    for handle in handles:
+        report = handle.report()
+        print(json.dumps(report.as_json(handle.text)) if args.json else
+              (f"{handle}  " if len(handles) > 1 else "") + report.text())
     return 0
 
 
@@ -260,8 +266,15 @@ def _job_commands(sub) -> None:
 def _handle_commands(sub) -> None:
     """The commands that take a job handle: status, logs, cancel."""
     p = _command(sub, "status", cmd_status, "print a job's state (PENDING, RUNNING, RESTARTING, "
-                 "SUCCEEDED, FAILED, CANCELLED)", "ddpkit status slurm://1234")
-    p.add_argument("handle", metavar="HANDLE")
+                 "SUCCEEDED, FAILED, CANCELLED) first, then its progress: step, epoch, samples/s, "
+                 "ETA, goodput, restarts", "ddpkit status slurm://1234\n  ddpkit status runs/quickstart --json\n"
+                 "  ddpkit status --watch k8s://ml/pytorchjob/cifar-ddp slurm://1234")
+    p.add_argument("handle", metavar="HANDLE", nargs="+",
+                   help="a job handle (printed by `ddpkit submit`) or a local run's directory")
+    shown = p.add_mutually_exclusive_group()
+    shown.add_argument("--json", action="store_true", help="one JSON object per job")
+    shown.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
+                       help="a live view, refreshed every SECONDS (default 2) until every job has ended")
 
     p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
     p.add_argument("handle", metavar="HANDLE")

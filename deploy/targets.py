@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.problems import Problem, refuse
+from deploy.progress import Report, RunDir, is_run_dir
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
@@ -122,6 +123,10 @@ class Target:
         """The state first (scripts parse the first word), then why, where the target says."""
         return self._jobs().describe(handle)
 
+    def report(self, handle: str) -> Report:
+        """`ddpkit status`: the state line, the trainer's progress record, the wait to start."""
+        return self._jobs().report(handle)
+
     def logs(self, handle: str, *, rank: int | None, follow: bool, out=None) -> int:
         """Print node `rank`'s log (default 0) to `out` (default stdout)."""
         return self._jobs().logs(handle, rank=rank, follow=follow, out=out) or 0
@@ -174,12 +179,15 @@ def refuse_option(target: str, verb: str, **given: object) -> None:
             raise UserError(f"--{option} applies to `{verb} {owner.name}` only")
 
 
-def of_handle(handle: str) -> Target:
-    """The target a job handle names (`k8s://...`, `slurm://...`)."""
+def of_handle(handle: str) -> Target | RunDir:
+    """The target a job handle names (`k8s://...`, `slurm://...`); a local run's directory
+    (`runs/quickstart`) stands for its run, for `status`."""
+    if is_run_dir(handle):
+        return RunDir(handle)
     scheme, sep, _ = handle.partition("://")
     if not sep or scheme not in REGISTRY:
         raise UserError(f"{handle!r} is not a job handle: expected k8s://NAMESPACE/FLAVOR/NAME "
-                        "or slurm://JOBID (printed by `ddpkit submit`)")
+                        "or slurm://JOBID (printed by `ddpkit submit`), or a local run's directory")
     return REGISTRY[scheme]
 
 

@@ -132,6 +132,11 @@ def submit(cluster, handles, path: Path) -> str:
 
 
 def status(cluster, handle: str) -> str:
+    """The state: the first word of `ddpkit status` (progress follows it)."""
+    return status_line(cluster, handle).split()[0]
+
+
+def status_line(cluster, handle: str) -> str:
     proc = ddpkit("status", handle, env=cluster)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
@@ -245,6 +250,11 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     log0 = logs(cluster, handle, 0)
     [summary] = summaries(log0)
     assert_trained_on_two_pods(summary, {p["spec"].get("hostname") or p["metadata"]["name"] for p in found})
+    # the progress record, from the end of rank 0's pod log, and the pod's wait to be scheduled
+    line = status_line(cluster, handle)
+    steps = summary["steps"]
+    assert line.startswith(f"SUCCEEDED  step {steps}/{steps} (100%)") and " waited " in line, line
+    assert "goodput " in line and "restarts 0/" in line, line
     log1 = logs(cluster, handle, 1)
     assert log1.strip() and "ddpkit-summary" not in log1  # rank 1's own log, not rank 0's
     assert log1 != log0
@@ -256,6 +266,50 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     workload = kubectl(cluster, "get", WORKLOAD[flavor], name, check=False)
     assert workload.returncode != 0 and "NotFound" in workload.stderr, workload.stdout + workload.stderr
     wait_no_leftovers(cluster, flavor, name)
+
+
+def free_cpus(cluster) -> float:
+    """The testbed node's allocatable CPUs less what its running pods request."""
+    from deploy.units import quantity
+
+    node = json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"][0]
+    allocatable = float(quantity(node["status"]["allocatable"]["cpu"]))
+    pods_now = json.loads(kubectl(cluster, "get", "pods", "-A", "-o", "json").stdout)["items"]
+    requested = sum(float(quantity(c.get("resources", {}).get("requests", {}).get("cpu", "0")) or 0)
+                    for p in pods_now if p["status"].get("phase") in ("Pending", "Running")
+                    and p["spec"].get("nodeName") for c in p["spec"]["containers"])
+    return allocatable - requested
+
+
+def wait_for_line(cluster, handle: str, wanted: str, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while wanted not in (line := status_line(cluster, handle)):
+        assert time.monotonic() < deadline, f"{handle}: {line!r}, waiting for {wanted!r}\n{describe(cluster, handle)}"
+        time.sleep(1)
+    return line
+
+
+def test_status_says_why_pods_wait_in_the_schedulers_words(cluster, image, handles, tmp_path):
+    """A PyTorchJob whose pods ask more CPU than the node has stays PENDING with the real
+    scheduler's reason; one whose two pods fit only one at a time says that one of its two
+    pods is not scheduled (the master starts and would wait out its rendezvous)."""
+    free = free_cpus(cluster)
+
+    def sized(name: str, cpus: float) -> Path:
+        path = job_file(tmp_path, name, "pytorchjob")
+        job = yaml.safe_load(path.read_text())
+        job["resources"]["cpus_per_node"] = round(cpus, 2)
+        path.write_text(yaml.safe_dump(job, sort_keys=False))
+        return path
+
+    big = submit(cluster, handles, sized("e2e-too-big", 2 * free + 1))
+    line = wait_for_line(cluster, big, "not scheduled")
+    assert line.startswith("PENDING (not scheduled: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"), line
+    half = submit(cluster, handles, sized("e2e-one-fits", 0.6 * free))
+    line = wait_for_line(cluster, half, "1 of 2 pods not scheduled")
+    assert "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" in line, line
+    for handle in (big, half):
+        assert ddpkit("cancel", handle, env=cluster, timeout=360).returncode == 0
 
 
 @pytest.mark.parametrize("flavor", ["pytorchjob", "job"])

@@ -62,7 +62,7 @@ class FakeCluster:
         self.calls.append(("pods", selector))
         return self._pods
 
-    def log(self, namespace, pod, container, follow):
+    def log(self, namespace, pod, container, follow, tail_lines=None):
         self.calls.append(("log", pod, container, follow))
         yield from self._logs.get(pod, [])
 
@@ -192,6 +192,55 @@ def test_status_reads_the_workload_and_reports_a_missing_job_in_one_line():
         sub.status("k8s://ml/pytorchjob/other", cluster=cluster)
     assert str(err.value) == ("get PyTorchJob ml/other: not found (never submitted, cancelled, or "
                               "removed after finishing)")
+
+
+def test_status_report_reads_the_newest_progress_record_from_rank_0s_log_tail():
+    """`ddpkit status`: the state from the workload, the record from the end of rank 0's pod
+    log (asked for with tail_lines, never the whole log), the wait from PodScheduled."""
+    cluster = FakeCluster(logs={"demo-0": [
+        'ddpkit-progress {"state": "running", "step": 3, "total_steps": 9}\n',
+        'some output\nddpkit-progress {"state": "running", "step": 6, "total_steps": 9}\n']})
+    sub.submit(job(), flavor="job", cluster=cluster)
+    cluster.objects[("Job", "ml", "demo")]["status"] = {"active": 2, "ready": 2}
+    rank0 = pod("demo-0", "2026-01-01T00:00:00Z", **{COMPLETION_INDEX_KEY: "0"})
+    rank0["status"] = {"conditions": [{"type": "PodScheduled", "status": "True",
+                                       "lastTransitionTime": "2026-01-01T00:00:42Z"}]}
+    cluster._pods = [rank0, pod("demo-1", **{COMPLETION_INDEX_KEY: "1"})]
+    report = sub.report("k8s://ml/job/demo", cluster=cluster)
+    assert report.state == "RUNNING" and report.record["step"] == 6 and report.waited_s == 42.0
+    assert ("log", "demo-0", "trainer", False) in cluster.calls
+    cluster._logs = {}
+    assert sub.report("k8s://ml/job/demo", cluster=cluster).record is None  # a script: job
+
+
+UNSCHEDULABLE = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/2 nodes are available: 2 Insufficient nvidia.com/gpu. preemption: 0/2 "
+                            "nodes are available: 2 No preemption victims found for incoming pod."}
+
+
+def test_status_says_what_holds_pods_up_in_the_schedulers_and_kubelets_words():
+    """A job none of whose pods fit says why; one that is partly placed says how many are
+    held up (the state the controller reports stays first); an image that cannot be pulled is
+    named; a finished job is its state alone."""
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    handle = "k8s://ml/pytorchjob/demo"
+    master = pod("demo-master-0", **{PYTORCHJOB_REPLICA_TYPE: "master", PYTORCHJOB_REPLICA_INDEX: "0"})
+    worker = pod("demo-worker-0", **{PYTORCHJOB_REPLICA_TYPE: "worker", PYTORCHJOB_REPLICA_INDEX: "0"})
+    cluster._pods = [{**master, "status": {"conditions": [UNSCHEDULABLE]}},
+                     {**worker, "status": {"conditions": [UNSCHEDULABLE]}}]
+    assert sub.describe(handle, cluster=cluster) == (
+        "PENDING (not scheduled: Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.)")
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    cluster._pods[0] = {**master, "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    assert sub.describe(handle, cluster=cluster).startswith("RUNNING (1 of 2 pods not scheduled: Unschedulable: 0/2")
+    pulling = {"containerStatuses": [{"state": {"waiting": {"reason": "ImagePullBackOff",
+                                                            "message": 'Back-off pulling image "nope:1"'}}}]}
+    cluster._pods[1] = {**worker, "status": pulling}
+    assert sub.describe(handle, cluster=cluster) == (
+        'RUNNING (1 of 2 pods waiting: ImagePullBackOff: Back-off pulling image "nope:1")')
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    assert sub.describe(handle, cluster=cluster) == "SUCCEEDED"
 
 
 def test_cancel_deletes_the_workload_then_its_configmap_and_service():

@@ -20,10 +20,10 @@ FLOORS = [
     ["deploy.lint", "deploy.lint.report", "deploy.lint.meta", "deploy.lint.core", "deploy.lint.cel",
      "deploy.lint.schema"],
     ["deploy.spec"],
-    ["deploy.load", "deploy.durability", "deploy.docs", "deploy.image", "deploy.testbed"],
+    ["deploy.load", "deploy.progress", "deploy.durability", "deploy.docs", "deploy.image", "deploy.testbed"],
     ["deploy.k8s", "deploy.slurm"],
     ["deploy.lint.admission", "deploy.lint.advice", "deploy.lint.command", "deploy.targets", "deploy.run"],
-    ["deploy.api"],
+    ["deploy.api", "deploy.watch"],
     ["deploy.cli", "deploy.__main__"],
 ]
 

@@ -155,6 +155,11 @@ def test_quickstart_runs_on_two_nodes(cluster, jobs, tmp_path, launcher):
     assert f"{launcher} mode" in log
     proc = ddpkit("logs", handle, env=cluster)
     assert proc.returncode == 0 and "ddpkit-summary" in proc.stdout
+    # the progress record, from the end of the job's output file; the wait in the queue
+    line = ddpkit("status", handle, env=cluster).stdout.strip()
+    assert line.startswith("SUCCEEDED  step 40/40 (100%)") and "restarts 0/1" in line, line
+    report = json.loads(ddpkit("status", handle, "--json", env=cluster).stdout)
+    assert report["progress"]["state"] == "completed" and report["waited_s"] is not None, report
 
 
 def test_the_readme_python_api_example_submits_waits_and_reads_the_log(cluster, jobs, tmp_path, monkeypatch, capsys):

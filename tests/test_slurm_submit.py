@@ -445,3 +445,19 @@ def test_submitit_and_the_script_agree_for_generated_jobs(fake_sbatch, nodes, gp
             assert_same_request(job, Path(workdir).resolve())
         finally:
             os.chdir(cwd)
+
+
+def test_status_report_reads_the_record_from_the_output_file_and_the_queue_wait(tmp_path):
+    """The newest `ddpkit-progress` line at the end of the job's StdOut file (a long log: only
+    its tail is read), and StartTime - SubmitTime once the job has started."""
+    out = tmp_path / "demo-12.out"
+    out.write_text('ddpkit-progress {"step": 1}\n' + "x" * 300_000 + "\n"
+                   + '[default0]:ddpkit-progress {"state": "running", "step": 8, "total_steps": 10}\nbye\n')
+    line = scontrol_line("RUNNING", stdout=str(out)).rstrip("\n")
+    line += " SubmitTime=2026-12-01T10:00:00 StartTime=2026-12-01T10:01:30\n"
+    report = slurm.report("slurm://12", runner=FakeSlurm(scontrol=(0, line, "")))
+    assert report.state == "RUNNING" and report.record["step"] == 8 and report.waited_s == 90.0
+    pending = scontrol_line("PENDING", stdout=str(tmp_path / "none.out")).rstrip("\n")
+    pending += " SubmitTime=2026-12-01T10:00:00 StartTime=2026-12-01T11:00:00\n"  # Slurm's estimate
+    report = slurm.report("slurm://12", runner=FakeSlurm(scontrol=(0, pending, "")))
+    assert report.state == "PENDING" and report.record is None and report.waited_s is None

@@ -99,3 +99,58 @@ class Augmented(Dataset):
 def augmented(cfg) -> Workload:
     torch.manual_seed(0)
     return Workload(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), Augmented())
+
+
+class _Hang:
+    """Where `hang` stops a rank: `model_args` `rank`, `after` (forward calls or samples) and
+    `marker` (a file: only the attempt that creates it hangs, so a restart trains on)."""
+
+    def __init__(self, cfg, enabled: bool = True):
+        import os
+
+        args = cfg.model_args
+        self.armed = enabled and int(os.environ.get("RANK", "0")) == int(args.get("rank", 1))
+        self.after, self.marker, self.count = int(args.get("after", 10)), str(args["marker"]), 0
+
+    def maybe_hang(self) -> None:
+        import os
+        import time
+
+        self.count += 1
+        if self.armed and self.count > self.after and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            time.sleep(3600)
+
+
+class SleepyModel(nn.Module):
+    def __init__(self, hang: _Hang):
+        super().__init__()
+        self.net, self.hang = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)), hang
+
+    def forward(self, x):
+        if self.training:
+            self.hang.maybe_hang()  # outside any collective: in the forward
+        return self.net(x)
+
+
+class SleepyData(Dataset):
+    def __init__(self, x, y, hang: _Hang):
+        self.x, self.y, self.hang = x, y, hang
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.hang.maybe_hang()  # in a DataLoader worker when train.num_workers > 0
+        return self.x[i], self.y[i]
+
+
+def hang(cfg) -> Workload:
+    """A rank that stops once (the hang watchdog's tests): `model_args.where` is `forward`
+    (sleeps in the model's forward) or `data` (in the data set, i.e. a DataLoader worker)."""
+    x, y = _blobs(int(cfg.model_args.get("samples", 4096)))
+    where = cfg.model_args.get("where", "forward")
+    torch.manual_seed(0)
+    model = SleepyModel(_Hang(cfg, enabled=where == "forward"))
+    data = SleepyData(x, y, _Hang(cfg)) if where == "data" else TensorDataset(x, y)
+    return Workload(model, data)

@@ -278,6 +278,27 @@ class TrainConfig(BaseModel):
         description="Seconds to wait for the master node and for collective operations.",
     )
     plot: bool = Field(True, description="Write `metrics.png` (loss and throughput) at the end.")
+    watchdog: bool = Field(
+        True,
+        description="The hang watchdog: a rank that stops making progress is found within "
+        "`hang_floor_s` (or `hang_factor` x the p99 step), every rank's stacks are written to "
+        "RUN_DIR/debug/attempt-N/ with a verdict naming the stuck rank, and the attempt ends "
+        "(exit 124: a restart, counted against `restarts`). README \"Hangs\".",
+    )
+    hang_floor_s: float = Field(20.0, ge=1, le=86_400, description="The watchdog's shortest deadline for a step's phases.")
+    hang_factor: float = Field(10.0, ge=1, le=1000, description="The watchdog's deadline for a step's phases: this x the p99 step time of the attempt (at least `hang_floor_s`).")
+    prometheus_port: int | None = Field(
+        None, ge=1024, le=65535,
+        description="Rank 0 serves its counters (step, samples/s, loss, goodput and its time "
+        "classes, restarts) for Prometheus at `http://HOST:PORT/metrics`; off by default. "
+        "README \"Prometheus\" has the scrape annotations.",
+    )
+    prometheus_textfile: str | None = Field(
+        None, min_length=1,
+        description="Rank 0 rewrites the same counters in Prometheus' text format to this file "
+        "(relative: to the run directory) once a second, for node_exporter's textfile collector; "
+        "off by default.",
+    )
 
 
 class JobSections(BaseModel):
@@ -293,6 +314,7 @@ class JobSections(BaseModel):
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
     preflight: bool = False  # run trainer.preflight's checks before the entry (JobSpec.preflight)
+    restarts: int = 0  # JobSpec.restarts: how many restarts the target allows (the progress record)
 
     @model_validator(mode="after")
     def _entry(self) -> JobSections:
@@ -330,6 +352,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
         **{k: doc[k] for k in ("script", "module", "args", "torchrun_args") if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
         "preflight": bool(doc.get("preflight")),
+        "restarts": int(doc.get("restarts") or 0),
     })
 
 

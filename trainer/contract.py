@@ -28,6 +28,9 @@ EXIT_STOPPED = 143
 #: stopped before training began): what SIGKILL gives (128 + 9). A restart resumes from the
 #: previous checkpoint. Both stop codes are in Kubeflow's ExitCode policy's retryable range.
 EXIT_STOPPED_UNSAVED = 137
+#: The hang watchdog ended the attempt (trainer/watchdog.py): a rank stopped making progress.
+#: timeout(1)'s code; under torchrun the group restarts while `restarts` are left.
+EXIT_HANG = 124
 
 #: The node-level entry point every target starts (the container image has `python`).
 LAUNCH_MODULE = "trainer.launch"

@@ -45,6 +45,8 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     STOP_GRACE_S_VAR,
     TORCHRUN_T0_VAR,
 )
+from trainer.progress import Exporter, Ledger, Progress
+from trainer.watchdog import Heartbeat, Watchdog
 
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
@@ -265,7 +267,8 @@ class Session:
 
 
 class Trainer:
-    def __init__(self, job: Any, denv: Any, device: Any, stop: StopRequest, t0: float):
+    def __init__(self, job: Any, denv: Any, device: Any, stop: StopRequest, t0: float,
+                 ledger: Ledger | None = None):
         import torch
         import torch.distributed as dist
 
@@ -283,6 +286,10 @@ class Trainer:
 
             self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.timeout_s))
         self.vote = StopVote(self.control, self.distributed)
+        self.ledger = ledger or Ledger(t0, phase="setup")  # rank 0's is the one written
+        self.hb = Heartbeat()  # where this rank is, for the hang watchdog
+        self.watchdog: Watchdog | None = None
+        self.progress: Progress | None = None  # rank 0, once the step count is known (setup)
         self.metrics = None
         self.marks: dict[str, float] = {}
         if self.is_main:
@@ -362,8 +369,48 @@ class Trainer:
         self.setup_data()
         self.setup_schedule()
         self.marks["optimizer+loader"] = time.time()
-        self.resume()
+        if self.is_main:
+            self.progress = Progress(self.run_dir, self.ledger, total_steps=self.total_steps, epochs=self.cfg.epochs,
+                                     global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
+                                     restarts_allowed=self.job.restarts)
+            self.progress.exporter = self.prometheus_exporter()
+        self.start_watchdog()
+        self.hb.beat("checkpoint_load")
+        with self.ledger.during("checkpoint_load"):
+            self.resume()
+        self.hb.beat("setup")
         self.setup_ddp()
+
+    def start_watchdog(self) -> None:
+        """`train.watchdog` on a distributed run: every rank's thread, on this attempt's number
+        (rank 0's, from the run directory's records)."""
+        attempt = self.broadcast(self.progress.attempt if self.progress else 0)
+        if not (self.cfg.watchdog and self.distributed):
+            return
+
+        def on_hang(found: dict[str, Any]) -> None:  # rank 0: the hang in its ledger, the last record
+            if self.progress is not None:
+                self.ledger.rebook(found.get("age_s", 0.0), "hang")
+                self.progress.publish(self.step, self.epoch, "hung")
+
+        self.watchdog = Watchdog(self.hb, rank=self.rank, world=self.world, attempt=attempt,
+                                 debug_dir=self.run_dir / "debug" / f"attempt-{attempt}",
+                                 floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
+                                 timeout_s=self.cfg.timeout_s, on_hang=on_hang if self.is_main else None)
+        self.watchdog.start()
+
+    def prometheus_exporter(self) -> Exporter | None:
+        """`train.prometheus_port` / `train.prometheus_textfile` (rank 0), else None."""
+        cfg = self.cfg
+        if not (cfg.prometheus_port or cfg.prometheus_textfile):
+            return None
+        textfile = Path(cfg.prometheus_textfile) if cfg.prometheus_textfile else None
+        if textfile is not None and not textfile.is_absolute():
+            textfile = self.run_dir / textfile
+        log.info("Prometheus: %s", ", ".join(filter(None, [
+            cfg.prometheus_port and f"http://{socket.gethostname()}:{cfg.prometheus_port}/metrics",
+            textfile and str(textfile)])))
+        return Exporter(self.run_dir.name, port=cfg.prometheus_port, textfile=textfile)
 
     def setup_model(self) -> None:
         """The workload, the per-rank seeds, and the model on the device (SyncBatchNorm,
@@ -577,6 +624,22 @@ class Trainer:
         """Checkpoint the current step. With `checkpoint.async_save` (and not `final`) rank 0
         only copies the state to host memory and a background thread writes it; other ranks
         move on at once. A final save (end of training, stop) is complete on return."""
+        # a stop's final checkpoint is booked as part of the stop
+        with self.beat_during("checkpoint"), (
+                contextlib.nullcontext() if self.ledger.phase == "stop" else self.ledger.during("checkpoint_save")):
+            self._save(final)
+
+    @contextlib.contextmanager
+    def beat_during(self, phase: str):
+        """The heartbeat in `phase`, then back in the phase it was in."""
+        left = self.hb.phase
+        self.hb.beat(phase)
+        try:
+            yield
+        finally:
+            self.hb.beat(left)
+
+    def _save(self, final: bool) -> None:
         from trainer import checkpoint
 
         background = self.job.checkpoint.async_save and not final
@@ -747,8 +810,17 @@ class Trainer:
         self.paused = 0.0  # evaluation time inside the throughput window
         s.t_prev = time.perf_counter()
         self.stop.phase = "training"
-        while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
-            self.end_epoch(exhausted=self.train_epoch())
+        self.tick(force=True)
+        try:
+            while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
+                self.end_epoch(exhausted=self.train_epoch())
+        except BaseException:  # a peer died, an error of the workload: the attempt's last record
+            if self.watchdog is not None:
+                self.watchdog.stop()
+            if self.progress is not None:
+                with contextlib.suppress(Exception):  # never hide the error itself
+                    self.progress.publish(self.step, self.epoch, "failed")
+            raise
         self.end_loop()
         self.final_checkpoint()
         status = "stopped" if s.stopped else "completed"
@@ -756,20 +828,26 @@ class Trainer:
             self.report_stop()
         else:
             self.final_evaluation()
+        self.hb.beat("finish")
         self.publish(self.summary(status), status)
+        if self.watchdog is not None:
+            self.watchdog.stop()
         return EXIT_STOPPED if s.stopped else EXIT_OK
 
     def train_epoch(self) -> bool:
         """The steps of the rest of this epoch: True when its data ran out, False when the run's
         last step or a stop ended it."""
+        self.hb.beat("data")
         for batch in self.epoch_batches():
             if not self.train_step(batch):
+                self.hb.beat("data")
                 continue  # inside a gradient accumulation
             self.log_metrics()
             self.maybe_checkpoint()
             # The stop vote is a collective: every rank takes part at every step boundary.
             if self.handle_stop() or self.step >= self.total_steps:
                 return False
+            self.hb.beat("data")
         return True
 
     def train_step(self, batch: Any) -> bool:
@@ -789,8 +867,10 @@ class Trainer:
         last_micro = (self.micro + 1) % accum == 0
         sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
         with sync_ctx:
+            self.hb.beat("forward", self.step)
             loss, _, _ = self.forward_loss(self.forward, batch)
             scaled = loss / accum if accum > 1 else loss
+            self.hb.beat("backward")  # DDP's all-reduce runs in here
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
         self.micro += 1
@@ -799,6 +879,7 @@ class Trainer:
     def optimizer_step(self) -> float:
         """Clip, step the optimizer and the LR schedule, clear the gradients; the LR it used."""
         cfg = self.cfg
+        self.hb.beat("optimizer")
         if cfg.grad_clip is not None:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
@@ -815,10 +896,12 @@ class Trainer:
         throughput window (it starts after `STEADY_AFTER_STEPS` steps of this session)."""
         s, accum = self.session, self.cfg.grad_accum
         s.steps += 1
+        self.hb.step_done()
         t_now = time.perf_counter()
         s.pending.append((self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, t_now - s.t_prev))
         s.step_loss = None
         s.t_prev = t_now
+        self.tick()
         if s.first_step_s is None:
             self.sync()
             s.first_step_s = time.time() - self.t0
@@ -831,6 +914,18 @@ class Trainer:
             s.window_t0, s.window_steps, self.paused = time.perf_counter(), 0, 0.0
         else:
             s.window_steps += 1
+
+    def tick(self, force: bool = False) -> None:
+        """After a step: the class the next step is booked to (`redone` until the furthest step
+        of an earlier attempt), and rank 0's progress record when one is due."""
+        if self.progress is None:
+            return
+        if self.session.losses:
+            self.progress.loss = self.session.losses[-1]
+        phase = self.progress.phase_of(self.step)
+        if phase != self.ledger.phase and self.ledger.phase in ("productive", "redone", "setup", "checkpoint_load"):
+            self.ledger.enter(phase)
+        self.progress.tick(self.step, self.epoch, force=force)
 
     def log_metrics(self) -> None:
         """The progress bar; every `train.log_every_steps`, the pending steps' metrics."""
@@ -862,10 +957,12 @@ class Trainer:
 
     def handle_stop(self) -> bool:
         """This step boundary's stop vote (all ranks stop at the same step): True to stop now."""
+        self.hb.beat("vote")
         if not self.vote.poll(self.stop.requested(self.step)):
             return False
         self.session.stopped = True
         self.stop.acted.set()
+        self.ledger.enter("stop")
         return True
 
     def end_epoch(self, exhausted: bool) -> None:
@@ -886,7 +983,8 @@ class Trainer:
                 and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
             return
         self.flush_metrics()
-        s.last_eval = self.evaluate()
+        with self.ledger.during("eval"), self.beat_during("eval"):
+            s.last_eval = self.evaluate()
         s.last_eval_step = self.step
         if s.last_eval:
             self.write({"eval": True, "step": self.step, "epoch": self.epoch, **s.last_eval})
@@ -902,6 +1000,8 @@ class Trainer:
         self.flush_metrics()
         s.pbar.close()
         self.vote.close()
+        if not s.stopped:
+            self.ledger.enter("finish")
 
     def final_checkpoint(self) -> None:
         """The last step saved and complete on every rank; after a stop, `DDPKIT_STOP_FILE`
@@ -924,7 +1024,8 @@ class Trainer:
         """A completed run's evaluation, unless the last epoch's already covered this step."""
         s = self.session
         if self.cfg.eval_every_epochs and s.last_eval_step != self.step:
-            s.last_eval = self.evaluate()
+            with self.ledger.during("eval"), self.beat_during("eval"):
+                s.last_eval = self.evaluate()
             if s.last_eval:
                 epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
                 self.write({"eval": True, "step": self.step, "epoch": epoch, **s.last_eval})
@@ -984,6 +1085,9 @@ class Trainer:
         marker and plot."""
         if not self.is_main:
             return
+        if self.progress is not None:
+            record = self.progress.publish(self.step, self.epoch, status)
+            summary["attempt"], summary["goodput"] = record["attempt"], record["run"]["goodput"]
         self.write(summary)
         self.metrics.close()
         print("ddpkit-summary " + json.dumps(summary), flush=True)
@@ -1051,9 +1155,15 @@ def run(job: Any, denv: Any, t0: float) -> int:
     marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
     if os.environ.get(TORCHRUN_T0_VAR):
         marks = {"torchrun started": float(os.environ[TORCHRUN_T0_VAR]), **marks}
+    # The attempt's ledger: from the launch (a restart by torchrun: from this worker's start),
+    # `startup` until torch is imported, then the rendezvous, then setup.
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    ledger = Ledger(WORKER_T0 if restarted else t0)
+    ledger.enter("rendezvous", at=t_torch)
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
-        trainer = Trainer(job, denv, device, stop, t0)
+        ledger.enter("setup", at=marks["process group"])
+        trainer = Trainer(job, denv, device, stop, t0, ledger)
         trainer.marks = {**marks, **trainer.marks}
         if trainer.already_finished():
             return EXIT_OK

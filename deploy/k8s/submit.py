@@ -27,6 +27,7 @@ from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
 from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
+from deploy.progress import TAIL_LINES, Report, last_record
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -86,7 +87,8 @@ class Cluster(Protocol):
     def get(self, kind: str, namespace: str, name: str) -> dict: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
-    def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]: ...
+    def log(self, namespace: str, pod: str, container: str, follow: bool,
+            tail_lines: int | None = None) -> Iterator[str]: ...
 
 
 class KubeCluster:
@@ -160,9 +162,11 @@ class KubeCluster:
         found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
         return self.api.sanitize_for_serialization(found).get("items", [])
 
-    def log(self, namespace: str, pod: str, container: str, follow: bool) -> Iterator[str]:
+    def log(self, namespace: str, pod: str, container: str, follow: bool,
+            tail_lines: int | None = None) -> Iterator[str]:
+        extra = {"tail_lines": tail_lines} if tail_lines else {}
         resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
-                          follow=follow, _preload_content=False)
+                          follow=follow, _preload_content=False, **extra)
         import codecs
 
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
@@ -326,8 +330,87 @@ def status(handle: str, *, cluster: Cluster | None = None) -> str:
 
 
 def describe(handle: str, *, cluster: Cluster | None = None) -> str:
-    """What `ddpkit status` prints: the state (Kubernetes' reasons are not read yet)."""
-    return status(handle, cluster=cluster)
+    """The state, then what holds the job's newest pods up, in the scheduler's and the
+    kubelet's words: `PENDING (Unschedulable: 0/2 nodes are available: 2 Insufficient
+    nvidia.com/gpu.)`, `RUNNING (1 of 2 pods not scheduled: Unschedulable: ...)`,
+    `PENDING (ImagePullBackOff: ...)`."""
+    return _state_line(*_workload_and_pods(parse_handle(handle), _cluster(cluster)))[0]
+
+
+def _workload_and_pods(h: Handle, cluster: Cluster) -> tuple[Handle, dict, dict[int, dict]]:
+    obj = _get(cluster, h)
+    selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
+    try:
+        pods = pods_by_rank(h.flavor, cluster.pods(h.namespace, selector))
+    except ApiError:  # no permission to list pods: the workload's state alone
+        pods = {}
+    return h, obj, pods
+
+
+def _state_line(h: Handle, obj: dict, pods: dict[int, dict]) -> tuple[str, dict[int, dict]]:
+    state = status_from(h.kind, obj)
+    if state not in ("PENDING", "RUNNING", "RESTARTING"):
+        return state, pods
+    held = [why for why in map(pod_held_up, pods.values()) if why]
+    if not held:
+        return state, pods
+    if len(held) < len(pods) or state != "PENDING":
+        return f"{state} ({len(held)} of {len(pods)} pods {held[0]})", pods
+    return f"{state} ({held[0]})", pods
+
+
+#: A container's waiting reasons that mean it will not start by itself (kubelet's words).
+STUCK_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                 "CreateContainerError", "CrashLoopBackOff", "RunContainerError"}
+
+
+def pod_held_up(pod: dict) -> str | None:
+    """Why a pod is not running, when the scheduler or the kubelet says: `not scheduled:
+    Unschedulable: <message>` or `waiting: ImagePullBackOff: <message>`; None otherwise."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+            message = str(condition.get("message") or "").split(" preemption:")[0].strip()
+            return f"not scheduled: {condition.get('reason') or 'Unschedulable'}: {message}"
+    for container in status.get("initContainerStatuses", []) + status.get("containerStatuses", []):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_WAITING:
+            return f"waiting: {waiting['reason']}: {str(waiting.get('message') or '').strip()[:200]}".rstrip(": ")
+    return None
+
+
+def report(handle: str, *, cluster: Cluster | None = None) -> Report:
+    """`ddpkit status`'s report: the state line (`describe`), the trainer's newest progress
+    record from the end of rank 0's pod log (the user's own `pods/log` permission; the trainer
+    needs none), and how long rank 0's pod waited to be scheduled."""
+    cluster = _cluster(cluster)
+    h = parse_handle(handle)
+    state_line, pods = _state_line(*_workload_and_pods(h, cluster))
+    pod = pods.get(0)
+    if pod is None:
+        return Report(state_line)
+    try:
+        text = "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
+                                   False, tail_lines=TAIL_LINES))
+    except ApiError:  # no log yet (the container has not started), or not allowed: the state alone
+        return Report(state_line, None, pod_waited(pod))
+    return Report(state_line, last_record(text), pod_waited(pod))
+
+
+def pod_waited(pod: dict) -> float | None:
+    """Seconds from the pod's creation to its PodScheduled condition (None until scheduled)."""
+    import datetime
+
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "PodScheduled" and condition.get("status") == "True" and created:
+            scheduled = condition.get("lastTransitionTime")
+            try:
+                delta = datetime.datetime.fromisoformat(str(scheduled)) - datetime.datetime.fromisoformat(str(created))
+            except ValueError:
+                return None
+            return max(0.0, delta.total_seconds())
+    return None
 
 
 def status_from(kind: str, obj: dict) -> str:

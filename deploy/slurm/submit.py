@@ -25,6 +25,7 @@ from pathlib import Path
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import TERMINAL_STATES
 from deploy.problems import Problem, refuse
+from deploy.progress import Report, last_record, tail_of_file
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -212,8 +213,10 @@ def describe(handle: str, *, runner: Runner = subprocess.run) -> str:
     than that state, e.g. `FAILED (NODE_FAIL: a node of the job stopped responding ...; not
     requeued: the job is not requeueable (restarts: 0))`."""
     info = show_job(handle, runner=runner)
-    if info is None:
-        return status(handle, runner=runner)
+    return status(handle, runner=runner) if info is None else _describe(info)
+
+
+def _describe(info: dict[str, str]) -> str:
     state = _state(info)
     raw = info.get("JobState", "").split(" ")[0].rstrip("+")
     reason = info.get("Reason", "None")
@@ -235,10 +238,36 @@ def log_path(handle: str, *, runner: Runner = subprocess.run) -> Path:
     if info is None:
         raise RuntimeFailure(f"Slurm no longer knows job {job_id(handle)}: its log is in the "
                              "job's log directory (slurm.log_dir, default logs/)")
+    return _log_path(info)
+
+
+def _log_path(info: dict[str, str]) -> Path:
     path = Path(info.get("StdOut", ""))
-    if not path.is_absolute():
-        path = Path(info.get("WorkDir", ".")) / path
-    return path
+    return path if path.is_absolute() else Path(info.get("WorkDir", ".")) / path
+
+
+def report(handle: str, *, runner: Runner = subprocess.run) -> Report:
+    """`ddpkit status`'s report: the state line, the trainer's newest progress record from the
+    job's output file (the login node reads it where the job wrote it: a shared file system),
+    and how long the job waited in the queue (StartTime - SubmitTime)."""
+    info = show_job(handle, runner=runner)
+    if info is None:
+        return Report(status(handle, runner=runner))
+    record = last_record(tail_of_file(_log_path(info))) if info.get("StdOut") else None
+    return Report(_describe(info), record, _waited(info))
+
+
+def _waited(info: dict[str, str]) -> float | None:
+    """Seconds from the (last) submission to the start; None before the start."""
+    import datetime
+
+    if info.get("JobState", "").startswith(("PENDING", "CONFIGURING")):
+        return None  # StartTime is Slurm's estimate until then
+    try:
+        submitted, started = (datetime.datetime.fromisoformat(info[k]) for k in ("SubmitTime", "StartTime"))
+    except (KeyError, ValueError):
+        return None  # "Unknown" until it starts
+    return (started - submitted).total_seconds() if started >= submitted else None
 
 
 def logs(handle: str, rank: int | None = None, follow: bool = False, *,

@@ -1,0 +1,67 @@
+"""`ddpkit status --watch HANDLE...`: a live table of one or more jobs, refreshed in place
+(rich's `Live`) until every job has ended; Ctrl-C leaves it. On a terminal that is not one
+(a pipe, a CI log), each refresh prints the plain status lines instead."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from deploy.kube import TERMINAL_STATES
+from deploy.progress import Report, duration
+
+
+def table(rows: list[tuple[str, Report]], now: float) -> Any:
+    from rich.table import Table
+
+    out = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("job", "state", "step", "epoch", "samples/s", "ETA", "goodput", "restarts", "updated"):
+        out.add_column(column, justify="right" if column not in ("job", "state") else "left")
+    for handle, report in rows:
+        r = report.record or {}
+        total = r.get("total_steps") or 0
+        running = r.get("state") == "running"
+        out.add_row(
+            handle, report.state_line,
+            f"{r['step']}/{total}" if r else "",
+            f"{min(r.get('epoch', 0), r.get('epochs', 0))}/{r.get('epochs')}" if r.get("epochs") else "",
+            f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "",
+            duration(r["eta_s"]) if running and r.get("eta_s") is not None else "",
+            f"{100 * r['run']['goodput']:.0f}%" if (r.get("run") or {}).get("goodput") is not None else "",
+            f"{r.get('restarts', 0)}/{r.get('restarts_allowed', 0)}" if r else "",
+            f"{duration(now - r['updated'])} ago" if r else "",
+        )
+    return out
+
+
+def watch(handles: list[Any], *, every_s: float = 2.0) -> int:
+    """Refresh until every job is in a terminal state; 0. (`handles`: `deploy.api.Handle`s.)"""
+    every_s = max(0.2, every_s)
+
+    def rows() -> list[tuple[str, Report]]:
+        return [(h.text, h.report()) for h in handles]
+
+    def ended(current: list[tuple[str, Report]]) -> bool:
+        return all(report.state in TERMINAL_STATES for _, report in current)
+
+    current = rows()
+    if not sys.stdout.isatty():
+        while True:
+            for handle, report in current:
+                print(f"{handle}  {report.text()}", flush=True)
+            if ended(current):
+                return 0
+            time.sleep(every_s)
+            current = rows()
+    from rich.live import Live
+
+    try:
+        with Live(table(current, time.time()), auto_refresh=False) as live:
+            while not ended(current):
+                time.sleep(every_s)
+                current = rows()
+                live.update(table(current, time.time()), refresh=True)
+    except KeyboardInterrupt:
+        return 130
+    return 0

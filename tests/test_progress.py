@@ -1,0 +1,189 @@
+"""The progress record and goodput ledger (trainer/progress.py) and `ddpkit status` reading it
+(deploy/progress.py): unit checks of the parts, then a real 2-rank run with a rank killed, read
+while it runs and after, against the step times the trainer logs in metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deploy.progress import Report, duration, local_state, progress_text
+from tests.conftest import cli
+from tests.test_faults import ddpkit_run, logged_steps, worker_pids, write_ddpkit_job
+from tests.trainer_util import records, wait_for
+from trainer.progress import CLASSES, PREFIX, Ledger, last_record
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(CLASSES)), st.floats(0, 1e4)), max_size=40))
+def test_the_ledger_books_every_second_once(changes):
+    """Whatever the trainer enters when, the classes add up to the wall time."""
+    t0 = 1_000_000.0
+    ledger, now = Ledger(t0), t0
+    for phase, dt in changes:
+        now += dt
+        ledger.enter(phase, at=now)
+    end = now + 1.5
+    assert sum(ledger.snapshot(end).values()) == pytest.approx(end - t0, rel=1e-9, abs=1e-6)
+
+
+def test_the_newest_whole_record_is_found_behind_a_launcher_prefix():
+    good = {"step": 7, "total_steps": 10}
+    text = "\n".join([
+        PREFIX + json.dumps({"step": 3}),
+        "[default0]:" + PREFIX + json.dumps(good),
+        "[default0]:" + PREFIX + '{"step": 9, "tot',  # cut short: the tail began (or ended) inside it
+        "some other line",
+    ])
+    assert last_record(text) == good
+    assert last_record("no records here\n") is None
+
+
+def test_the_status_line_keeps_the_state_first_and_says_progress_eta_goodput_restarts():
+    record = {"state": "running", "step": 120, "total_steps": 500, "epoch": 1, "epochs": 5,
+              "samples_per_s": 850.4, "eta_s": 432, "restarts": 1, "restarts_allowed": 3,
+              "updated": 100.0, "run": {"goodput": 0.912}}
+    text = Report("RUNNING", record, waited_s=12).text(now=104.0)
+    assert text.split()[0] == "RUNNING"
+    assert text == ("RUNNING  step 120/500 (24%)  epoch 1/5  850 samples/s  ETA 7m12s  goodput 91%  "
+                    "restarts 1/3  (4s ago)  waited 12s to start")
+    assert progress_text({**record, "state": "completed", "step": 500}).startswith("step 500/500 (100%)")
+    assert "ETA" not in progress_text({**record, "state": "completed"})
+    assert [duration(s) for s in (5, 61, 3700, 90000)] == ["5s", "1m01s", "1h01m", "1d01h"]
+    as_json = Report("FAILED (NODE_FAIL: a node ...)", record).as_json("slurm://7")
+    assert as_json["state"] == "FAILED" and as_json["detail"] == "NODE_FAIL: a node ..."
+
+
+def test_a_local_run_state_follows_its_processes():
+    """RUNNING while rank 0 lives, RESTARTING while only its torchrun agent does, FAILED when
+    both are gone; an attempt that ended on its own says how (real processes, real pids)."""
+    import socket
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        base = {"host": socket.gethostname(), "attempt": 2, "state": "running", "step": 5}
+        assert local_state({**base, "pid": alive.pid, "agent_pid": dead.pid}) == "RUNNING"
+        assert local_state({**base, "pid": dead.pid, "agent_pid": alive.pid}).startswith("RESTARTING")
+        assert local_state({**base, "pid": dead.pid, "agent_pid": dead.pid}).startswith("FAILED")
+        assert local_state({**base, "state": "failed", "agent_pid": alive.pid}).startswith("RESTARTING")
+        assert local_state({**base, "state": "failed", "agent_pid": dead.pid}).startswith("FAILED")
+        assert local_state({**base, "state": "completed"}) == "SUCCEEDED"
+        assert local_state({**base, "state": "stopped"}).startswith("CANCELLED")
+    finally:
+        alive.kill()
+
+
+def test_status_of_a_directory_without_records_is_one_clear_line(tmp_path):
+    result = cli("status", str(tmp_path))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "no attempt records" in result.stderr
+
+
+def step_seconds(run_dir) -> float:
+    """The training time the trainer's own metrics say: the sum of the logged step times
+    (global batch / samples_per_s) of every step of every attempt."""
+    recs = [r for r in records(run_dir) if r.get("samples_per_s") and "loss" in r and not r.get("summary")]
+    batch = records(run_dir)[-1]["global_batch"]
+    return sum(batch / r["samples_per_s"] for r in recs)
+
+
+@pytest.mark.slow
+def test_a_killed_and_restarted_run_books_its_time_and_status_follows_it(tmp_path):
+    """A real 2-rank `ddpkit run --local` with restarts=1, rank 1 killed mid-run: `ddpkit status
+    RUN_DIR` says RUNNING with the step while it trains; afterwards it says SUCCEEDED with
+    restarts 1/1; attempt 1 booked redone steps and the time between the attempts; every
+    attempt's classes add up to its wall time (1%), the run's to the run's; and the step time
+    the ledger books (productive + redone + blocking saves) agrees with the step times in
+    metrics.jsonl (5%)."""
+    train = {"max_steps": 60, "epochs": 2, "data_samples": 4096, "lr": 0.05}
+    job = write_ddpkit_job(tmp_path, "ledger", train, every=20, restarts=1)
+    run_dir = tmp_path / "runs" / "ledger"
+    t_start = time.time()
+    proc = ddpkit_run(job, tmp_path)
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) >= 30, 480, "30 training steps")
+        running = cli("status", str(run_dir))
+        wait_for(lambda: 1 in worker_pids("ledger", proc.pid), 60, "rank 1's process")
+        os.kill(worker_pids("ledger", proc.pid)[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    t_end = time.time()
+    assert proc.returncode == 0, out[-4000:]
+    assert running.returncode == 0 and running.stdout.split()[0] == "RUNNING", running.stdout
+    assert " step " in running.stdout and "/60" in running.stdout and "restarts 0/1" in running.stdout
+
+    done = cli("status", str(run_dir), "--json")
+    report = json.loads(done.stdout)
+    assert report["state"] == "SUCCEEDED", done.stdout
+    record = report["progress"]
+    assert record["attempt"] == 1 and record["restarts"] == 1 and record["step"] == 60
+    assert "restarts 1/1" in cli("status", str(run_dir)).stdout
+    first = json.loads((run_dir / "attempts" / "attempt-0.json").read_text())
+    for attempt in (first, record):
+        assert sum(attempt["classes"].values()) == pytest.approx(attempt["wall_s"], rel=0.01)
+    run = record["run"]
+    assert sum(run["classes"].values()) == pytest.approx(run["wall_s"], rel=0.01)
+    assert run["classes"]["redone"] > 0 and run["classes"]["between_attempts"] > 0
+    assert record["classes"]["checkpoint_load"] > 0 and first["classes"]["checkpoint_load"] < 0.5
+    assert 0 < run["goodput"] < 1
+    # The run as this test saw it from outside, `ddpkit run` to its exit: the ledger books the
+    # launch on (DDPKIT_LAUNCH_T0) up to the final record; the CLI's own start and the exit
+    # after the record are not in it (seconds on a loaded 2-core machine).
+    outside = t_end - t_start
+    print(f"ledger wall {run['wall_s']:.1f}s of {outside:.1f}s outside; goodput {run['goodput']:.3f}")
+    assert 0.6 * outside < run["wall_s"] <= outside
+    booked = sum(run["classes"][k] for k in ("productive", "redone", "checkpoint_save"))
+    assert booked == pytest.approx(step_seconds(run_dir), rel=0.05)
+    # the log says the same as the file: the last ddpkit-progress line is the final record
+    assert last_record(out) == record
+
+
+@pytest.mark.slow
+def test_prometheus_reads_the_counters_from_the_endpoint_and_the_textfile(tmp_path):
+    """`train.prometheus_port` and `train.prometheus_textfile` on a real 2-rank run, read with
+    prometheus-client's own text parser: the endpoint answers while it trains, and the textfile
+    ends with the last step and the run's time classes."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.trainer_util import free_port
+
+    def samples(text: str) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("class", "")): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    port = free_port()
+    train = {"max_steps": 40, "epochs": 2, "data_samples": 4096, "prometheus_port": port,
+             "prometheus_textfile": "metrics.prom"}
+    job = write_ddpkit_job(tmp_path, "prom", train, every=20, restarts=0)
+    run_dir = tmp_path / "runs" / "prom"
+    proc = ddpkit_run(job, tmp_path)
+    try:
+        def scrape() -> dict:
+            return samples(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode())
+
+        wait_for(lambda: len(logged_steps(run_dir)) >= 1, 480, "the first training step")
+        wait_for(lambda: scrape().get(("ddpkit_step", ""), 0) >= 1, 60, "a scrape after a step")
+        live = scrape()
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    assert live[("ddpkit_step", "")] >= 1 and live[("ddpkit_total_steps", "")] == 40
+    final = samples((run_dir / "metrics.prom").read_text())
+    assert final[("ddpkit_step", "")] == 40 and final[("ddpkit_restarts", "")] == 0
+    assert 0 < final[("ddpkit_goodput", "")] < 1 and final[("ddpkit_loss", "")] > 0
+    record = json.loads((run_dir / "attempts" / "attempt-0.json").read_text())
+    booked = sum(v for (name, _), v in final.items() if name == "ddpkit_time_seconds")
+    assert booked == pytest.approx(record["run"]["wall_s"], rel=0.01)
