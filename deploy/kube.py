@@ -104,6 +104,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_FILE_DIR = "/etc/ddpkit"
 JOB_FILE_NAME = "job.yaml"
 JOB_FILE_PATH = f"{JOB_FILE_DIR}/{JOB_FILE_NAME}"
+#: The pod volumes ddpkit adds before the job's own (deploy/k8s/pod.py), and what each holds.
+POD_VOLUMES = {"ddpkit-job": "the job file's ConfigMap", "dshm": "the memory-backed /dev/shm"}
 #: Field manager of every server-side apply (`ddpkit submit k8s`).
 FIELD_MANAGER = "ddpkit"
 

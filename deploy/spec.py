@@ -38,7 +38,9 @@ from deploy.kube import (
     JOB_FILE_DIR,
     KUEUE_QUEUE_LABEL,
     LABEL_VALUE,
+    POD_VOLUMES,
 )
+from deploy.lint import core as api_rules
 from deploy.problems import Problem, Problems
 from deploy.yamlfile import Dumper, locate
 from trainer.config import (
@@ -70,7 +72,50 @@ MAX_NAME_LEN = 40
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&-]+$")  # partition, account, qos, constraint
+SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&-]+$")  # partition, account, qos
+
+#: One `--gres` item: NAME[:TYPE][:COUNT] (sbatch; a count may carry K, M, G or T).
+GRES = re.compile(r"[A-Za-z][A-Za-z0-9_.-]*(:(?![0-9]+(?::|$))[A-Za-z0-9][A-Za-z0-9_.-]*)?(:[1-9][0-9]*[KMGT]?)?")
+_FEATURE = r"(?:[A-Za-z0-9_.:@%+=/-]+|\x00)(?:\*[1-9][0-9]*)?"  # \x00: a group already read
+_EXPRESSION = re.compile(rf"{_FEATURE}(?:[&|]{_FEATURE})*")
+
+
+def gres_problems(path: str, value: str) -> list[Problem]:
+    """`--gres=` in slurm.extra_directives: resources beside the GPUs, which ddpkit asks for
+    itself (and merges into one --gres with these: sbatch keeps only the last one given)."""
+    for item in value.split(","):
+        if item.split(":")[0] == "gpu":
+            return [Problem(path, f"--gres={value}: ddpkit asks for the GPUs",
+                            "set gpus_per_node (and slurm.gpu_type, slurm.gpu_flag); keep the rest here")]
+        if not GRES.fullmatch(item):
+            return [Problem(path, f"--gres={value}: {item!r} is not NAME[:TYPE][:COUNT]", "e.g. --gres=nvme:1")]
+    return []
+
+
+def constraint_ok(text: str) -> bool:
+    """sbatch's --constraint grammar: features (each with an optional `*COUNT`) joined by `&`
+    or `|`, `( )` groups, and at most one `[...]` set of them (matching OR, multiple counts)."""
+    if text.count("[") > 1 or text.count("[") != text.count("]"):
+        return False
+    inner = text
+    if "[" in text:
+        head, _, rest = text.partition("[")
+        body, _, tail = rest.partition("]")
+        if not body or (head and not head.endswith(("&", "|"))) or (tail and not tail.startswith(("&", "|"))):
+            return False
+        inner = f"{head}({body}){tail}"
+    return _groups_ok(inner)
+
+
+def _groups_ok(text: str) -> bool:
+    """Innermost `( )` group first, each features joined by & or | (with counts), then the rest."""
+    while "(" in text:
+        match = re.search(r"\(([^()]*)\)", text)
+        if not match or not _EXPRESSION.fullmatch(match[1]):
+            return False
+        text = text[:match.start()] + "\x00" + text[match.end():]
+    return bool(_EXPRESSION.fullmatch(text))
+
 
 #: Variables ddpkit or the launcher set for every process; a job file may not set them.
 RESERVED_ENV = {
@@ -345,16 +390,19 @@ class Toleration(Strict):
         None, description="Taint effect to tolerate; empty: all.")
     toleration_seconds: int | None = Field(None, ge=0, description="With NoExecute: how long.")
 
+    def as_k8s(self) -> dict[str, Any]:
+        """The pod spec's toleration (what deploy/k8s/pod.py renders)."""
+        item = {"key": self.key, "operator": self.operator, "value": self.value, "effect": self.effect,
+                "tolerationSeconds": self.toleration_seconds}
+        return {k: v for k, v in item.items() if v is not None}
+
     @model_validator(mode="after")
-    def _exists_has_no_value(self) -> Toleration:
-        if self.operator == "Exists" and self.value:
-            raise ValueError("operator Exists takes no value; remove value or use Equal")
-        if self.toleration_seconds is not None and self.effect != "NoExecute":
-            # kubernetes pkg/apis/core/validation/validation.go ValidateTolerations:
-            # "must be 'NoExecute' when `tolerationSeconds` is set"
-            raise Problems([Problem("toleration_seconds", "applies only with effect NoExecute (the "
-                                    "API server refuses it otherwise)",
-                                    "set effect: NoExecute or remove toleration_seconds")])
+    def _as_the_api_server_judges(self) -> Toleration:
+        # kubernetes pkg/apis/core/validation/validation.go ValidateTolerations, as lint has it
+        fields = {"key": "key", "operator": "operator", "effect": "effect"}
+        found = api_rules.validate_toleration(self.as_k8s(), "")
+        if found:
+            raise Problems([Problem(fields[path], message) for path, message in found])
         return self
 
 
@@ -497,14 +545,12 @@ class K8sSection(Strict):
     @field_validator("extra_resources")
     @classmethod
     def _extra_resources(cls, v: dict[str, str]) -> dict[str, str]:
-        problems = []
-        for key in v:
-            if key in ("cpu", "memory"):
-                problems.append(Problem(key, "set by resources.cpus_per_node / resources.memory",
-                                        "set it there"))
-            elif not QUALIFIED_NAME.match(key):
-                problems.append(Problem(key, "not a resource name", "e.g. rdma/ib, hugepages-2Mi, "
-                                        "ephemeral-storage"))
+        problems = [Problem(key, "set by resources.cpus_per_node / resources.memory", "set it there")
+                    for key in v if key in ("cpu", "memory")]
+        # requests = limits (deploy/k8s/pod.py): the API server's resource rules, as lint has them
+        for path, message in api_rules.validate_resources({"limits": v}, ""):
+            problems.append(Problem(path.removeprefix("limits."), message,
+                                    "a domain-qualified name and a whole number, e.g. rdma/ib: 1"))
         if problems:
             raise Problems(problems)
         return v
@@ -563,7 +609,7 @@ class K8sSection(Strict):
 _DERIVED_DIRECTIVES = {
     "job-name": "name", "nodes": "nodes", "ntasks": "nodes and slurm.launcher",
     "ntasks-per-node": "slurm.launcher", "gpus": "gpus_per_node", "gpus-per-node": "gpus_per_node and slurm.gpu_type",
-    "gres": "gpus_per_node and slurm.gpu_flag", "gpus-per-task": "gpus_per_node",
+    "gpus-per-task": "gpus_per_node",
     "cpus-per-task": "resources.cpus_per_node", "mem": "resources.memory (or slurm.all_memory for --mem=0)",
     "time": "time_limit", "partition": "slurm.partition", "account": "slurm.account",
     "qos": "slurm.qos", "constraint": "slurm.constraint", "exclusive": "slurm.exclusive",
@@ -598,7 +644,8 @@ class SlurmSection(Strict):
     partition: SlurmWord | None = Field(None, description="`--partition`.")
     account: SlurmWord | None = Field(None, description="`--account`.")
     qos: SlurmWord | None = Field(None, description="`--qos`.")
-    constraint: SlurmWord | None = Field(None, description="`--constraint` (node features).")
+    constraint: str | None = Field(None, description="`--constraint` (node features): `a&b`, "
+                                   "`a|b`, counts `a*2`, matching OR `[ib1|ib2]`, sets `[rack1*2&rack2*4]`.")
     exclusive: bool = Field(False, description="`--exclusive`: whole nodes.")
     launcher: Literal["torchrun", "srun"] = Field(
         "torchrun", description="`torchrun`: one task per node running torchrun; `srun`: one "
@@ -607,8 +654,8 @@ class SlurmSection(Strict):
         "none", description="Run bare (`none`), in pyxis/enroot (`srun --container-image`), or "
         "with `apptainer exec --nv`.")
     container_mounts: list[str] = Field(
-        default_factory=list, description="Extra bind mounts `SRC:DST[:ro]` for pyxis/Apptainer "
-        "(volumes with host_path are added automatically).")
+        default_factory=list, description="Extra bind mounts `SRC[:DST][:ro]` for pyxis/Apptainer "
+        "(a lone `SRC` mounts at the same path; volumes with host_path are added automatically).")
     venv: str | None = Field(None, description="With container none: a virtualenv or conda "
                              "prefix to activate before launching.")
     modules: list[ModuleName] = Field(default_factory=list, description="`module load` these first.")
@@ -618,8 +665,8 @@ class SlurmSection(Strict):
                           "and requeue (at most `restarts` times).")
     signal: Literal["USR2", "TERM", "INT"] = Field(
         "USR2", description="Signal sent to the batch shell before the time limit (not USR1: NCCL uses it).")
-    signal_seconds: int = Field(DEFAULT_STOP_GRACE_S, ge=10, le=86400, description="Send it this many seconds "
-                                "before the time limit.")
+    signal_seconds: int = Field(DEFAULT_STOP_GRACE_S, ge=10, le=65535, description="Send it this many seconds "
+                                "before the time limit (sbatch takes at most 65535).")
     log_dir: str = Field("logs", description="Directory of `%x-%j.out` logs (relative to the "
                          "submit directory).")
     gpu_type: Annotated[str, matching(r"[A-Za-z0-9][A-Za-z0-9_.-]*", 64, "a GPU type such as "
@@ -636,7 +683,8 @@ class SlurmSection(Strict):
         "gpus-per-node", description="How to ask for GPUs: `--gpus-per-node=N` or, on older "
         "clusters, `--gres=gpu:N`.")
     extra_directives: list[str] = Field(
-        default_factory=list, description="More `#SBATCH` options, each `--key=value` or `--flag`.")
+        default_factory=list, description="More `#SBATCH` options, each `--key=value` or `--flag`; "
+        "`--gres=nvme:1` asks for non-GPU resources beside the GPUs (one `--gres` line with them).")
 
     @field_validator("signal", mode="before")
     @classmethod
@@ -649,11 +697,26 @@ class SlurmSection(Strict):
     @field_validator("container_mounts")
     @classmethod
     def _mounts(cls, v: list[str]) -> list[str]:
+        """`SRC[:DST[:ro|rw]]`, as pyxis and Apptainer take them; a lone `SRC` (or `SRC:ro`)
+        is mounted at the same path, and written out in full."""
+        out = []
         for m in v:
             parts = m.split(":")
+            if len(parts) == 1 or (len(parts) == 2 and parts[1] in ("ro", "rw")):
+                parts.insert(1, parts[0])
             if not (2 <= len(parts) <= 3) or not all(p.startswith("/") for p in parts[:2]) or (
                 len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[\s,]", m):
-                raise ValueError(f"{m!r} is not SRC:DST[:ro|rw] with absolute paths")
+                raise ValueError(f"{m!r} is not SRC[:DST[:ro|rw]] with absolute paths")
+            out.append(":".join(parts))
+        return out
+
+    @field_validator("constraint")
+    @classmethod
+    def _constraint(cls, v: str | None) -> str | None:
+        if v is not None and not constraint_ok(v):
+            raise ValueError(f"{v!r} is not an sbatch --constraint: features joined by & or |, "
+                             "counts as NAME*N, one [...] set (e.g. [ib1|ib2] or [rack1*2&rack2*4]), "
+                             "( ) to group")
         return v
 
     @field_validator("setup")
@@ -682,7 +745,9 @@ class SlurmSection(Strict):
                                         "write --key=value or --flag (no spaces, quotes or $)"))
                 continue
             key = match.group(1)
-            if key in _DERIVED_DIRECTIVES:
+            if key == "gres":
+                problems += gres_problems(str(i), (match.group(2) or "=")[1:])
+            elif key in _DERIVED_DIRECTIVES:
                 problems.append(Problem(str(i), f"{d!r}: ddpkit derives --{key}",
                                         f"set {_DERIVED_DIRECTIVES[key]} instead"))
             elif key in _CONFLICTING_DIRECTIVES:
@@ -850,6 +915,10 @@ class JobSpec(Strict):
                 if value in values[:i]:
                     problems.append(Problem(f"volumes.{i}.{field}", f"{value} is used twice",
                                             f"give each volume its own {field}"))
+                elif field == "name" and value in POD_VOLUMES:
+                    problems.append(Problem(f"volumes.{i}.name", f"{value} is the name of ddpkit's own "
+                                            f"volume for {POD_VOLUMES[value]} (Kubernetes refuses a "
+                                            "pod with two volumes of one name)", "rename it"))
         seen = set(self.env)
         for i, secret in enumerate(self.secret_env):
             if secret.name in seen:

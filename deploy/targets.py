@@ -6,6 +6,12 @@ submitter (`submit`, `describe`, `logs`, `cancel`). `k8s` is one target with sev
 (`deploy/k8s/<flavor>/`); `slurm` takes `--via` instead. The verbs are the same on every
 target, so the CLI asks `REGISTRY[name]` and never tests which target it has.
 
+A target whose requests are Kubernetes objects (`linted`) is also judged by `ddpkit lint`'s
+rules (deploy/lint/command.py `refusals`): whatever the API server, an operator's webhook or
+a controller would refuse of the rendered objects is a `Problem` of `check`, and `request`,
+`render` and `submit` refuse it before anything is written or sent. The line names the job
+field the object's field comes from (the renderer's `job_field`), else the rendered field.
+
 Which targets `ddpkit validate` checks: `--target` when given; else the targets whose section
 (`k8s:`, `slurm:`) the job file (or a `--set`) writes; a job with neither section is checked
 for every target, and one with both for both.
@@ -14,12 +20,14 @@ for every target, and one with both for both.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
+from functools import cache
 from types import ModuleType
 from typing import TYPE_CHECKING
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.problems import Problem
+from deploy.problems import Problem, refuse
 from deploy.progress import Report, RunDir, is_run_dir
 
 if TYPE_CHECKING:
@@ -52,6 +60,7 @@ class Target:
     renderer: str
     submitter: str
     option: str
+    linted: bool = False  # the request is Kubernetes objects: `ddpkit lint`'s errors refuse it
 
     def _renderer(self) -> ModuleType:
         return load_module(self.renderer, f"rendering for {self.title}")
@@ -63,17 +72,40 @@ class Target:
         return load_module(self.submitter, f"{self.name} jobs")
 
     def check(self, job: JobSpec, flavor: str | None = None) -> list[Problem]:
-        """Everything this target cannot do with `job` (never raises)."""
-        return self._renderer().check(job, flavor)
+        """Everything this target cannot do with `job`: the renderer's checks, then (when they
+        pass and the target is `linted`) what lint refuses of the request. Never raises but
+        `LintBug`, a crash of ddpkit's own rules."""
+        problems = self._renderer().check(job, flavor)
+        if problems or not self.linted:
+            return problems
+        return self._refusals(job, self._renderer().request(job, flavor=flavor))
 
     def request(self, job: JobSpec, *, flavor: str | None = None) -> object:
         """What `render` lays out, as data (TorchX's dry-run request): the Kubernetes objects
         (a list of dicts), or the Slurm `SbatchRequest`. UserError when `check` finds problems."""
-        return self._renderer().request(job, flavor=flavor)
+        request = self._renderer().request(job, flavor=flavor)
+        if self.linted:
+            refuse(job, self._refusals(job, request))
+        return request
 
     def render(self, job: JobSpec, *, flavor: str | None = None, source: str) -> str:
         """The request as the text a user applies: multi-document YAML, or the sbatch script."""
+        if self.linted:
+            self.request(job, flavor=flavor)  # refuses what lint refuses before any text is out
         return self._renderer().render(job, flavor=flavor, source=source)
+
+    def _refusals(self, job: JobSpec, objects: list[dict]) -> list[Problem]:
+        """Lint's refusals of the rendered objects, each at the job field it comes from."""
+        lint = _lint()
+        if lint is None:
+            return []
+        try:
+            found = lint.refusals(objects)
+        except lint.LintInputError as exc:  # kubernetes-validate missing: a base install
+            _not_linted(str(exc))
+            return []
+        field_of = self._renderer().job_field
+        return [_located(job, finding, field_of) for finding in found]
 
     def after_render(self, job: JobSpec) -> None:
         """What `ddpkit render` does once the text is out (Slurm: make the log directory)."""
@@ -83,6 +115,8 @@ class Target:
                via: str | None = None) -> str:
         """Submit `job`; the handle (`k8s://NS/FLAVOR/NAME`, `slurm://JOBID`)."""
         options = {"flavor": flavor} if self.option == "flavor" else {"via": via or "sbatch"}
+        if self.linted:
+            self.request(job, flavor=flavor)
         return self._submitter().submit(job, dry_run=dry_run, source=source, **options)
 
     def describe(self, handle: str) -> str:
@@ -102,8 +136,34 @@ class Target:
         jobs.cancel(handle) if wait_s is None else jobs.cancel(handle, wait_s=wait_s)
 
 
+def _located(job: JobSpec, finding, field_of) -> Problem:
+    """A lint finding as the job's Problem: at the job field behind it, else at the rendered
+    object's field (`PyTorchJob/demo spec....volumes[2]`); the rule it broke in brackets."""
+    field = field_of(job, finding.path)
+    if field:
+        return Problem(field, f"{finding.message} [{finding.rule}]")
+    return Problem(f"{finding.obj} {finding.path}".strip(), f"{finding.message} [{finding.rule}]")
+
+
+@cache
+def _lint() -> ModuleType | None:
+    """`ddpkit lint`'s command, or None (after one note) in a build without its packages."""
+    try:
+        return load_module("deploy.lint.command", "`ddpkit lint`")
+    except RuntimeFailure as exc:
+        _not_linted(str(exc))
+        return None
+
+
+@cache
+def _not_linted(why: str) -> None:
+    print(f"note: the Kubernetes objects were not checked as the API server would: {why}",
+          file=sys.stderr)
+
+
 REGISTRY: dict[str, Target] = {
-    "k8s": Target("k8s", "Kubernetes", "deploy.k8s.render", "deploy.k8s.submit", option="flavor"),
+    "k8s": Target("k8s", "Kubernetes", "deploy.k8s.render", "deploy.k8s.submit", option="flavor",
+                  linted=True),
     "slurm": Target("slurm", "Slurm", "deploy.slurm.render", "deploy.slurm.submit", option="via"),
 }
 #: Every target a job renders for; `k8s` is one target with several flavors.

@@ -31,7 +31,8 @@ REFUSALS = [
      "4: k8s.clean_pod_policy: PyTorchJob only"),
     ("tolerationSeconds without NoExecute",
      "k8s:\n  tolerations:\n  - key: gpu\n    effect: NoSchedule\n    toleration_seconds: 60\n",
-     "k8s", None, "7: k8s.tolerations.0.toleration_seconds: applies only with effect NoExecute"),
+     "k8s", None, "6: k8s.tolerations.0.effect: Invalid value: \"NoSchedule\": effect must be 'NoExecute' "
+     "when `tolerationSeconds` is set"),
     ("a label that overrides the Service selector",
      "k8s:\n  labels:\n    app.kubernetes.io/instance: other\n", "k8s", None,
      "4: k8s.labels.app.kubernetes.io/instance: ddpkit selects the job's pods by this label"),

@@ -530,3 +530,80 @@ def test_a_time_limit_signals_the_trainer_even_without_requeue(tmp_path):
     assert proc.returncode == 143, out
     assert "checkpointed" in out and "submit the job again to resume" in out
     assert not (tmp_path / "scontrol.calls").exists() or "requeue" not in (tmp_path / "scontrol.calls").read_text()
+
+
+# ---------------------------------------------------------------------------------------------
+# sbatch syntax as sbatch takes it (issue 23): accepted forms reach the script, run by real
+# bash; what sbatch refuses is refused at the field
+
+
+def refused(text: str, *overrides: str) -> list[str]:
+    with pytest.raises(UserError) as info:
+        job_from(text, *overrides)
+    return [f"{p.field}: {p.message}" for p in info.value.problems]
+
+
+@pytest.mark.parametrize("seconds,ok", [(10, True), (65535, True), (65536, False), (86400, False)])
+def test_signal_time_is_within_sbatch_s_range(tmp_path, seconds, ok):
+    text = BASE.replace("time_limit: 30m", "time_limit: 30h")
+    if not ok:
+        (line,) = refused(text, f"slurm.signal_seconds={seconds}")
+        assert line.startswith("slurm.signal_seconds: ") and "65535" in line, line
+        return
+    script = render_slurm(job_from(text, f"slurm.signal_seconds={seconds}"))
+    assert f"--signal=B:USR2@{seconds}" in directives(script)
+    assert run_script(tmp_path, script)[0] == 0
+
+
+@pytest.mark.parametrize("constraint,ok", [
+    ("ib", True), ("ib&v100", True), ("ib|eth", True), ("intel*4", True), ("[ib1|ib2]", True),
+    ("[rack1*2&rack2*4]", True), ("gpu&[rack1|rack2]", True), ("[(knl&snc4)*4&haswell*1]", True),
+    ("[ib1|ib2", False), ("[a][b]", False), ("a&&b", False), ("a*0", False), ("a(b)", False),
+    ("x[a|b]", False), ("gpu; rm -rf /", False), ("[]", False),
+])
+def test_constraints_take_sbatch_s_forms(tmp_path, constraint, ok):
+    if not ok:
+        (line,) = refused(BASE, f"slurm.constraint={json_quoted(constraint)}")
+        assert line.startswith("slurm.constraint: ") and "is not an sbatch --constraint" in line, line
+        return
+    script = render_slurm(job_from(BASE, f"slurm.constraint={json_quoted(constraint)}"))
+    assert f"--constraint={constraint}" in directives(script)
+    assert run_script(tmp_path, script)[0] == 0
+
+
+def json_quoted(value: str) -> str:
+    import json
+
+    return json.dumps(value)  # a YAML string, whatever its characters
+
+
+@pytest.mark.parametrize("gpu_flag,expected", [
+    ("gres", ["--gres=gpu:4,nvme:1,shard:a100:2"]),
+    ("gpus-per-node", ["--gpus-per-node=4", "--gres=nvme:1,shard:a100:2"]),
+])
+def test_gres_beside_the_gpus_is_one_gres_option(tmp_path, gpu_flag, expected):
+    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 4")
+    job = job_from(gpu, f"slurm.gpu_flag={gpu_flag}",
+                   "slurm.extra_directives=[--gres=nvme:1, '--gres=shard:a100:2']")
+    script = render_slurm(job)
+    gres = [d for d in directives(script) if d.startswith(("--gres", "--gpus-per-node"))]
+    assert gres == expected
+    assert run_script(tmp_path, script)[0] == 0
+
+
+@pytest.mark.parametrize("gres,message", [("gpu:2", "ddpkit asks for the GPUs"),
+                                          ("nvme:1,gpu:a100:2", "ddpkit asks for the GPUs"),
+                                          ("nvme:-1", "is not NAME[:TYPE][:COUNT]")])
+def test_gres_for_gpus_or_malformed_is_refused(gres, message):
+    (line,) = refused(BASE, f"slurm.extra_directives=['--gres={gres}']")
+    assert line.startswith("slurm.extra_directives.0: ") and message in line, line
+
+
+@pytest.mark.parametrize("container", ["pyxis", "apptainer"])
+@pytest.mark.parametrize("mount,full", [("/scratch", "/scratch:/scratch"), ("/scratch:ro", "/scratch:/scratch:ro"),
+                                        ("/a:/b", "/a:/b")])
+def test_a_container_mount_may_be_a_single_path(tmp_path, container, mount, full):
+    script = render_slurm(job_from(BASE, f"slurm.container={container}", f"slurm.container_mounts=[{mount}]"))
+    flat = script.replace(" \\\n  ", " ")
+    assert (f"container_mounts+=,{full}" if container == "pyxis" else f"--bind {full} ") in flat
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0

@@ -14,6 +14,7 @@ Everything here reads a JobSpec and returns plain data; nothing imports a third-
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 from deploy import image_forms, units
@@ -22,6 +23,7 @@ from deploy.kube import (
     JOB_FILE_NAME,
     JOB_FILE_PATH,
     KUEUE_QUEUE_LABEL,
+    POD_VOLUMES,
     common_labels,
     configmap_name,
     pod_selector,
@@ -112,13 +114,14 @@ def container_resources(job: JobSpec) -> dict:
 
 def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
     """The job file, /dev/shm, then the user's volumes in order."""
+    job_file, shm = POD_VOLUMES
     volumes: list[dict] = [
-        {"name": "ddpkit-job", "configMap": {"name": configmap_name(job.name)}},
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.resources.shm}},
+        {"name": job_file, "configMap": {"name": configmap_name(job.name)}},
+        {"name": shm, "emptyDir": {"medium": "Memory", "sizeLimit": job.resources.shm}},
     ]
     mounts: list[dict] = [
-        {"name": "ddpkit-job", "mountPath": JOB_FILE_DIR, "readOnly": True},
-        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": job_file, "mountPath": JOB_FILE_DIR, "readOnly": True},
+        {"name": shm, "mountPath": "/dev/shm"},
     ]
     for vol in job.volumes:
         source: dict[str, Any]
@@ -228,12 +231,7 @@ def topology_spread(job: JobSpec) -> list[dict]:
 
 
 def tolerations(job: JobSpec) -> list[dict]:
-    out = []
-    for tol in job.k8s.tolerations:
-        item = {"key": tol.key, "operator": tol.operator, "value": tol.value, "effect": tol.effect,
-                "tolerationSeconds": tol.toleration_seconds}
-        out.append({k: v for k, v in item.items() if v is not None})
-    return out
+    return [tol.as_k8s() for tol in job.k8s.tolerations]
 
 
 def pod_metadata(job: JobSpec) -> dict:
@@ -273,6 +271,45 @@ def pod_template(job: JobSpec, main: dict, *, restart_policy: str, subdomain: st
     spec["containers"] = [main]
     spec["volumes"] = volumes_and_mounts(job)[0]
     return apply_pod_patch({"metadata": pod_metadata(job), "spec": spec}, job.k8s.pod_patch, main["name"])
+
+
+# --------------------------------------------------------------------------------------------
+# Where a rendered pod field comes from in the job file
+
+#: The job-file field behind a top-level pod spec field that ddpkit fills from one field.
+POD_SPEC_SOURCES = {"nodeSelector": "k8s.node_selector", "serviceAccountName": "k8s.service_account",
+                    "priorityClassName": "k8s.priority_class", "schedulerName": "k8s.scheduler_name",
+                    "imagePullSecrets": "k8s.image_pull_secrets", "volumes": "volumes",
+                    "topologySpreadConstraints": "k8s.topology_spread",
+                    "affinity": "k8s.one_pod_per_node", "terminationGracePeriodSeconds": "k8s.termination_grace"}
+_INDEXED = re.compile(r"(\w+)\[(\d+)\](?:\.(\w+))?")
+_MOUNT = re.compile(r"(?:initC|c)ontainers\[\d+\]\.volumeMounts\[(\d+)\].*")
+_RESOURCE = re.compile(r"containers\[\d+\]\.resources\.(?:limits|requests)\.(.+)")
+
+
+def job_field(job: JobSpec, path: str) -> str | None:
+    """The job-file field that a rendered object's field at `path` (an API server field path,
+    `spec....template.spec.tolerations[0].key`) comes from; None when no one field does."""
+    _, sep, tail = path.rpartition("template.spec.")
+    top = re.match(r"\w*", tail)[0]
+    if not sep or not top:
+        return None
+    if top in (job.k8s.pod_patch.get("spec") or {}):
+        return f"k8s.pod_patch.spec.{top}"
+    resource = _RESOURCE.fullmatch(tail)
+    if resource:
+        name = resource[1]
+        return (f"k8s.extra_resources.{name}" if name in job.k8s.extra_resources else
+                {job.gpu_resource: "gpus_per_node", "cpu": "resources.cpus_per_node"}.get(name, "resources.memory"))
+    indexed = _INDEXED.fullmatch(tail)
+    if indexed and top == "tolerations":
+        snake = re.sub(r"[A-Z]", lambda c: "_" + c[0].lower(), indexed[3] or "")
+        return f"k8s.tolerations.{indexed[2]}" + (f".{snake}" if snake else "")
+    mount = _MOUNT.fullmatch(tail)
+    index = int(mount[1]) if mount else int(indexed[2]) if indexed and top == "volumes" else -1
+    if index >= len(POD_VOLUMES):  # the job's volumes come after ddpkit's own
+        return f"volumes.{index - len(POD_VOLUMES)}"
+    return POD_SPEC_SOURCES.get(top)
 
 
 # --------------------------------------------------------------------------------------------

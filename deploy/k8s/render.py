@@ -23,7 +23,8 @@ from deploy.yamlfile import dump_documents, load_documents
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
 
-__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "parse_objects"]
+__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "parse_objects",
+           "job_field"]
 
 literal = podlib.literal
 
@@ -73,6 +74,12 @@ def render(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml")
 
 def after_render(job: JobSpec) -> None:
     """Nothing: `kubectl apply` needs nothing on this machine (deploy/targets.py)."""
+
+
+def job_field(job: JobSpec, path: str) -> str | None:
+    """The job-file field behind a rendered object's field (deploy/targets.py names it when the
+    linter refuses the objects); None when no one field is."""
+    return podlib.job_field(job, path)
 
 
 def parse_objects(text: str) -> list[dict]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from deploy.lint.report import ERROR, WARNING, Finding, LintBug, LintInputError,
 from deploy.lint.schema import CRDIndex, load_crds
 
 __all__ = ["ERROR", "WARNING", "Problem", "LintInputError", "CRDIndex", "load_crds", "lint_object",
-           "lint_text", "lint_files", "run_lint", "RULES"]
+           "lint_text", "lint_files", "refusals", "run_lint", "RULES", "REFUSED_LATER"]
 
 #: Every rule name a Problem can carry, with what it checks.
 RULES = {
@@ -41,6 +42,10 @@ RULES = {
     "api": "the API server's own validation of a core kind (Job, Service, ConfigMap, pod spec)",
     **advice.RULES,
 }
+
+#: Warnings that are refusals all the same: the API server accepts the object, and then refuses
+#: the pods (or Services) its controller makes from it. `refusals` counts them with the errors.
+REFUSED_LATER = frozenset({"pod-template", "hostnames"})
 
 #: What a rule raises when its input is not the shape it expects. Caught only where an error
 #: already reported explains it (the object is malformed); anywhere else it is `LintBug`.
@@ -188,6 +193,20 @@ def lint_text(text: str, crds: CRDIndex | Context | None = None, *, source: str 
     ctx = Context(base.crds, base.k8s_version, docs)  # this text's runtimes, beside the CRDs'
     ctx._version = base._version
     return _lint_docs(docs, ctx, source)
+
+
+@cache
+def _bundled() -> CRDIndex:
+    """The bundled CRDs, read once per process (`ddpkit render` lints what it renders)."""
+    return load_crds()
+
+
+def refusals(objects: list[dict]) -> list[Problem]:
+    """What a cluster with the bundled CRDs refuses of `objects` applied together: the errors,
+    and the warnings of REFUSED_LATER. A crash of a rule is `LintBug`, never a finding."""
+    ctx = Context(_bundled(), None, objects)
+    return [p for p in _lint_docs(list(objects), ctx, "-")
+            if p.severity == ERROR or p.rule in REFUSED_LATER]
 
 
 def _lint_docs(docs: list[Any], ctx: Context, source: str) -> list[Problem]:

@@ -137,8 +137,33 @@ def _overcommittable(name: str) -> bool:
     return _is_native(name) and not name.startswith("hugepages-")
 
 
+#: IsStandardContainerResourceName (pkg/apis/core/helper): the names without a domain.
+STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _is_extended(name: str) -> bool:
+    """IsExtendedResourceName: not native, and `requests.<name>` is a qualified name."""
+    return not _is_native(name) and not name.startswith("requests.") and not m.is_qualified_name(f"requests.{name}")
+
+
+def validate_container_resource_name(name: str, path: str) -> list[Finding]:
+    """validateContainerResourceName (pkg/apis/core/validation/validation.go), its messages."""
+    errors = m.is_qualified_name(name)
+    if errors:
+        return [m.invalid(path, name, e) for e in errors]
+    if "/" not in name:
+        if name in STANDARD_CONTAINER_RESOURCES or name.startswith("hugepages-"):
+            return []
+        return [m.invalid(path, name, "must be a standard resource type or fully qualified"),
+                m.invalid(path, name, "must be a standard resource for containers")]
+    if not _is_native(name) and not _is_extended(name):
+        return [m.invalid(path, name, "doesn't follow extended resource name standard")]
+    return []
+
+
 def validate_resources(res: Any, path: str) -> list[Finding]:
-    """ValidateContainerResourceRequirements (quantities, requests <= limits, extended ones)."""
+    """ValidateContainerResourceRequirements (names, quantities, requests <= limits, extended
+    ones equal); the job model asks it of k8s.extra_resources too (deploy/spec.py)."""
     if not isinstance(res, dict):
         return []
     found: list[Finding] = []
@@ -149,6 +174,7 @@ def validate_resources(res: Any, path: str) -> list[Finding]:
         for name, value in values.items():
             q = units.quantity(value)
             sub = join(join(path, part), str(name))
+            found += validate_container_resource_name(str(name), sub)
             if q is None:
                 found.append(m.invalid(sub, value, "quantities must match the regular expression "
                                        "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"))
@@ -293,7 +319,7 @@ def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
             found += [m.invalid(join(path, key), value, e) for e in m.is_dns1123_label(value)]
     found += m.validate_labels(pod.get("nodeSelector"), join(path, "nodeSelector"))
     for i, tol in enumerate(_dicts(pod.get("tolerations"))):
-        found += _validate_toleration(tol, join(join(path, "tolerations"), i))
+        found += validate_toleration(tol, join(join(path, "tolerations"), i))
     for key in ("terminationGracePeriodSeconds", "activeDeadlineSeconds"):
         value = pod.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key.startswith("term") else 1):
@@ -302,7 +328,8 @@ def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
     return found
 
 
-def _validate_toleration(tol: dict, path: str) -> list[Finding]:
+def validate_toleration(tol: dict, path: str) -> list[Finding]:
+    """ValidateTolerations, for one toleration (the job model asks it too: deploy/spec.py)."""
     found: list[Finding] = []
     key, op, value, effect = tol.get("key") or "", tol.get("operator") or "", tol.get("value") or "", tol.get("effect") or ""
     if key:

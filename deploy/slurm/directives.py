@@ -19,7 +19,7 @@ Value = str | int | bool
 Directive = tuple[str, Value]
 
 # sbatch reads #SBATCH lines itself (no shell); keep values to characters it passes unchanged.
-VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&~-]+$")
+VALUE = re.compile(r"^[A-Za-z0-9_.,:@%+=/|&~*()\[\]-]+$")
 
 #: CPUs per GPU when a GPU job does not say (resources.cpus_per_node): Slurm's default of one
 #: CPU per task would run a node's eight torchrun workers and their data loading on one core.
@@ -65,6 +65,15 @@ def gpu_request(job: JobSpec) -> Directive | None:
     return "gpus-per-node", f"{typed}{job.gpus_per_node}" if typed else job.gpus_per_node
 
 
+def gres_option(job: JobSpec) -> str | None:
+    """`--gres`: the GPUs when slurm.gpu_flag is gres, then the `--gres=` of
+    slurm.extra_directives, as one list (sbatch keeps only the last --gres it is given)."""
+    gpus = gpu_request(job)
+    items = [str(gpus[1])] if gpus and gpus[0] == "gres" else []
+    items += [str(value) for name, value in map(parse, job.slurm.extra_directives) if name == "gres"]
+    return ",".join(items) or None
+
+
 def memory_option(job: JobSpec) -> str | None:
     """`--mem`: `0` (all of the node's) with slurm.all_memory, else resources.memory in MiB
     rounded up; None leaves Slurm's default."""
@@ -93,14 +102,16 @@ def of(job: JobSpec) -> tuple[Directive, ...]:
     """The `#SBATCH` options, all derived from the JobSpec, in the order the script prints them."""
     s = job.slurm
     nodes = job.nodes.min if not job.nodes.elastic else f"{job.nodes.min}-{job.nodes.max}"
-    gpus = gpu_request(job) or ("gpus-per-node", None)
+    gpus = gpu_request(job)
+    per_node = gpus[1] if gpus and gpus[0] == "gpus-per-node" else None
     # (name, value or None for "not asked for", the field a wrong value would come from)
     out: list[tuple[str, Value | None, str]] = [
         ("job-name", job.name, "name"),
         ("nodes", nodes, "nodes"),
         ("ntasks-per-node", tasks_per_node(job), "slurm.launcher"),
         ("cpus-per-task", cpus_per_task(job), "resources.cpus_per_node"),
-        (*gpus, "gpus_per_node"),
+        ("gpus-per-node", per_node, "gpus_per_node"),
+        ("gres", gres_option(job), "slurm.extra_directives"),
         ("mem", memory_option(job), "resources.memory"),
         ("time", None if job.time_limit is None else slurm_time(job.time_limit), "time_limit"),
         *((key, getattr(s, key), f"slurm.{key}") for key in ("partition", "account", "qos", "constraint")),
@@ -114,7 +125,7 @@ def of(job: JobSpec) -> tuple[Directive, ...]:
         ("signal", signal_option(job), "slurm.signal"),
     ]
     derived = tuple((name, _checked(value, field)) for name, value, field in out if value is not None)
-    return derived + tuple(parse(d) for d in s.extra_directives)
+    return derived + tuple(d for d in map(parse, s.extra_directives) if d[0] != "gres")
 
 
 def _checked(value: Value, field: str) -> Value:
