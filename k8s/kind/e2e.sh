@@ -123,7 +123,8 @@ for flavor in $FLAVORS; do
   state=PENDING
   deadline=$((SECONDS + TIMEOUT_S))
   while (( SECONDS < deadline )); do
-    state="$(ddpkit status "$handle")" || state=UNKNOWN
+    line="$(ddpkit status "$handle")" || line=UNKNOWN
+    state="${line%% *}"  # the first word is the state; progress follows it
     [[ "$state" == SUCCEEDED || "$state" == FAILED ]] && break
     sleep 5
   done
