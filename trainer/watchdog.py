@@ -204,7 +204,9 @@ class Watchdog:
             except Exception as e:  # noqa: BLE001  (the store host is gone or frozen)
                 # After another rank's verdict (its exit takes the store with it when it is
                 # rank 0) there is nothing new to say: the launcher ends this process.
-                if not (self.done.is_set() or self.dumped):
+                # A refused or reset connection: the store's host (rank 0) is gone, and its
+                # launcher sees that failure; only a store that stops answering is a hang.
+                if not (self.done.is_set() or self.dumped) and "timeout" in str(e).lower():
                     self._store_lost(e)
                 return
             self.done.wait(PUBLISH_EVERY_S)
