@@ -32,8 +32,10 @@ Then the reporter exits `EXIT_HANG` (124), and the other ranks that saw the flag
 later (a rank stuck in a collective would otherwise sit out its stop grace period): the attempt
 ends, and torchrun (or the target) restarts the group, counted against `restarts`. A frozen
 (SIGSTOPped) rank cannot exit: its launcher kills it after the stop grace period
-(`DDPKIT_STOP_GRACE_S`, torchrun's `--shutdown-timeout`). If the store itself does not answer (its host,
-rank 0's process, is frozen), the rank that notices says so and exits the same way.
+(`DDPKIT_STOP_GRACE_S`, torchrun's `--shutdown-timeout`). If the store itself stops answering
+(its host, rank 0's process, is frozen: a store timeout), the rank that notices says so and
+exits the same way; a reset connection (rank 0 is gone) is left to the launcher, which sees
+that failure itself.
 """
 
 from __future__ import annotations
