@@ -144,8 +144,8 @@ def test_a_killed_and_restarted_run_books_its_time_and_status_follows_it(tmp_pat
     assert 0.6 * outside < run["wall_s"] <= outside
     booked = sum(run["classes"][k] for k in ("productive", "redone", "checkpoint_save"))
     assert booked == pytest.approx(step_seconds(run_dir), rel=0.05)
-    # the log says the same as the file: the last ddpkit-progress line is the final record
-    assert last_record(out) == record
+    # the record's log lines are for programs reading cluster logs: kept out of the terminal
+    assert "ddpkit-progress " not in out and "resumed from" in out
 
 
 @pytest.mark.slow

@@ -113,12 +113,13 @@ def format_summary(s: dict) -> str:
 
 
 def show_output(proc: subprocess.Popen) -> None:
-    """Stream the trainer's stdout as it comes, less its `ddpkit-summary {json}` line (a line for
-    programs reading logs; the readable summary is printed from metrics.jsonl at the end)."""
+    """Stream the trainer's stdout as it comes, less its `ddpkit-summary {json}` and
+    `ddpkit-progress {json}` lines (lines for programs reading logs: the readable summary is
+    printed from metrics.jsonl at the end, and `ddpkit status RUN_DIR` reads the progress)."""
     assert proc.stdout is not None
     out = sys.stdout.buffer
     for raw in proc.stdout:
-        if not raw.startswith(b"ddpkit-summary "):
+        if not raw.startswith((b"ddpkit-summary ", b"ddpkit-progress ")):
             out.write(raw)
             out.flush()
 
