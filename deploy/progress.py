@@ -48,7 +48,7 @@ def progress_text(record: dict[str, Any], now: float | None = None) -> str:
     step, total = record.get("step", 0), record.get("total_steps") or 0
     parts = [f"step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
     if record.get("epochs"):
-        parts.append(f"epoch {min(record.get('epoch', 0), record['epochs'])}/{record['epochs']}")
+        parts.append(f"epoch {min(record.get('epoch', 0) + 1, record['epochs'])}/{record['epochs']}")  # 1-based
     if record.get("samples_per_s"):
         parts.append(f"{record['samples_per_s']:.0f} samples/s")
     if record.get("state") == "running" and record.get("eta_s") is not None:

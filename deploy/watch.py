@@ -25,7 +25,7 @@ def table(rows: list[tuple[str, Report]], now: float) -> Any:
         out.add_row(
             handle, report.state_line,
             f"{r['step']}/{total}" if r else "",
-            f"{min(r.get('epoch', 0), r.get('epochs', 0))}/{r.get('epochs')}" if r.get("epochs") else "",
+            f"{min(r.get('epoch', 0) + 1, r.get('epochs', 0))}/{r.get('epochs')}" if r.get("epochs") else "",
             f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "",
             duration(r["eta_s"]) if running and r.get("eta_s") is not None else "",
             f"{100 * r['run']['goodput']:.0f}%" if (r.get("run") or {}).get("goodput") is not None else "",

@@ -47,7 +47,7 @@ def test_the_newest_whole_record_is_found_behind_a_launcher_prefix():
 
 
 def test_the_status_line_keeps_the_state_first_and_says_progress_eta_goodput_restarts():
-    record = {"state": "running", "step": 120, "total_steps": 500, "epoch": 1, "epochs": 5,
+    record = {"state": "running", "step": 120, "total_steps": 500, "epoch": 0, "epochs": 5,
               "samples_per_s": 850.4, "eta_s": 432, "restarts": 1, "restarts_allowed": 3,
               "updated": 100.0, "run": {"goodput": 0.912}}
     text = Report("RUNNING", record, waited_s=12).text(now=104.0)
