@@ -8,6 +8,9 @@ output file on Slurm (`StdOut`), rank 0's pod log on Kubernetes. A job whose tra
 ddpkit's (`script:`) has no record; its status is the state alone.
 
     RUNNING  step 120/500 (24%)  epoch 1/5  850 samples/s  ETA 7m12s  goodput 91%  restarts 1/3  (4s ago)
+
+and, when the trainer names one (trainer/stragglers.py), `straggler: rank 1 on node-b 2.4x slower`
+before the age.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from deploy.errors import UserError
 from trainer.progress import attempt_files, last_record, read_record
+from trainer.stragglers import describe as describe_straggler
 
 __all__ = ["TAIL_LINES", "Report", "RunDir", "duration", "is_run_dir", "last_record", "tail_of_file"]
 
@@ -57,6 +61,8 @@ def progress_text(record: dict[str, Any], now: float | None = None) -> str:
     if run_goodput is not None:
         parts.append(f"goodput {100 * run_goodput:.0f}%")
     parts.append(f"restarts {record.get('restarts', 0)}/{record.get('restarts_allowed', 0)}")
+    if record.get("straggler"):
+        parts.append(f"straggler: {describe_straggler(record['straggler'])}")
     if record.get("state") == "running":
         parts.append(f"({duration(now - record.get('updated', now))} ago)")
     return "  ".join(parts)

@@ -16,7 +16,8 @@ def table(rows: list[tuple[str, Report]], now: float) -> Any:
     from rich.table import Table
 
     out = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("job", "state", "step", "epoch", "samples/s", "ETA", "goodput", "restarts", "updated"):
+    for column in ("job", "state", "step", "epoch", "samples/s", "ETA", "goodput", "restarts",
+                   "rank steps/s", "updated"):
         out.add_column(column, justify="right" if column not in ("job", "state") else "left")
     for handle, report in rows:
         r = report.record or {}
@@ -30,9 +31,17 @@ def table(rows: list[tuple[str, Report]], now: float) -> Any:
             duration(r["eta_s"]) if running and r.get("eta_s") is not None else "",
             f"{100 * r['run']['goodput']:.0f}%" if (r.get("run") or {}).get("goodput") is not None else "",
             f"{r.get('restarts', 0)}/{r.get('restarts_allowed', 0)}" if r else "",
+            rank_rates(r),
             f"{duration(now - r['updated'])} ago" if r else "",
         )
     return out
+
+
+def rank_rates(record: dict[str, Any]) -> str:
+    """Each rank's steps/s over the last window (`0:4.1 1:2.0`), the straggler marked `!`."""
+    slow = (record.get("straggler") or {}).get("rank")
+    return " ".join(f"{x['rank']}:{x['steps_per_s']:.1f}" + ("!" if x["rank"] == slow else "")
+                    for x in record.get("ranks") or [] if x.get("steps_per_s"))
 
 
 def watch(handles: list[Any], *, every_s: float = 2.0) -> int:

@@ -287,6 +287,13 @@ class TrainConfig(BaseModel):
     )
     hang_floor_s: float = Field(20.0, ge=1, le=86_400, description="The watchdog's shortest deadline for a step's phases.")
     hang_factor: float = Field(10.0, ge=1, le=1000, description="The watchdog's deadline for a step's phases: this x the p99 step time of the attempt (at least `hang_floor_s`).")
+    straggler_factor: float = Field(
+        1.5, ge=1.05, le=100,
+        description="A rank whose own time a step (data, forward, backward up to its last "
+        "gradient bucket, optimizer: no waiting for the others) is over this x the other ranks' median in 3 windows of `log_every_steps` steps "
+        "in a row is named the straggler: in rank 0's log, `ddpkit status` and the summary. "
+        "README \"Stragglers\".",
+    )
     prometheus_port: int | None = Field(
         None, ge=1024, le=65535,
         description="Rank 0 serves its counters (step, samples/s, loss, goodput and its time "

@@ -214,6 +214,8 @@ class Progress:
         self.written = self.printed = 0.0
         self.host, self.pid, self.agent_pid = socket.gethostname(), os.getpid(), os.getppid()
         self.loss: float | None = None  # the last logged step's (the trainer sets it)
+        self.straggler: dict[str, Any] | None = None  # trainer/stragglers.py, set by the trainer
+        self.ranks: list[dict[str, Any]] | None = None  # each rank's rate over the last window
         self.exporter: Exporter | None = None
 
     def phase_of(self, step: int) -> str:
@@ -258,6 +260,7 @@ class Progress:
             "eta_s": remaining / rate if rate and state == "running" else (0.0 if remaining == 0 else None),
             "restarts": self.attempt, "restarts_allowed": self.restarts_allowed,
             "wall_s": now - self.ledger.t0, "classes": _rounded(classes),
+            "straggler": self.straggler, "ranks": self.ranks,
             "run": {"started": self.run_started, "wall_s": now - self.run_started,
                     "goodput": goodput(run), "classes": _rounded(run)},
         }

@@ -46,6 +46,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     TORCHRUN_T0_VAR,
 )
 from trainer.progress import Exporter, Ledger, Progress
+from trainer.stragglers import BucketClock, StepTimes, StragglerFinder, describe, per_rank_rates
 from trainer.watchdog import Heartbeat, Watchdog
 
 WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
@@ -288,6 +289,10 @@ class Trainer:
         self.vote = StopVote(self.control, self.distributed)
         self.ledger = ledger or Ledger(t0, phase="setup")  # rank 0's is the one written
         self.hb = Heartbeat()  # where this rank is, for the hang watchdog
+        self.step_times = StepTimes()  # this rank's, per step (trainer/stragglers.py)
+        self.bucket_clock = BucketClock()  # when DDP's last gradient bucket was ready
+        self.stragglers = StragglerFinder(self.cfg.straggler_factor)  # rank 0's verdicts
+        self.ranks_overall: list[dict[str, Any]] = []  # rank 0: every window's per-rank medians
         self.watchdog: Watchdog | None = None
         self.progress: Progress | None = None  # rank 0, once the step count is known (setup)
         self.metrics = None
@@ -581,15 +586,15 @@ class Trainer:
                          "static_graph %s, sync_batchnorm %s", cfg.bucket_cap_mb, cfg.find_unused_parameters,
                          cfg.broadcast_buffers, cfg.static_graph, cfg.sync_batchnorm)
             wrapped = self.ddp
-            if cfg.ddp_comm_hook != "none":
-                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-                hook = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
-                try:
-                    self.ddp.register_comm_hook(None, hook[cfg.ddp_comm_hook])
-                except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
-                    raise ConfigError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
-                                     f"({str(e).splitlines()[0]}); use fp16 or none") from None
+            hook = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
+                    "bf16": default_hooks.bf16_compress_hook}[cfg.ddp_comm_hook]
+            try:  # timed: when the last bucket was handed over (trainer/stragglers.py)
+                self.ddp.register_comm_hook(None, self.bucket_clock.wrap(hook))
+            except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
+                raise ConfigError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
+                                  f"({str(e).splitlines()[0]}); use fp16 or none") from None
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.marks["DDP"] = time.time()
 
@@ -843,6 +848,7 @@ class Trainer:
                 self.hb.beat("data")
                 continue  # inside a gradient accumulation
             self.log_metrics()
+            self.compare_ranks()
             self.maybe_checkpoint()
             # The stop vote is a collective: every rank takes part at every step boundary.
             if self.handle_stop() or self.step >= self.total_steps:
@@ -871,7 +877,10 @@ class Trainer:
             loss, _, _ = self.forward_loss(self.forward, batch)
             scaled = loss / accum if accum > 1 else loss
             self.hb.beat("backward")  # DDP's all-reduce runs in here
+            self.bucket_clock.last_ready = None
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            if self.bucket_clock.last_ready is not None:  # waited for the others' gradients since
+                self.hb.rebook("allreduce", time.time() - self.bucket_clock.last_ready)
         s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
         self.micro += 1
         return last_micro
@@ -897,8 +906,11 @@ class Trainer:
         s, accum = self.session, self.cfg.grad_accum
         s.steps += 1
         self.hb.step_done()
+        self.hb.beat("log")  # the bookkeeping below is no rank's step work (trainer/stragglers.py)
         t_now = time.perf_counter()
         s.pending.append((self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, t_now - s.t_prev))
+        if self.hb.last_step is not None:
+            self.step_times.add(*self.hb.last_step)
         s.step_loss = None
         s.t_prev = t_now
         self.tick()
@@ -950,6 +962,27 @@ class Trainer:
         s.pbar.set_postfix_str(f"loss {values[-1]:.4f}", refresh=False)
         _log_line(s.pbar, msg)
         s.pending.clear()
+
+    def compare_ranks(self) -> None:
+        """Every `log_every_steps` steps (every rank, a collective): each rank's medians of its
+        window of steps to rank 0, which writes them and names a straggler (trainer/stragglers.py)."""
+        if self.step % self.cfg.log_every_steps or not self.distributed or self.world < 2:
+            return
+        self.hb.beat("vote")  # a collective at the step boundary, as the stop vote is
+        mine = self.step_times.take()
+        ranks = self.all_gather(mine and {"rank": self.rank, "host": socket.gethostname(), **mine})
+        if not self.is_main or any(r is None for r in ranks):
+            return
+        straggler, new = self.stragglers.window(ranks)
+        self.ranks_overall.append({r["rank"]: r["own_s"] for r in ranks})
+        self.write({"ranks_at_step": self.step, "ranks": ranks, "straggler": straggler})
+        if new:
+            log.warning("straggler: %s (its own work %.1f ms a step against %.1f ms on the "
+                        "other ranks, %d windows of %d steps in a row)", describe(straggler),
+                        1000 * straggler["own_s"], 1000 * straggler["others_own_s"],
+                        straggler["windows"], self.cfg.log_every_steps)
+        if self.progress is not None:
+            self.progress.straggler, self.progress.ranks = straggler, per_rank_rates(ranks)
 
     def maybe_checkpoint(self) -> None:
         if self.step % self.job.checkpoint.every_steps == 0:
@@ -1078,7 +1111,19 @@ class Trainer:
             "buffers_identical": all(r["buffers_sha256"] == buffers for r in ranks) if buffers_checked else None,
             "run_dir": str(self.run_dir),
             "checkpoint_dir": str(self.ckpt_dir),
+            "straggler": self.stragglers.last_named,
+            "own_s_per_rank": self.own_s_per_rank(),
         }
+
+    def own_s_per_rank(self) -> dict[str, float] | None:
+        """Rank 0: each rank's median own time a step (trainer/stragglers.py) over the session's
+        windows; None with one rank or before the first window."""
+        if not self.ranks_overall:
+            return None
+        import statistics
+
+        return {str(r): round(statistics.median(w[r] for w in self.ranks_overall if r in w), 6)
+                for r in sorted(self.ranks_overall[-1])}
 
     def publish(self, summary: dict[str, Any], status: str) -> None:
         """Rank 0: the summary in metrics.jsonl and on stdout; a completed run's FINISHED

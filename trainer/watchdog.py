@@ -57,7 +57,7 @@ from trainer.contract import EXIT_HANG
 
 #: Phases in which a rank waits for the others (a collective); the rest are its own work.
 COLLECTIVE = {"backward", "vote", "eval", "checkpoint", "rendezvous", "checkpoint_load"}
-STEP_PHASES = {"data", "forward", "backward", "optimizer", "vote"}
+STEP_PHASES = {"data", "forward", "backward", "optimizer", "log", "vote"}  # log: after a step
 PUBLISH_EVERY_S = 1.0
 STALE_S = 8.0
 DUMP_WAIT_S = 3.0
@@ -74,19 +74,39 @@ class Heartbeat:
         self.step_times: deque[float] = deque(maxlen=512)
         self.longest: dict[str, float] = {}  # checkpoint, eval: the longest so far
         self._step_t0: float | None = None
+        # Seconds per phase since the last step's end, and the last step's (trainer/stragglers.py)
+        self.phase_s: dict[str, float] = {}
+        self.last_step: tuple[float, dict[str, float]] | None = None
+        self._mark = self.since  # where phase_s has booked up to
 
     def beat(self, phase: str, step: int | None = None) -> None:
         now = time.time()
         if self.phase in ("checkpoint", "eval") and phase != self.phase:
             self.longest[self.phase] = max(self.longest.get(self.phase, 0.0), now - self.since)
-        self.phase, self.since = phase, now
+        self.phase_s[self.phase] = self.phase_s.get(self.phase, 0.0) + now - self._mark
+        self.phase, self.since, self._mark = phase, now, now
         if step is not None:
             self.step = step
 
-    def step_done(self) -> None:
+    def rebook(self, phase: str, seconds: float) -> None:
+        """The last `seconds` of the current phase were `phase` (stragglers: backward's tail
+        spent waiting in the all-reduce); the watchdog's view is unchanged."""
         now = time.time()
+        seconds = max(0.0, min(seconds, now - self._mark))
+        self.phase_s[self.phase] = self.phase_s.get(self.phase, 0.0) + now - self._mark - seconds
+        self.phase_s[phase] = self.phase_s.get(phase, 0.0) + seconds
+        self._mark = now
+
+    def step_done(self) -> None:
+        """An optimizer step ended: its time (for the deadlines) and its seconds per phase
+        (`last_step`; the phase goes on, booked to the next step from now)."""
+        now = time.time()
+        self.phase_s[self.phase] = self.phase_s.get(self.phase, 0.0) + now - self._mark
+        self._mark = now
         if self._step_t0 is not None:
             self.step_times.append(now - self._step_t0)
+            self.last_step = (now - self._step_t0, self.phase_s)
+        self.phase_s = {}
         self._step_t0 = now
 
     def deadline(self, floor_s: float, factor: float, timeout_s: float) -> float:

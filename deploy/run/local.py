@@ -27,6 +27,7 @@ from trainer.contract import (
     LaunchEnv,
 )
 from trainer.launch import WORKER_VARS
+from trainer.stragglers import describe as describe_straggler
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
@@ -104,6 +105,7 @@ def format_summary(s: dict) -> str:
             if k.startswith("eval_") and k not in ("eval_loss", "eval_accuracy")])),
         ("samples/s", num("samples_per_s", ".0f")),
         ("first step", f"{num('first_step_s', '.1f')} s after launch; wall {num('wall_s', '.1f')} s"),
+        *([("straggler", describe_straggler(s["straggler"]))] if s.get("straggler") else []),
         ("parameters", "identical on every rank" if s.get("params_identical") else "DIFFER across ranks"),
         ("buffers", {True: "identical on every rank", False: "DIFFER across ranks"}.get(
             s.get("buffers_identical"), "not compared (none, or rank-local BatchNorm statistics)")),
