@@ -163,6 +163,12 @@ class Handle:
         self._target.logs(self.text, rank=rank, follow=follow, out=buffer)
         return buffer.getvalue()
 
+    def why(self) -> list[str]:
+        """Why the job ended as it did (or where it is): the first line is
+        `CATEGORY: rank R on NODE, attempt N: EVIDENCE` (deploy/why.py's CATEGORIES), then
+        details per attempt and the scheduler's words."""
+        return self._target.why(self.text)
+
     def cancel(self, *, wait_s: float | None = None) -> None:
         """Cancel the job and wait until it is gone (the target's default wait; 0: at once)."""
         self._target.cancel(self.text, wait_s=wait_s)

@@ -144,6 +144,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_why(args: argparse.Namespace) -> int:
+    print("\n".join(Handle(args.handle).why()))
+    return 0
+
+
 def cmd_logs(args: argparse.Namespace) -> int:
     Handle(args.handle).logs(args.rank, follow=args.follow, out=sys.stdout)
     return 0
@@ -275,6 +280,11 @@ def _handle_commands(sub) -> None:
     shown.add_argument("--json", action="store_true", help="one JSON object per job")
     shown.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
                        help="a live view, refreshed every SECONDS (default 2) until every job has ended")
+
+    p = _command(sub, "why", cmd_why, "why a job failed (or where it is): the cause in one line "
+                 "(CATEGORY: rank, node, attempt: evidence), then each attempt",
+                 "ddpkit why slurm://1234\n  ddpkit why runs/quickstart")
+    p.add_argument("handle", metavar="HANDLE", help="a job handle or a local run's directory")
 
     p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
     p.add_argument("handle", metavar="HANDLE")

@@ -168,6 +168,11 @@ class RunDir:
         record = self._record()
         return Report(local_state(record), record)
 
+    def why(self, handle: str) -> list[str]:
+        from deploy.why import explain
+
+        return explain("", "", self.path)
+
     def logs(self, handle: str, **_: Any) -> int:
         raise UserError(f"{self.path}: a local run's output went to the terminal that ran it; "
                         "its metrics are in RUN_DIR/metrics.jsonl")

@@ -127,6 +127,10 @@ class Target:
         """`ddpkit status`: the state line, the trainer's progress record, the wait to start."""
         return self._jobs().report(handle)
 
+    def why(self, handle: str) -> list[str]:
+        """`ddpkit why`: the cause in one line (deploy/why.py), then the details."""
+        return self._jobs().why(handle)
+
     def logs(self, handle: str, *, rank: int | None, follow: bool, out=None) -> int:
         """Print node `rank`'s log (default 0) to `out` (default stdout)."""
         return self._jobs().logs(handle, rank=rank, follow=follow, out=out) or 0

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.why import explain
 from tests.test_faults import logged_steps, worker_pids
 from tests.trainer_util import REPO, launch_env, wait_for
 from trainer.watchdog import STALE_S, WARM_STEPS, Heartbeat, verdict
@@ -99,6 +100,8 @@ def check_run(out: str, run_dir: Path, cause: str) -> dict:
     assert records[-1]["summary"] and records[-1]["status"] == "completed", records[-1]
     first = json.loads((run_dir / "attempts" / "attempt-0.json").read_text())
     assert first["state"] == "hung" and first["classes"]["hang"] > 10, first["classes"]
+    why = explain("", "", run_dir)  # `ddpkit why RUN_DIR`: completed, after a hang in attempt 0
+    assert why[0].startswith("completed: attempt 1") and why[1].startswith("  attempt 0: hang: rank 1"), why
     return found
 
 

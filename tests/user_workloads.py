@@ -154,3 +154,40 @@ def hang(cfg) -> Workload:
     model = SleepyModel(_Hang(cfg, enabled=where == "forward"))
     data = SleepyData(x, y, _Hang(cfg)) if where == "data" else TensorDataset(x, y)
     return Workload(model, data)
+
+
+class _Faulty(nn.Module):
+    """`faulty`'s model: on rank `model_args.rank`, after `after` training forwards, `fault`:
+    `raise` (a ValueError), `kill` (SIGKILL to itself) or `exit` (os._exit(3)); with `marker`,
+    only the attempt that creates the marker file faults (a restart then trains on)."""
+
+    def __init__(self, args: dict):
+        import os
+
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        self.armed = int(os.environ.get("RANK", "0")) == int(args.get("rank", 1))
+        self.after, self.fault, self.marker = int(args.get("after", 5)), args.get("fault", "raise"), args.get("marker")
+        self.count = 0
+
+    def forward(self, x):
+        import os
+        import signal
+
+        self.count += self.training
+        if self.armed and self.training and self.count > self.after:
+            if self.marker is None or not os.path.exists(self.marker):
+                if self.marker:
+                    open(self.marker, "w").close()
+                if self.fault == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.fault == "exit":
+                    os._exit(3)
+                raise ValueError(f"injected fault on rank {os.environ.get('RANK')} after {self.after} steps")
+        return self.net(x)
+
+
+def faulty(cfg) -> Workload:
+    x, y = _blobs(2048)
+    torch.manual_seed(0)
+    return Workload(_Faulty(cfg.model_args), TensorDataset(x, y))

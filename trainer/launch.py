@@ -53,11 +53,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from trainer import contract
+from trainer import attempts, contract
 from trainer.config import TRAINER_ENTRY
 
 # The contract's names, also importable from here as before (deploy and the tests do).
@@ -594,12 +595,15 @@ def _die_with_parent() -> None:
         pass
 
 
-def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print) -> int:
+def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
+              record: attempts.LaunchRecord | None = None) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
     `EXIT_STOPPED` (143): a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was
     complete on every rank (whichever way the stop request reached it); torchrun itself exits 1
     then. `EXIT_STOPPED_UNSAVED` (137): this shim got a stop signal and no checkpoint was written.
+    With a `record`, torchrun's stderr passes through this process: the failed workers it
+    reports and its last lines are written to the run directory (trainer/attempts.py).
     """
     import tempfile
 
@@ -607,7 +611,9 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     stop_file = os.path.join(stop_dir, "stopped")
     env = {**env, STOP_FILE_VAR: stop_file, TORCHRUN_T0_VAR: repr(time.time())}  # a launch mark
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
-    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
+                            stderr=subprocess.PIPE if record else None)
+    relay = _relay_stderr(proc, record) if record else None
     stopped: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -618,6 +624,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
     rc = proc.wait()
+    if relay is not None:
+        relay.join(timeout=5)
     try:
         saved = open(stop_file).read().strip() or "?"
     except OSError:
@@ -626,6 +634,13 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
         os.unlink(stop_file)
     with contextlib.suppress(OSError):
         os.rmdir(stop_dir)
+    code = _exit_code(rc, saved, stopped, log)
+    if record is not None:
+        record.write(rc, code)
+    return code
+
+
+def _exit_code(rc: int, saved: str | None, stopped: list[int], log: Callable[[str], None]) -> int:
     if rc == 0:
         return 0
     if saved is not None:
@@ -636,6 +651,21 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
             f"(torchrun exit {rc}): exit {EXIT_STOPPED_UNSAVED}; a restart resumes from the previous one")
         return EXIT_STOPPED_UNSAVED
     return 128 - rc if rc < 0 else rc  # torchrun killed by a signal: the shell's 128+N
+
+
+def _relay_stderr(proc: subprocess.Popen, record: attempts.LaunchRecord) -> threading.Thread:
+    """A thread that copies torchrun's stderr to ours as it comes and feeds `record`."""
+    def relay() -> None:
+        out = sys.stderr.buffer
+        for raw in proc.stderr:
+            with contextlib.suppress(OSError, ValueError):
+                out.write(raw)
+                out.flush()
+            record.feed(raw.decode("utf-8", errors="replace"))
+
+    thread = threading.Thread(target=relay, name="ddpkit-stderr", daemon=True)
+    thread.start()
+    return thread
 
 
 @dataclass
@@ -650,6 +680,7 @@ class JobSettings:
     torchrun_args: list[str] = field(default_factory=list)
     cpus_per_node: float | None = None
     threads: int | None = None
+    output_dir: str | None = None  # the trainer's `train.output_dir`: the run directory's parent
 
 
 def read_job_settings(env: Env) -> JobSettings:
@@ -666,7 +697,7 @@ def read_job_settings(env: Env) -> JobSettings:
             raise LaunchError(f"bad job file {env[JOB_FILE_VAR]}: {error_line(e)}") from None
         job = JobSettings(sections.name, sections.train.timeout_s, sections.entry, sections.script,
                           sections.preflight, sections.torchrun_args, sections.cpus_per_node,
-                          sections.train.threads)
+                          sections.train.threads, sections.train.output_dir)
     if env.get(PREFLIGHT_ONLY_VAR) == "1":  # `python -m trainer.preflight` on a node
         job.entry, job.script, job.preflight = list(PREFLIGHT), None, False
     elif job.preflight:  # `preflight: true`: each worker checks, then runs the real entry
@@ -725,7 +756,9 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
         if job.preflight or job.entry == PREFLIGHT:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
-        return supervise(plan.argv, plan.env, log)
+        run_dir = attempts.run_directory(job.output_dir, job.run_id) if job.output_dir and job.run_id else None
+        nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
+        return supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir, plan.node_rank or 0, nproc))
     sys.stdout.flush()
     os.execve(plan.argv[0], plan.argv, plan.env)
     return EXIT_FAILURE  # not reached

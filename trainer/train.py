@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer import attempts
 from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     DEFAULT_STOP_GRACE_S,
     EXIT_BAD_CONFIG,
@@ -39,7 +40,6 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     EXIT_STOPPED,
     EXIT_STOPPED_UNSAVED,
     LAUNCH_T0_VAR,
-    RUN_ID_VAR,
     STOP_AT_STEP_VAR,
     STOP_FILE_VAR,
     STOP_GRACE_S_VAR,
@@ -243,7 +243,7 @@ def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: P
 
 
 def run_directory(cfg: Any, job_name: str) -> Path:
-    return Path(cfg.output_dir) / (os.environ.get(RUN_ID_VAR) or job_name)
+    return attempts.run_directory(cfg.output_dir, job_name)
 
 
 @dataclass
@@ -1182,6 +1182,10 @@ def threads_per_rank(threads: int | None, env: Any, local_world_size: int) -> in
     return max(1, cpus // max(1, local_world_size))
 
 
+#: The worker's trainer once it exists: where an uncaught exception happened (`main`).
+CURRENT: dict[str, Trainer] = {}
+
+
 def run(job: Any, denv: Any, t0: float) -> int:
     t_start = time.time()
     import torch
@@ -1208,12 +1212,19 @@ def run(job: Any, denv: Any, t0: float) -> int:
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
         ledger.enter("setup", at=marks["process group"])
-        trainer = Trainer(job, denv, device, stop, t0, ledger)
+        trainer = CURRENT["trainer"] = Trainer(job, denv, device, stop, t0, ledger)
         trainer.marks = {**marks, **trainer.marks}
         if trainer.already_finished():
             return EXIT_OK
         trainer.setup()
         return trainer.train()
+
+
+def record_failure(job: Any, denv: Any, exc: BaseException) -> None:
+    """The worker's exception in the run directory, for `ddpkit why` (trainer/attempts.py)."""
+    trainer = CURRENT.get("trainer")
+    attempts.record_exception(run_directory(job.train, job.name), denv.rank, exc,
+                              step=getattr(trainer, "step", None), phase=trainer.hb.phase if trainer else None)
 
 
 def main() -> int:
@@ -1240,8 +1251,12 @@ def main() -> int:
     try:
         return run(job, denv, t0)
     except ConfigError as e:  # a bad setting found while building the workload: no traceback
+        record_failure(job, denv, e)
         say(str(e))
         return EXIT_BAD_CONFIG
+    except Exception as e:  # for `ddpkit why`, then as below
+        record_failure(job, denv, e)
+        raise
     # Anything else is a failure of the run: it propagates (traceback, exit 1) through
     # `entry`'s @record, which writes torchrun's error file so its failure summary names it.
 

@@ -397,6 +397,43 @@ def report(handle: str, *, cluster: Cluster | None = None) -> Report:
     return Report(state_line, last_record(text), pod_waited(pod))
 
 
+def pod_failed(pod: dict) -> str | None:
+    """The kubelet's words for a training container that ended badly, now or before its last
+    restart: `OOMKilled (exit 137) on node-b`; None when none did."""
+    status = pod.get("status") or {}
+    for container in status.get("containerStatuses") or []:
+        for state in (container.get("state") or {}, container.get("lastState") or {}):
+            ended = state.get("terminated") or {}
+            if ended and ended.get("exitCode", 0) != 0:
+                node = (pod.get("spec") or {}).get("nodeName")
+                return (f"{ended.get('reason') or 'Error'} (exit {ended.get('exitCode')})"
+                        + (f" on {node}" if node else ""))
+    return None
+
+
+def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
+    """`ddpkit why`: the state line, the first pod whose container failed in the kubelet's
+    words, and that pod's log (else rank 0's), read by deploy/why.py."""
+    from deploy.why import explain
+
+    cluster = _cluster(cluster)
+    h = parse_handle(handle)
+    state_line, pods = _state_line(*_workload_and_pods(h, cluster))
+    failed = {rank: said for rank, said in ((r, pod_failed(p)) for r, p in sorted(pods.items())) if said}
+    if failed:
+        rank, said = next(iter(failed.items()))
+        state_line += f" [node rank {rank}: {said}]"
+    pod = pods.get(next(iter(failed), 0))
+    text = ""
+    if pod is not None:
+        try:
+            text = "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
+                                       False, tail_lines=TAIL_LINES))
+        except ApiError:
+            text = ""
+    return explain(state_line, text)
+
+
 def pod_waited(pod: dict) -> float | None:
     """Seconds from the pod's creation to its PodScheduled condition (None until scheduled)."""
     import datetime

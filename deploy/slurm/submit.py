@@ -257,6 +257,17 @@ def report(handle: str, *, runner: Runner = subprocess.run) -> Report:
     return Report(_describe(info), record, _waited(info))
 
 
+def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
+    """`ddpkit why`: Slurm's state and reason, and the job's output file (deploy/why.py)."""
+    from deploy.why import explain
+
+    info = show_job(handle, runner=runner)
+    if info is None:
+        return explain(status(handle, runner=runner), "")
+    text = tail_of_file(_log_path(info)) if info.get("StdOut") else ""
+    return explain(_describe(info), text)
+
+
 def _waited(info: dict[str, str]) -> float | None:
     """Seconds from the (last) submission to the start; None before the start."""
     import datetime

@@ -1,0 +1,265 @@
+"""`ddpkit why HANDLE` (or a local run's directory): why a job ended as it did, in one line,
+then the details per attempt.
+
+    exception: rank 1 on node2, attempt 0: ValueError: loss is nan (train.py:880 in train_step, step 41, in forward)
+
+The first line is `CATEGORY: rank R on NODE, attempt N: EVIDENCE`, with CATEGORY one of
+`CATEGORIES` (the rank, node or attempt left out where nothing says). It comes from what each
+attempt leaves in the run directory (trainer/attempts.py: a worker's exception, the failed
+workers torchrun reported with their exit codes and signals, the hang watchdog's verdict, rank
+0's progress record) and, on a cluster, from the scheduler's own words (`ddpkit status`'s
+state line: Slurm's state and reason, the pods' conditions) and the job's log (the same torchrun
+and watchdog lines, read from the output file or rank 0's pod). The cause of a run is the cause
+of its last attempt; earlier attempts follow as details.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.attempts import (
+    ATTEMPTS_DIR,
+    ERRORS_DIR,
+    FAILED_WORKER,
+    LAUNCH_DIR,
+    read_records,
+    read_verdicts,
+    signal_name,
+)
+from trainer.contract import EXIT_BAD_CONFIG, EXIT_HANG
+from trainer.progress import attempt_files, read_record
+
+#: The causes `why` names, in the words of its first line.
+CATEGORIES = {
+    "completed": "the run finished",
+    "running": "no failure yet: the job is still running or waiting",
+    "stopped": "stopped on request (a signal, preemption, `ddpkit cancel`) after a checkpoint",
+    "hang": "a rank stopped making progress (the hang watchdog's verdict)",
+    "exception": "a Python exception on a rank",
+    "killed": "a rank was killed by a signal (SIGKILL: the OOM killer or kill -9)",
+    "oom": "out of memory (the scheduler says so: OOMKilled, OUT_OF_MEMORY)",
+    "config": "the job file or a setting was refused when the run started",
+    "node-lost": "a node failed or was lost",
+    "preempted": "preempted by the scheduler",
+    "time-limit": "the job reached its time limit",
+    "cancelled": "cancelled",
+    "queued": "waiting to be scheduled or admitted",
+    "unschedulable": "no node can take a pod (resources, selectors, taints)",
+    "image": "the container image cannot be pulled or started",
+    "mount": "a volume cannot be mounted",
+    "failed": "the job failed, and no record says how (see the log)",
+}
+_TERM = {"SIGTERM"}  # what torchrun sends the rest of a group once one worker failed
+#: An exception that says only that another rank went away (gloo's and NCCL's words, c10d's).
+_PEER_GONE = re.compile(r"Connection (reset|closed)|remote worker|Broken pipe|DistNetworkError|"
+                        r"DistBackendError|peer|NCCL communicator was aborted|Socket Timeout", re.IGNORECASE)
+
+
+@dataclass
+class Cause:
+    category: str
+    evidence: str
+    rank: int | None = None
+    node: str | None = None
+    attempt: int | None = None
+
+    def line(self) -> str:
+        where = [f"rank {self.rank}" if self.rank is not None else None,
+                 f"on {self.node}" if self.node else None,
+                 f"attempt {self.attempt}" if self.attempt is not None else None]
+        said = " ".join(w for w in where[:2] if w)
+        said = ", ".join(w for w in (said, where[2]) if w)
+        return f"{self.category}: {said}: {self.evidence}" if said else f"{self.category}: {self.evidence}"
+
+
+# -- a run directory (local runs; on a cluster, where the submitting host can read it) ---------
+
+@dataclass
+class Attempt:
+    number: int
+    started: float
+    record: dict[str, Any] | None
+
+
+def attempts_of(run_dir: Path) -> list[Attempt]:
+    out = []
+    for path in attempt_files(run_dir):
+        record = read_record(path)
+        if record and "started" in record:
+            out.append(Attempt(int(record.get("attempt", len(out))), float(record["started"]), record))
+    return out
+
+
+def attempt_at(attempts: list[Attempt], t: float) -> int | None:
+    """The attempt an event at time `t` belongs to: the last one started by then (an event
+    before the first record, during startup, belongs to the first)."""
+    if not attempts:
+        return None
+    started = [a for a in attempts if a.started <= t]
+    return (started[-1] if started else attempts[0]).number
+
+
+def run_dir_causes(run_dir: Path) -> list[Cause]:
+    """One cause per attempt, oldest first, from the run directory's records."""
+    attempts = attempts_of(run_dir)
+    verdicts = read_verdicts(run_dir)
+    errors = read_records(run_dir / ATTEMPTS_DIR / ERRORS_DIR)
+    failures = [dict(f, host=launch["host"]) for launch in read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR)
+                for f in launch.get("failures", [])]
+    numbers = [a.number for a in attempts] or [0]
+    causes = []
+    for n in numbers:
+        mine_errors = [e for e in errors if (attempt_at(attempts, e["time"]) or 0) == n]
+        mine_failures = [f for f in failures if (attempt_at(attempts, f["time"]) or 0) == n]
+        record = next((a.record for a in attempts if a.number == n), None)
+        causes.append(attempt_cause(n, record, verdicts.get(n), mine_errors, mine_failures))
+    return causes
+
+
+def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any] | None,
+                  errors: list[dict[str, Any]], failures: list[dict[str, Any]]) -> Cause:
+    """Why attempt `n` ended, in this order: the watchdog's verdict; a worker's own exception;
+    a worker killed by a signal (not the SIGTERM torchrun sends the rest of the group); an
+    exception that only says a peer went away (the consequence of the one that died); the
+    first worker torchrun saw fail; the progress record's state."""
+    if verdict:
+        culprit = (verdict.get("culprits") or [None])[0]
+        return Cause("hang", f"{verdict.get('explain')}; the others: {verdict.get('others')}", culprit, None, n)
+    own = [e for e in errors if not _PEER_GONE.search(f"{e.get('type')}: {e.get('message')}")]
+    if own:
+        return exception_cause(own[0], n)
+    said = {e.get("rank") for e in errors}  # ranks that left an exception (a peer's, here)
+    ended = [f for f in failures if f.get("signal") not in _TERM]
+    first = (next((f for f in ended if f.get("signal")), None)  # killed
+             or next((f for f in ended if f.get("rank") not in said), None))  # ended without a word
+    if first is not None:
+        return failure_cause(first, n)
+    if errors:
+        return exception_cause(errors[0], n)
+    if failures:
+        return failure_cause(failures[0], n)
+    state = (record or {}).get("state")
+    if state == "completed":
+        return Cause("completed", f"step {record.get('step')}/{record.get('total_steps')}", attempt=n)
+    if state == "stopped":
+        return Cause("stopped", f"after the checkpoint of step {record.get('step')}", attempt=n)
+    if state == "running":
+        return Cause("running", f"at step {record.get('step')}/{record.get('total_steps')}", attempt=n)
+    return Cause("failed", f"attempt record says {state!r}, and no worker failure was recorded", attempt=n)
+
+
+def exception_cause(e: dict[str, Any], n: int | None) -> Cause:
+    category = "config" if e.get("type") == "ConfigError" else "exception"
+    at = f" at {e['where']}" if e.get("where") else ""
+    step = f", step {e['step']}" if e.get("step") is not None else ""
+    phase = f", in {e['phase']}" if e.get("phase") else ""
+    return Cause(category, f"{e['type']}: {e['message']}{at}{step}{phase}".strip(), e.get("rank"), e.get("host"), n)
+
+
+def failure_cause(f: dict[str, Any], n: int | None) -> Cause:
+    code, sig = f.get("exitcode"), f.get("signal")
+    if sig:
+        return Cause("killed", f"exit {code} ({sig}: the OOM killer, kill -9 or the node's limits)"
+                     if sig == "SIGKILL" else f"exit {code} ({sig})", f.get("rank"), f.get("host"), n)
+    if code == EXIT_HANG:
+        return Cause("hang", f"exit {code}: the hang watchdog ended the attempt", f.get("rank"), f.get("host"), n)
+    if code == EXIT_BAD_CONFIG:
+        return Cause("config", f"exit {code}: a setting was refused (the rank's output says which)",
+                     f.get("rank"), f.get("host"), n)
+    return Cause("exception" if code == 1 else "failed", f"exit {code}", f.get("rank"), f.get("host"), n)
+
+
+# -- a log's text (a Slurm job's output file, a pod's log) ---------------------------------------
+
+_HANG = re.compile(r"ddpkit-hang (\{.*\})")
+_EXCEPTION = re.compile(r"^(?:\[\w+\d+\]:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.+)$")
+_BAD_CONFIG = re.compile(r"(bad job file.*|train\.[\w.]+: .+|script .+: no such file.*)")
+
+
+def log_cause(text: str) -> Cause | None:
+    """The cause a log shows (None when it shows none): the watchdog's verdict, else the first
+    failed worker torchrun reported (with the exception printed before it), else a refused setting."""
+    lines = text.splitlines()
+    for line in lines:
+        found = _HANG.search(line)
+        if found:
+            try:
+                verdict = json.loads(found.group(1))
+            except ValueError:
+                continue
+            return Cause("hang", verdict.get("explain", ""), (verdict.get("culprits") or [None])[0])
+    for i, line in enumerate(lines):
+        found = FAILED_WORKER.search(line)
+        if not found:
+            continue
+        code = int(found.group(1))
+        exception = next((m for m in map(_EXCEPTION.match, reversed(lines[:i])) if m), None)
+        if exception and not signal_name(code):
+            return Cause("exception", f"{exception.group(1)}: {exception.group(2)} (exit {code})")
+        return failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": int(found.group(2))}, None)
+    for line in lines:
+        found = _BAD_CONFIG.search(line)
+        if found:
+            return Cause("config", found.group(1).strip())
+    return None
+
+
+# -- the scheduler's words: the state line of `ddpkit status` --------------------------------------
+
+_STATE_WORDS = (  # (what the state line says, category), first match wins
+    ("OUT_OF_MEMORY", "oom"), ("OOMKilled", "oom"), ("NODE_FAIL", "node-lost"), ("NodeLost", "node-lost"),
+    ("NotReady", "node-lost"), ("PREEMPTED", "preempted"), ("Preempted", "preempted"), ("Evicted", "preempted"),
+    ("TIMEOUT", "time-limit"), ("DeadlineExceeded", "time-limit"), ("ImagePull", "image"),
+    ("ErrImage", "image"), ("ContainerCannotRun", "image"), ("FailedMount", "mount"),
+    ("Unschedulable", "unschedulable"),
+)
+
+
+def state_cause(state_line: str) -> Cause | None:
+    """The cause in the scheduler's own words, from `ddpkit status`'s state line."""
+    state, _, detail = state_line.partition(" ")
+    detail = detail.strip().strip("()")
+    if state == "SUCCEEDED":
+        return Cause("completed", detail or "the scheduler says the job completed")
+    if state == "CANCELLED":
+        return Cause("cancelled", detail or "cancelled")
+    if state in ("PENDING", "QUEUED"):
+        for word, category in _STATE_WORDS:
+            if word in detail and category in ("unschedulable", "image", "mount"):
+                return Cause(category, detail)
+        return Cause("queued", detail or state)
+    if state in ("RUNNING", "RESTARTING"):
+        for word, category in _STATE_WORDS:
+            if word in detail and category in ("unschedulable", "image", "mount"):
+                return Cause(category, f"{state}: {detail}")
+        return Cause("running", state_line)
+    for word, category in _STATE_WORDS:
+        if word in detail:
+            return Cause(category, detail)
+    return None
+
+
+def explain(state_line: str, log_text: str, run_dir: Path | None = None) -> list[str]:
+    """`ddpkit why`'s lines: the cause, then one line per attempt where the run directory is
+    readable. The scheduler's words win for what only it knows (a lost node, the time limit,
+    OOM, preemption, a pod never scheduled); the records and the log say which rank and how."""
+    causes = run_dir_causes(run_dir) if run_dir is not None and (run_dir / ATTEMPTS_DIR).is_dir() else []
+    said = state_cause(state_line) if state_line else None
+    from_log = log_cause(log_text) if log_text else None
+    last = causes[-1] if causes else None
+    if said is not None and said.category not in ("completed", "running", "cancelled"):
+        first = said
+    elif last is not None and (last.category != "failed" or from_log is None):
+        first = last
+    else:
+        first = from_log or said or Cause("failed", state_line or "no record and no log to read")
+    lines = [first.line()]
+    if len(causes) > 1 or (causes and first is not causes[-1]):
+        lines += [f"  attempt {c.attempt}: {c.line()}" for c in causes]
+    if state_line:
+        lines.append(f"  scheduler: {state_line}")
+    return lines

@@ -1,0 +1,135 @@
+"""What every attempt leaves in the run directory for `ddpkit why` (deploy/why.py): stdlib only.
+
+    RUN_DIR/attempts/attempt-N.json     rank 0's progress record (trainer/progress.py): its state
+    RUN_DIR/attempts/errors/*.json      a worker's uncaught exception (`record_exception`)
+    RUN_DIR/attempts/launch/*.json      a node's launcher (`LaunchRecord`): torchrun's exit, every
+                                        worker failure torchrun reported, the output's last lines
+    RUN_DIR/debug/attempt-N/verdict.txt the hang watchdog's verdict (trainer/watchdog.py)
+
+torchrun reports each worker that fails, on its stderr, as it sees it, restarts included:
+`failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ...` (torch's
+`elastic/multiprocessing/api.py`); a negative exit code is the signal that ended the worker.
+The launcher (trainer/launch.py `supervise`) passes torchrun's stderr through and keeps those.
+A worker killed by a signal writes nothing itself; one that raises writes its exception first.
+All files are written whole by rename, so a reader never sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import time
+import traceback
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+ATTEMPTS_DIR = "attempts"
+ERRORS_DIR = "errors"
+LAUNCH_DIR = "launch"
+TAIL_LINES = 40
+#: torchrun's line for a failed worker (torch 2.x elastic/multiprocessing/api.py)
+FAILED_WORKER = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+
+
+def run_directory(output_dir: str, run_id: str) -> Path:
+    """`<output_dir>/<run id>`: the run id is `DDPKIT_RUN_ID`, else the job name."""
+    from trainer.contract import RUN_ID_VAR
+
+    return Path(output_dir) / (os.environ.get(RUN_ID_VAR) or run_id)
+
+
+def write_json(path: Path, record: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)
+
+
+def signal_name(exitcode: int) -> str | None:
+    """`SIGKILL` for -9 (a child's return code) or 137 (a shell's 128+9); None otherwise."""
+    number = -exitcode if exitcode < 0 else exitcode - 128 if 128 < exitcode < 160 else None
+    try:
+        return signal.Signals(number).name if number else None
+    except ValueError:
+        return None
+
+
+def record_exception(run_dir: Path, rank: int, exc: BaseException, *, step: int | None,
+                     phase: str | None) -> None:
+    """A worker's uncaught exception, for `ddpkit why` (never raises: the exception itself
+    must still reach torchrun)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = frames[-1] if frames else None
+    record = {
+        "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
+        "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
+        "type": type(exc).__name__, "message": str(exc).strip()[:2000], "step": step, "phase": phase,
+        "where": f"{where.filename}:{where.lineno} in {where.name}" if where else None,
+        "traceback": "".join(traceback.format_exception(exc))[-4000:],
+    }
+    try:
+        write_json(run_dir / ATTEMPTS_DIR / ERRORS_DIR / f"rank-{rank}-{os.getpid()}.json", record)
+    except OSError:
+        pass
+
+
+class LaunchRecord:
+    """One node's launcher: fed torchrun's stderr line by line, written when torchrun ends."""
+
+    def __init__(self, run_dir: Path | None, node_rank: int, nproc: int) -> None:
+        self.run_dir, self.node_rank, self.nproc = run_dir, node_rank, nproc
+        self.started = time.time()
+        self.failures: list[dict[str, Any]] = []
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+
+    def feed(self, line: str) -> None:
+        self.tail.append(line.rstrip("\n")[:1000])
+        found = FAILED_WORKER.search(line)
+        if found:
+            code, local = int(found.group(1)), int(found.group(2))
+            self.failures.append({"time": time.time(), "local_rank": local,
+                                  "rank": self.node_rank * self.nproc + local, "exitcode": code,
+                                  "signal": signal_name(code), "pid": int(found.group(3))})
+
+    def write(self, torchrun_exit: int, exit_code: int) -> Path | None:
+        if self.run_dir is None:
+            return None
+        path = self.run_dir / ATTEMPTS_DIR / LAUNCH_DIR / f"{socket.gethostname()}-{os.getpid()}.json"
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "node_rank": self.node_rank,
+                  "nproc": self.nproc, "started": self.started, "ended": time.time(),
+                  "torchrun_exit": torchrun_exit, "exit": exit_code, "failures": self.failures,
+                  "tail": list(self.tail)}
+        try:
+            write_json(path, record)
+        except OSError:
+            return None
+        return path
+
+
+def read_records(directory: Path) -> list[dict[str, Any]]:
+    """Every JSON record in `directory`, oldest first (by their `time` or `started`)."""
+    out = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            out.append(record)
+    return sorted(out, key=lambda r: r.get("time", r.get("started", 0.0)))
+
+
+def read_verdicts(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """The hang watchdog's verdicts by attempt."""
+    out = {}
+    for path in (run_dir / "debug").glob("attempt-*/verdict.txt"):
+        try:
+            found, _ = json.JSONDecoder().raw_decode(path.read_text())
+            out[int(path.parent.name.split("-", 1)[1])] = found
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
