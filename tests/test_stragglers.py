@@ -68,7 +68,7 @@ def start(tmp: Path, name: str, max_steps: int) -> tuple[subprocess.Popen, Path]
     job.write_text(yaml.safe_dump({
         "name": name, "image": "ddpkit:0.1", "procs_per_node": 2,
         "train": {"model": "cnn", "max_steps": max_steps, "epochs": 100, "batch_size": 32, "threads": 1,
-                  "eval_every_epochs": 0, "plot": False, "log_every_steps": 5}}))
+                  "eval_every_epochs": 0, "plot": False, "log_every_steps": 10}}))
     proc = subprocess.Popen([sys.executable, "-m", "deploy", "run", str(job), "--local"], cwd=tmp,
                             env={**launch_env(job), "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -126,7 +126,7 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
 @pytest.mark.slow
 def test_a_rank_throttled_by_the_kernel_is_named_in_the_metrics_the_summary_and_status(tmp_path):
     require(cpu_cgroups_writable(), "a CPU cgroup to throttle one rank needs root and cgroupfs")
-    proc, run_dir = start(tmp_path, "slow-rank", max_steps=120)
+    proc, run_dir = start(tmp_path, "slow-rank", max_steps=150)
     quota = CpuQuota(f"ddpkit-test-{os.getpid()}", share=0.2)
     try:
         wait_for(lambda: 1 in worker_pids("slow-rank", proc.pid), 180, "rank 1's process")
@@ -155,7 +155,7 @@ def test_a_rank_throttled_by_the_kernel_is_named_in_the_metrics_the_summary_and_
 
 @pytest.mark.slow
 def test_an_even_run_names_no_straggler(tmp_path):
-    proc, run_dir = start(tmp_path, "even", max_steps=120)
+    proc, run_dir = start(tmp_path, "even", max_steps=150)
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
     final = summary(run_dir)

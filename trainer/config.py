@@ -290,7 +290,7 @@ class TrainConfig(BaseModel):
     straggler_factor: float = Field(
         1.5, ge=1.05, le=100,
         description="A rank whose own time a step (data, forward, backward up to its last "
-        "gradient bucket, optimizer: no waiting for the others) is over this x the other ranks' median in 3 windows of `log_every_steps` steps "
+        "gradient bucket, optimizer: no waiting for the others) is over this x the other ranks' median in 5 windows of `log_every_steps` steps "
         "in a row is named the straggler: in rank 0's log, `ddpkit status` and the summary. "
         "README \"Stragglers\".",
     )

@@ -46,7 +46,7 @@ PHASE_FIELDS = {"data": "data_s", "forward": "forward_s", "backward": "backward_
                 "allreduce": "allreduce_s", "optimizer": "optimizer_s", "vote": "vote_s"}
 OWN = ("data_s", "forward_s", "backward_s", "optimizer_s")  # this rank's own work
 WAIT = ("allreduce_s", "vote_s")  # waiting for the others
-PERSIST_WINDOWS = 3
+PERSIST_WINDOWS = 5
 MIN_GAP_S = 0.002  # a gap smaller than this is noise whatever the ratio
 
 
