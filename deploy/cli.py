@@ -145,7 +145,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    Handle(args.handle).logs(args.rank, follow=args.follow, out=sys.stdout)
+    Handle(args.handle).logs(args.rank, worker_rank=args.worker_rank, every=args.all, grep=args.grep,
+                             follow=args.follow, out=sys.stdout)
     return 0
 
 
@@ -276,9 +277,18 @@ def _handle_commands(sub) -> None:
     shown.add_argument("--watch", type=float, nargs="?", const=2.0, metavar="SECONDS",
                        help="a live view, refreshed every SECONDS (default 2) until every job has ended")
 
-    p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
+    p = _command(sub, "logs", cmd_logs, "print a job's logs: one node's (default node 0), one "
+                 "process's, or every node's", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 1 -f\n"
+                 "  ddpkit logs slurm://1234 --all --grep 'Error|NCCL'")
     p.add_argument("handle", metavar="HANDLE")
-    p.add_argument("--rank", type=int, metavar="N", help="node rank (default: 0)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, metavar="N", help="node rank N, the same on every target "
+                       "(default 0): Kubernetes: node N's pod; Slurm: node N's lines of the job's file")
+    which.add_argument("--worker-rank", type=int, metavar="R", help="global rank R (torch's RANK, one "
+                       "process): the lines of its node that are its own")
+    which.add_argument("--all", action="store_true", help="every node's lines, each starting "
+                       "[NODE/RANK] (RANK: the process's global rank, - for torchrun's and the launcher's)")
+    p.add_argument("--grep", metavar="REGEX", help="only the lines that match (Python regular expression)")
     p.add_argument("-f", "--follow", action="store_true", help="keep following")
 
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")
