@@ -504,3 +504,31 @@ def test_status_report_reads_the_record_from_the_output_file_and_the_queue_wait(
     pending += " SubmitTime=2026-12-01T10:00:00 StartTime=2026-12-01T11:00:00\n"  # Slurm's estimate
     report = slurm.report("slurm://12", runner=FakeSlurm(scontrol=(0, pending, "")))
     assert report.state == "PENDING" and report.record is None and report.waited_s is None
+
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+@pytest.mark.parametrize("name,node1,worker3", [
+    # the job files of test_slurm_e2e.py's two-node quickstart on the testbed, as Slurm wrote them
+    ("slurm-torchrun-2node.out", 6, 0),  # torchrun mode: rank 3 logs nothing of its own
+    ("slurm-srun-2node.out", 8, 4),  # srun mode: every line of task 3 carries its rank
+])
+def test_logs_of_recorded_testbed_jobs(tmp_path, name, node1, worker3):
+    log = tmp_path / "demo-12.out"
+    log.write_text((RECORDED / name).read_text())
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
+
+    def read(**query) -> list[str]:
+        out = io.StringIO()
+        slurm.logs("slurm://12", query=Query(**query), runner=fake, out=out)
+        return out.getvalue().splitlines()
+
+    shell = [line for line in log.read_text().splitlines() if line.startswith("ddpkit: ")]
+    assert len(shell) == 2 and read(every=True) == log.read_text().splitlines()
+    one = read(rank=1)
+    assert len(one) == len(shell) + node1 and all("node rank 0" not in line for line in one)
+    assert len(read(worker_rank=3)) == len(shell) + worker3
+    [summary] = read(grep="^ddpkit-summary ")  # node 0's, the tag dropped, the JSON whole
+    record = json.loads(summary.removeprefix("ddpkit-summary "))
+    assert record["world_size"] == 4 and record["status"] == "completed"
