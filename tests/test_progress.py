@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +147,14 @@ def test_a_killed_and_restarted_run_books_its_time_and_status_follows_it(tmp_pat
     assert booked == pytest.approx(step_seconds(run_dir), rel=0.05)
     # the record's log lines are for programs reading cluster logs: kept out of the terminal
     assert "ddpkit-progress " not in out and "resumed from" in out
+    # ... and in RUN_DIR/output.log, every line tagged [0/RANK] as on Slurm, for `ddpkit logs`
+    assert not re.search(r"^\[0/", out, re.M), out[:2000]
+    summary = cli("logs", str(run_dir), "--all", "--grep", "ddpkit-summary").stdout.splitlines()
+    assert len(summary) == 1 and summary[0].startswith("[0/-] ddpkit-summary {"), summary
+    assert json.loads(summary[0].split(" ", 2)[2])["steps"] > 0
+    rank0 = cli("logs", str(run_dir), "--worker-rank", "0", "--grep", "resumed from").stdout
+    assert "ddpkit rank 0" in rank0 and not re.search(r"^\[0/", rank0, re.M), rank0
+    assert "ddpkit-progress " in cli("logs", str(run_dir)).stdout
 
 
 @pytest.mark.slow

@@ -639,7 +639,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
 
 
 # -- tagging the node's lines (Slurm: every node writes the job's one file) -------------------
-#: Contexts whose nodes share one output file: their lines carry contract.NODE_LINE_TAG.
+#: Contexts whose nodes share one output file: their lines carry contract.NODE_LINE_TAG
+#: (any context does with DDPKIT_LINE_TAGS=1: `ddpkit run --local` keeps RUN_DIR/output.log).
 TAGGED_CONTEXTS = ("slurm", "slurm-srun")
 #: How long the launcher waits, after its child ended, for the relay to write the last lines.
 RELAY_DRAIN_S = 10.0
@@ -806,7 +807,8 @@ def main() -> int:
         log(str(e))
         return EXIT_BAD_CONFIG
     relay_pid = None
-    if plan.context in TAGGED_CONTEXTS and plan.node_rank is not None:
+    tagged = plan.context in TAGGED_CONTEXTS or env.get(contract.LINE_TAGS_VAR) == "1"
+    if tagged and plan.node_rank is not None and plan.mode != "direct":
         worker = int(plan.env["RANK"]) if plan.mode == "srun" else None
         relay_pid = start_relay(plan.node_rank, worker)
     for note in plan.notes:
