@@ -155,13 +155,16 @@ class Handle:
         return state
 
     def logs(self, rank: int | None = None, *, worker_rank: int | None = None, every: bool = False,
-             grep: str | None = None, follow: bool = False, out: Any = None) -> str | None:
+             grep: str | None = None, attempt: int | None = None, previous: bool = False,
+             follow: bool = False, out: Any = None) -> str | None:
         """The log of node `rank` (default 0; a node rank on every target), of global rank
         `worker_rank` (one process), or `every` node's lines each starting `[NODE/RANK] `; with
-        `grep`, only the lines that match that regular expression. As text; with `out` (a
-        file-like object), written there as it comes instead (with `follow`, until the job
-        ends). As `ddpkit logs` (deploy/logs.py)."""
-        query = Query(rank=rank, worker_rank=worker_rank, every=every, grep=grep)
+        `grep`, only the lines that match that regular expression; `attempt` K or `previous`,
+        an earlier start's lines (Kubernetes: `previous`, the pod's previous container). As
+        text; with `out` (a file-like object), written there as it comes instead (with
+        `follow`, until the job ends). As `ddpkit logs` (deploy/logs.py)."""
+        query = Query(rank=rank, worker_rank=worker_rank, every=every, grep=grep, attempt=attempt,
+                      previous=previous)
         if out is not None:
             self._target.logs(self.text, query=query, follow=follow, out=out)
             return None

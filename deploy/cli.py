@@ -146,7 +146,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     Handle(args.handle).logs(args.rank, worker_rank=args.worker_rank, every=args.all, grep=args.grep,
-                             follow=args.follow, out=sys.stdout)
+                             attempt=args.attempt, previous=args.previous, follow=args.follow, out=sys.stdout)
     return 0
 
 
@@ -279,7 +279,8 @@ def _handle_commands(sub) -> None:
 
     p = _command(sub, "logs", cmd_logs, "print a job's logs: one node's (default node 0), one "
                  "process's, or every node's", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 1 -f\n"
-                 "  ddpkit logs slurm://1234 --all --grep 'Error|NCCL'")
+                 "  ddpkit logs slurm://1234 --all --grep 'Error|NCCL'\n"
+                 "  ddpkit logs runs/quickstart --previous")
     p.add_argument("handle", metavar="HANDLE")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, metavar="N", help="node rank N, the same on every target "
@@ -289,6 +290,11 @@ def _handle_commands(sub) -> None:
     which.add_argument("--all", action="store_true", help="every node's lines, each starting "
                        "[NODE/RANK] (RANK: the process's global rank, - for torchrun's and the launcher's)")
     p.add_argument("--grep", metavar="REGEX", help="only the lines that match (Python regular expression)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--attempt", type=int, metavar="K", help="what the job's start K wrote (from 0; "
+                      "Slurm: restart K of a requeued job; a local run: its K-th `ddpkit run --local`)")
+    when.add_argument("--previous", action="store_true", help="the attempt before the last: Kubernetes: "
+                      "the pod's previous container; Slurm and local runs: the start before the last")
     p.add_argument("-f", "--follow", action="store_true", help="keep following")
 
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")

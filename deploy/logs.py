@@ -30,10 +30,16 @@ class Query:
     worker_rank: int | None = None  # global rank of one process
     every: bool = False  # --all: every node, lines tagged [NODE/RANK]
     grep: str | None = None  # a regular expression (Python `re`, searched in the printed line)
+    attempt: int | None = None  # an earlier start (Slurm, local) by number, from 0
+    previous: bool = False  # the start (Slurm, local) or the container (Kubernetes) before this one
 
     def __post_init__(self) -> None:
         if sum((self.rank is not None, self.worker_rank is not None, self.every)) > 1:
             raise UserError("--rank, --worker-rank and --all each say which lines: give one")
+        if self.attempt is not None and self.previous:
+            raise UserError("--attempt and --previous each say which attempt: give one")
+        if self.attempt is not None and self.attempt < 0:
+            raise UserError(f"--attempt {self.attempt}: attempts are numbered from 0")
         if self.grep is not None:
             try:
                 re.compile(self.grep)
@@ -46,6 +52,27 @@ class Query:
 
     def matches(self, text: str) -> bool:
         return self.grep is None or re.search(self.grep, text) is not None
+
+
+#: The line a start of the job writes first: the sbatch script's (`restart K`: Slurm's requeue
+#: count; the output file is opened for appending, so every start is in it) and `ddpkit run
+#: --local`'s in RUN_DIR/output.log. An attempt is what one start wrote.
+START_LINE = re.compile(r"^ddpkit: \S+ \((?:job \d+, restart \d+|run --local)\)", re.M)
+
+
+def attempt_text(text: str, query: Query, what: str) -> str:
+    """The part of a log that `query.attempt` (or `query.previous`) asks for: from its start
+    line to the next one (attempt 0 also has what came before its start line). `what` names
+    the log in the error."""
+    starts = [m.start() for m in START_LINE.finditer(text)] or [0]
+    starts[0] = 0
+    want = len(starts) - 2 if query.previous else query.attempt
+    if want is None:
+        return text
+    if not 0 <= want < len(starts):
+        have = f"attempts 0..{len(starts) - 1}" if len(starts) > 1 else "one attempt only (0)"
+        raise UserError(f"{what} holds {have}: no {'previous attempt' if query.previous else f'attempt {want}'}")
+    return text[starts[want]:starts[want + 1] if want + 1 < len(starts) else len(text)]
 
 
 def pick_tagged(query: Query) -> Pick:

@@ -63,9 +63,9 @@ class FakeCluster:
         self.calls.append(("pods", selector))
         return self._pods
 
-    def log(self, namespace, pod, container, follow, tail_lines=None):
-        self.calls.append(("log", pod, container, follow))
-        yield from self._logs.get(pod, [])
+    def log(self, namespace, pod, container, follow, tail_lines=None, previous=False):
+        self.calls.append(("log", pod, container, follow) + (("previous",) if previous else ()))
+        yield from self._logs.get(pod + (" previous" if previous else ""), [])
 
 
 def job(**fields):
@@ -387,6 +387,17 @@ def test_logs_rank_is_a_pod_worker_rank_a_process_all_every_pod(query, expected)
     out = io.StringIO()
     sub.logs("k8s://ml/job/demo", query=query, cluster=two_pods_two_processes_each(), out=out)
     assert out.getvalue() == expected
+
+
+def test_logs_previous_reads_the_container_before_the_restart():
+    cluster = two_pods_two_processes_each()
+    cluster._logs["demo-1 previous"] = ["10:00 ddpkit rank 3 ERROR boom\n", "[rank3]: Traceback\n"]
+    out = io.StringIO()
+    sub.logs("k8s://ml/job/demo", query=Query(worker_rank=3, previous=True), follow=True, cluster=cluster, out=out)
+    assert out.getvalue() == "10:00 ddpkit rank 3 ERROR boom\n[rank3]: Traceback\n"
+    assert ("log", "demo-1", "trainer", False, "previous") in cluster.calls  # an ended container
+    with pytest.raises(UserError, match=r"--attempt: Kubernetes keeps .* \(--previous\)"):
+        sub.logs("k8s://ml/job/demo", query=Query(attempt=1), cluster=cluster)
 
 
 def test_logs_all_with_follow_reads_every_pod_at_once():

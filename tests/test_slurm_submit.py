@@ -532,3 +532,25 @@ def test_logs_of_recorded_testbed_jobs(tmp_path, name, node1, worker3):
     [summary] = read(grep="^ddpkit-summary ")  # node 0's, the tag dropped, the JSON whole
     record = json.loads(summary.removeprefix("ddpkit-summary "))
     assert record["world_size"] == 4 and record["status"] == "completed"
+
+
+def test_logs_attempt_and_previous_are_the_starts_of_a_requeued_job(tmp_path):
+    """The file is opened for appending; each start of the job begins with the batch shell's
+    `ddpkit: NAME (job J, restart K)` line (slurm/job.sh.j2): two recorded starts in a row."""
+    first = (RECORDED / "slurm-torchrun-2node.out").read_text()
+    second = first.replace("(job 2, restart 0)", "(job 2, restart 1)").replace("step 10/40", "step 10 again")
+    log = tmp_path / "demo-12.out"
+    log.write_text(first + second)
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
+
+    def read(**query) -> str:
+        out = io.StringIO()
+        slurm.logs("slurm://12", query=Query(every=True, **query), runner=fake, out=out)
+        return out.getvalue()
+
+    assert read(attempt=0) == first and read(previous=True) == first and read(attempt=1) == second
+    with pytest.raises(UserError, match=r"holds attempts 0\.\.1: no attempt 2"):
+        read(attempt=2)
+    log.write_text(first)
+    with pytest.raises(UserError, match=r"holds one attempt only \(0\): no previous attempt"):
+        read(previous=True)

@@ -91,7 +91,7 @@ class Cluster(Protocol):
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool,
-            tail_lines: int | None = None) -> Iterator[str]: ...
+            tail_lines: int | None = None, previous: bool = False) -> Iterator[str]: ...
 
 
 class KubeCluster:
@@ -166,8 +166,10 @@ class KubeCluster:
         return self.api.sanitize_for_serialization(found).get("items", [])
 
     def log(self, namespace: str, pod: str, container: str, follow: bool,
-            tail_lines: int | None = None) -> Iterator[str]:
+            tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
         extra = {"tail_lines": tail_lines} if tail_lines else {}
+        if previous:  # the container before the kubelet restarted it (kubectl logs --previous)
+            extra["previous"] = True
         resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
                           follow=follow, _preload_content=False, **extra)
         import codecs
@@ -498,8 +500,13 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
     until the containers end. A pod is a node: `--rank N` is node N's pod, `--worker-rank R`
     the pod of node R // processes per node (the pod's DDPKIT_NPROC_PER_NODE) less the lines
     that name another rank, `--all` every pod's lines, each starting `[NODE/RANK] `: pod after
-    pod in node order, or with `follow` as they come."""
+    pod in node order, or with `follow` as they come. `--previous`: the container before the
+    current one (the kubelet restarted it); a pod its controller deleted and made anew has no
+    previous container (its attempt records in the run directory hold what it did)."""
     query = query or Query(rank=rank)
+    if query.attempt is not None:
+        raise UserError("--attempt: Kubernetes keeps the log of a pod's current container and of "
+                        "the one before it only (--previous); a pod its controller replaced is gone")
     h = parse_handle(handle)
     cluster = _cluster(cluster)
     out = out or sys.stdout
@@ -529,13 +536,15 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
         pod = ranks[n]["metadata"]["name"]
         lines = LineWriter(out, pick_node(query, n, nproc), lock)
         try:
-            for chunk in cluster.log(h.namespace, pod, container, follow):
+            chunks = (cluster.log(h.namespace, pod, container, False, previous=True) if query.previous
+                      else cluster.log(h.namespace, pod, container, follow))
+            for chunk in chunks:
                 lines.write(chunk)
         except ApiError as err:
             raise RuntimeFailure(explain(err, "Pod", h.namespace, pod, "read logs of")) from None
         lines.close()
 
-    if follow and len(nodes) > 1:
+    if follow and len(nodes) > 1 and not query.previous:
         _each_in_a_thread(read, nodes)
     else:
         for n in nodes:

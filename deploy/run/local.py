@@ -119,6 +119,12 @@ def format_summary(s: dict) -> str:
 OUTPUT_LOG = "output.log"
 
 
+def start_line(name: str, nproc: int) -> str:
+    """The line each `ddpkit run --local` writes first to RUN_DIR/output.log (deploy/logs.py
+    START_LINE: `ddpkit logs RUN_DIR --attempt K` is the K-th run's output)."""
+    return f"ddpkit: {name} (run --local) as {nproc} processes, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+
+
 def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
     """Stream the trainer's stdout and stderr as they come, less the launcher's line tags and
     its `ddpkit-summary {json}` and `ddpkit-progress {json}` lines (lines for programs reading
@@ -181,7 +187,7 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     try:
         if not own_code:
             with (run_dir / OUTPUT_LOG).open("a", encoding="utf-8") as fh:  # where a run begins
-                fh.write(f"ddpkit: {job.name} run --local as {nproc} processes, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+                fh.write(start_line(job.name, nproc))
             show_output(proc, run_dir / OUTPUT_LOG)
         rc = proc.wait()
     finally:

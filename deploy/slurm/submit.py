@@ -24,7 +24,7 @@ from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import TERMINAL_STATES
-from deploy.logs import LineWriter, Query, pick_tagged
+from deploy.logs import LineWriter, Query, attempt_text, pick_tagged
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, last_record, tail_of_file
 
@@ -287,12 +287,19 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
     of a node with `[NODE/RANK] ` (trainer.contract NODE_LINE_TAG), so `--rank N` keeps node N's
     lines, `--worker-rank R` the lines of global rank R (its task in srun mode; in torchrun mode
     the lines that name it), `--all` all of them, tags kept. The batch shell's own lines (no tag)
-    are always printed.
+    are always printed. `--attempt K` / `--previous`: what the job's K-th (the last but one)
+    start wrote, from the batch shell's `restart K` line (the file is opened for appending).
     """
     query = query or Query(rank=rank)
     out = out or sys.stdout
     path = log_path(handle, runner=runner)
     lines = LineWriter(out, pick_tagged(query))
+    if query.attempt is not None or query.previous:  # an earlier start: it has ended
+        if not path.exists():
+            raise RuntimeFailure(f"{path} does not exist (is the job still pending?)")
+        lines.write(attempt_text(path.read_text(encoding="utf-8", errors="replace"), query, str(path)))
+        lines.close()
+        return 0
     position = 0
     while True:
         if path.exists():
