@@ -281,12 +281,14 @@ def _handle_commands(sub) -> None:
                  "process's, or every node's", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 1 -f\n"
                  "  ddpkit logs slurm://1234 --all --grep 'Error|NCCL'\n"
                  "  ddpkit logs runs/quickstart --previous")
-    p.add_argument("handle", metavar="HANDLE")
+    p.add_argument("handle", metavar="HANDLE", help="a job handle (printed by `ddpkit submit`) or a "
+                   "local run's directory")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--rank", type=int, metavar="N", help="node rank N, the same on every target "
                        "(default 0): Kubernetes: node N's pod; Slurm: node N's lines of the job's file")
     which.add_argument("--worker-rank", type=int, metavar="R", help="global rank R (torch's RANK, one "
-                       "process): the lines of its node that are its own")
+                       "process): its lines (where one process runs a node's workers, torchrun's, the "
+                       "lines that name it: `ddpkit rank R`, `[rankR]:`)")
     which.add_argument("--all", action="store_true", help="every node's lines, each starting "
                        "[NODE/RANK] (RANK: the process's global rank, - for torchrun's and the launcher's)")
     p.add_argument("--grep", metavar="REGEX", help="only the lines that match (Python regular expression)")
