@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import FLAVORS, STATES, TERMINAL_STATES
 from deploy.load import Overrides, load_job, parse_job
+from deploy.logs import Query
 from deploy.problems import refuse
 from deploy.spec import JobSpec
 from deploy.targets import REGISTRY, TARGETS, load_module, of_handle, refuse_option, targets_of
@@ -153,14 +154,22 @@ class Handle:
             time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
         return state
 
-    def logs(self, rank: int | None = None, *, follow: bool = False, out: Any = None) -> str | None:
-        """The log of node `rank` (default 0) as text; with `out` (a file-like object), written
-        there as it comes instead (with `follow`, until the job ends)."""
+    def logs(self, rank: int | None = None, *, worker_rank: int | None = None, every: bool = False,
+             grep: str | None = None, attempt: int | None = None, previous: bool = False,
+             follow: bool = False, out: Any = None) -> str | None:
+        """The log of node `rank` (default 0; a node rank on every target), of global rank
+        `worker_rank` (one process), or `every` node's lines each starting `[NODE/RANK] `; with
+        `grep`, only the lines that match that regular expression; `attempt` K or `previous`,
+        an earlier start's lines (Kubernetes: `previous`, the pod's previous container). As
+        text; with `out` (a file-like object), written there as it comes instead (with
+        `follow`, until the job ends). As `ddpkit logs` (deploy/logs.py)."""
+        query = Query(rank=rank, worker_rank=worker_rank, every=every, grep=grep, attempt=attempt,
+                      previous=previous)
         if out is not None:
-            self._target.logs(self.text, rank=rank, follow=follow, out=out)
+            self._target.logs(self.text, query=query, follow=follow, out=out)
             return None
         buffer = io.StringIO()
-        self._target.logs(self.text, rank=rank, follow=follow, out=buffer)
+        self._target.logs(self.text, query=query, follow=follow, out=buffer)
         return buffer.getvalue()
 
     def why(self) -> list[str]:

@@ -150,7 +150,8 @@ def cmd_why(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    Handle(args.handle).logs(args.rank, follow=args.follow, out=sys.stdout)
+    Handle(args.handle).logs(args.rank, worker_rank=args.worker_rank, every=args.all, grep=args.grep,
+                             attempt=args.attempt, previous=args.previous, follow=args.follow, out=sys.stdout)
     return 0
 
 
@@ -286,9 +287,26 @@ def _handle_commands(sub) -> None:
                  "ddpkit why slurm://1234\n  ddpkit why runs/quickstart")
     p.add_argument("handle", metavar="HANDLE", help="a job handle or a local run's directory")
 
-    p = _command(sub, "logs", cmd_logs, "print a job's logs", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 0 -f")
-    p.add_argument("handle", metavar="HANDLE")
-    p.add_argument("--rank", type=int, metavar="N", help="node rank (default: 0)")
+    p = _command(sub, "logs", cmd_logs, "print a job's logs: one node's (default node 0), one "
+                 "process's, or every node's", "ddpkit logs k8s://ml/pytorchjob/cifar-ddp --rank 1 -f\n"
+                 "  ddpkit logs slurm://1234 --all --grep 'Error|NCCL'\n"
+                 "  ddpkit logs runs/quickstart --previous")
+    p.add_argument("handle", metavar="HANDLE", help="a job handle (printed by `ddpkit submit`) or a "
+                   "local run's directory")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--rank", type=int, metavar="N", help="node rank N, the same on every target "
+                       "(default 0): Kubernetes: node N's pod; Slurm: node N's lines of the job's file")
+    which.add_argument("--worker-rank", type=int, metavar="R", help="global rank R (torch's RANK, one "
+                       "process): its lines (where one process runs a node's workers, torchrun's, the "
+                       "lines that name it: `ddpkit rank R`, `[rankR]:`)")
+    which.add_argument("--all", action="store_true", help="every node's lines, each starting "
+                       "[NODE/RANK] (RANK: the process's global rank, - for torchrun's and the launcher's)")
+    p.add_argument("--grep", metavar="REGEX", help="only the lines that match (Python regular expression)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--attempt", type=int, metavar="K", help="what the job's start K wrote (from 0; "
+                      "Slurm: restart K of a requeued job; a local run: its K-th `ddpkit run --local`)")
+    when.add_argument("--previous", action="store_true", help="the attempt before the last: Kubernetes: "
+                      "the pod's previous container; Slurm and local runs: the start before the last")
     p.add_argument("-f", "--follow", action="store_true", help="keep following")
 
     p = _command(sub, "cancel", cmd_cancel, "cancel a job", "ddpkit cancel slurm://1234")

@@ -27,6 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from deploy.errors import RuntimeFailure, UserError
+from deploy.logs import Query
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, RunDir, is_run_dir
 
@@ -131,9 +132,10 @@ class Target:
         """`ddpkit why`: the cause in one line (deploy/why.py), then the details."""
         return self._jobs().why(handle)
 
-    def logs(self, handle: str, *, rank: int | None, follow: bool, out=None) -> int:
-        """Print node `rank`'s log (default 0) to `out` (default stdout)."""
-        return self._jobs().logs(handle, rank=rank, follow=follow, out=out) or 0
+    def logs(self, handle: str, *, query: Query, follow: bool, out=None) -> int:
+        """Print the lines `query` asks for to `out` (default stdout): `rank` is a node rank
+        on every target (default 0), `worker_rank` a global rank (deploy/logs.py)."""
+        return self._jobs().logs(handle, query=query, follow=follow, out=out) or 0
 
     def cancel(self, handle: str, *, wait_s: float | None) -> None:
         jobs = self._jobs()

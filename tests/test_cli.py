@@ -81,6 +81,17 @@ def test_every_command_has_help_with_an_example(command):
     assert "example:\n  ddpkit" in result.stdout or "example:\n  sudo ddpkit" in result.stdout
 
 
+def test_logs_rank_means_a_node_everywhere_and_worker_rank_a_process():
+    help_text = " ".join(cli("logs", "--help").stdout.split())
+    assert "--rank N node rank N, the same on every target (default 0)" in help_text
+    assert "--worker-rank R global rank R" in help_text and "--all every node's lines" in help_text
+    for other in (["--worker-rank", "1"], ["--all"]):
+        both = cli("logs", "slurm://1", "--rank", "0", *other)
+        assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    bad = cli("logs", "slurm://1", "--grep", "(")
+    assert bad.returncode != 0 and "--grep '(' is not a regular expression" in bad.stderr
+
+
 @pytest.mark.parametrize("argv", [["validate", "examples/multinode-gpu.yaml"],
                                   ["render", "k8s", "examples/multinode-gpu.yaml"],
                                   ["render", "slurm", "examples/multinode-gpu.yaml"]])

@@ -15,6 +15,7 @@ from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDE
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
 from deploy.kube import COMPLETION_INDEX_KEY
 from deploy.load import parse_job
+from deploy.logs import Query
 from tests.builders import BASE
 
 
@@ -62,9 +63,9 @@ class FakeCluster:
         self.calls.append(("pods", selector))
         return self._pods
 
-    def log(self, namespace, pod, container, follow, tail_lines=None):
-        self.calls.append(("log", pod, container, follow))
-        yield from self._logs.get(pod, [])
+    def log(self, namespace, pod, container, follow, tail_lines=None, previous=False):
+        self.calls.append(("log", pod, container, follow) + (("previous",) if previous else ()))
+        yield from self._logs.get(pod + (" previous" if previous else ""), [])
 
 
 def job(**fields):
@@ -354,6 +355,64 @@ def test_logs_for_indexed_pods_use_the_completion_index_and_follow():
     out = io.StringIO()
     sub.logs("k8s://ml/job/demo", rank=1, follow=True, cluster=cluster, out=out)
     assert out.getvalue() == "hi\n" and ("log", "demo-1-new", "trainer", True) in cluster.calls
+
+
+def two_pods_two_processes_each():
+    idx = COMPLETION_INDEX_KEY
+    env = {"spec": {"containers": [{"name": "trainer", "env": [{"name": "DDPKIT_NPROC_PER_NODE", "value": "2"}]}]}}
+    pods = [{**pod("demo-0", **{idx: "0"}), **env}, {**pod("demo-1", **{idx: "1"}), **env}]
+    # chunks as the API server streams them: cut anywhere, lines split across chunks
+    logs = {"demo-0": ["ddpkit launch: node rank 0\n10:00 ddpkit rank 0 INFO step 1\nddpkit-summ",
+                       'ary {"x": 1}\n'],
+            "demo-1": ["ddpkit launch: node rank 1\n10:00 ddpkit rank 2 INFO a\n[ran", "k3]: boom\n10:01 ddpkit ra",
+                       "nk 3 WARNING b\n10:02 ddpkit rank 2 INFO c"]}
+    return FakeCluster(pods=pods, logs=logs)
+
+
+@pytest.mark.parametrize("query,expected", [
+    # --rank is the node (a pod), --worker-rank R the process: the pod of node R // nproc, the
+    # lines that name R (torch's [rankR]:, the trainer's `ddpkit rank R`)
+    (Query(worker_rank=3), "[rank3]: boom\n10:01 ddpkit rank 3 WARNING b\n"),
+    (Query(worker_rank=2), "10:00 ddpkit rank 2 INFO a\n10:02 ddpkit rank 2 INFO c"),
+    (Query(rank=1), "ddpkit launch: node rank 1\n10:00 ddpkit rank 2 INFO a\n[rank3]: boom\n"
+                    "10:01 ddpkit rank 3 WARNING b\n10:02 ddpkit rank 2 INFO c"),
+    # every pod, node order, each line tagged as trainer.launch tags a Slurm node's lines
+    (Query(every=True), '[0/-] ddpkit launch: node rank 0\n[0/0] 10:00 ddpkit rank 0 INFO step 1\n'
+                        '[0/-] ddpkit-summary {"x": 1}\n[1/-] ddpkit launch: node rank 1\n'
+                        '[1/2] 10:00 ddpkit rank 2 INFO a\n[1/3] [rank3]: boom\n[1/3] 10:01 ddpkit rank 3 WARNING b\n'
+                        '[1/2] 10:02 ddpkit rank 2 INFO c'),
+    (Query(every=True, grep="WARN|boom"), "[1/3] [rank3]: boom\n[1/3] 10:01 ddpkit rank 3 WARNING b\n"),
+])
+def test_logs_rank_is_a_pod_worker_rank_a_process_all_every_pod(query, expected):
+    out = io.StringIO()
+    sub.logs("k8s://ml/job/demo", query=query, cluster=two_pods_two_processes_each(), out=out)
+    assert out.getvalue() == expected
+
+
+def test_logs_previous_reads_the_container_before_the_restart():
+    cluster = two_pods_two_processes_each()
+    cluster._logs["demo-1 previous"] = ["10:00 ddpkit rank 3 ERROR boom\n", "[rank3]: Traceback\n"]
+    out = io.StringIO()
+    sub.logs("k8s://ml/job/demo", query=Query(worker_rank=3, previous=True), follow=True, cluster=cluster, out=out)
+    assert out.getvalue() == "10:00 ddpkit rank 3 ERROR boom\n[rank3]: Traceback\n"
+    assert ("log", "demo-1", "trainer", False, "previous") in cluster.calls  # an ended container
+    with pytest.raises(UserError, match=r"--attempt: Kubernetes keeps .* \(--previous\)"):
+        sub.logs("k8s://ml/job/demo", query=Query(attempt=1), cluster=cluster)
+
+
+def test_logs_all_with_follow_reads_every_pod_at_once():
+    cluster = two_pods_two_processes_each()
+    out = io.StringIO()
+    sub.logs("k8s://ml/job/demo", query=Query(every=True), follow=True, cluster=cluster, out=out)
+    assert sorted(out.getvalue().splitlines()) == sorted(
+        sub_line for sub_line in (
+            "[0/-] ddpkit launch: node rank 0", "[0/0] 10:00 ddpkit rank 0 INFO step 1", '[0/-] ddpkit-summary {"x": 1}',
+            "[1/-] ddpkit launch: node rank 1", "[1/2] 10:00 ddpkit rank 2 INFO a", "[1/3] [rank3]: boom",
+            "[1/3] 10:01 ddpkit rank 3 WARNING b", "[1/2] 10:02 ddpkit rank 2 INFO c"))
+    assert {c for c in cluster.calls if c[0] == "log"} == {("log", "demo-0", "trainer", True),
+                                                            ("log", "demo-1", "trainer", True)}
+    with pytest.raises(RuntimeFailure, match=r"no pod for worker rank 5 \(node rank 2\)"):
+        sub.logs("k8s://ml/job/demo", query=Query(worker_rank=5), cluster=cluster, out=io.StringIO())
 
 
 def test_logs_for_a_rank_without_a_pod_says_which_ranks_exist():

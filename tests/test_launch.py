@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from tests.trainer_util import (
     REPO,
     free_port,
     launch_env,
+    run,
     start,
     stop_after_steps,
     summary,
@@ -229,6 +231,12 @@ def test_srun_per_gpu_mode_runs_the_trainer_directly(tmp_path):
     assert "torch.distributed.run" not in outs[0] and "context slurm-srun" in outs[0]
     s = summary(tmp_path / "runs" / "srun")
     assert s["world_size"] == 2 and s["params_identical"]
+    # every line starts with its node and rank (the job's one file tells them apart); the
+    # summary line is whole after its tag
+    for rank, out in enumerate(outs):
+        assert all(line.startswith(f"[0/{rank}] ") for line in out.splitlines()), out[:3000]
+    [printed] = [line for line in outs[0].splitlines() if line.startswith("[0/0] ddpkit-summary {")]
+    assert json.loads(printed.removeprefix("[0/0] ddpkit-summary "))["world_size"] == 2
 
 
 @pytest.mark.slow
@@ -270,3 +278,66 @@ def test_ddpkit_run_local_ctrl_c_checkpoints_and_the_rerun_finishes(tmp_path):
     assert "max_steps: 40" in (run_dir / "job.yaml").read_text()
     plot = ddpkit("plot", str(run_dir), cwd=tmp_path)
     assert plot.returncode == 0 and (run_dir / "metrics.png").stat().st_size > 1000
+
+
+RELAYED = r'''
+import os, subprocess, sys, time
+from trainer.launch import end_relay, start_relay
+pid = start_relay(1, RANK)
+print("ddpkit launch: context slurm, node rank 1", file=sys.stderr, flush=True)
+child = """
+import os, sys, time
+os.write(1, b"ddpkit-summary {" + b'"x": "' + b"a" * 70000)  # one line in pieces, slowly
+time.sleep(0.3)
+os.write(1, b"b" * 70000 + b'"}' + b"\\n" + b"10:00:01 ddpkit rank 3 INFO step 1\\n")
+os.write(2, b"[rank2]: Traceback\\nno newline at the end")
+"""
+rc = subprocess.call([sys.executable, "-c", child])
+end_relay(pid)
+sys.exit(rc)
+'''
+
+
+@pytest.mark.parametrize("rank,tags", [
+    # launcher, summary, trainer log, traceback, unterminated
+    (None, ["[1/-] ", "[1/-] ", "[1/3] ", "[1/2] ", "[1/-] "]),  # torchrun mode: the rank a line names
+    (5, ["[1/5] "] * 5),  # srun mode: the task's rank
+])
+def test_the_relay_tags_whole_lines_however_they_were_written(tmp_path, rank, tags):
+    """A line written in two pieces 0.3 s apart (140 kB, past any pipe or srun buffer) comes
+    out as one line with one tag; stderr stays stderr; a last line without a newline is kept."""
+    from trainer.contract import read_node_line_tag
+
+    result = subprocess.run([sys.executable, "-c", RELAYED.replace("RANK", repr(rank))], cwd=REPO,
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out, err = result.stdout.decode().splitlines(), result.stderr.decode().splitlines()
+    assert len(out) == 2 and len(err) == 3, (out[:2], err)
+    summary = out[0]
+    assert summary.startswith(tags[1] + "ddpkit-summary {")
+    node, _, begins = read_node_line_tag(summary)
+    assert node == 1 and json.loads(summary[begins:].removeprefix("ddpkit-summary "))["x"] == "a" * 70000 + "b" * 70000
+    assert out[1] == tags[2] + "10:00:01 ddpkit rank 3 INFO step 1"
+    assert err == [tags[0] + "ddpkit launch: context slurm, node rank 1", tags[3] + "[rank2]: Traceback",
+                   tags[4] + "no newline at the end"]
+
+
+@pytest.mark.slow
+def test_slurm_torchrun_mode_tags_each_line_with_its_node_and_the_rank_it_names(tmp_path):
+    """Slurm, one task per node running torchrun: the launcher's and torchrun's lines carry the
+    node and `-`; a worker's lines the rank they name; the summary line comes out whole."""
+    from trainer.contract import line_worker_rank, read_node_line_tag
+
+    job = write_job(tmp_path, "slurmtr", TINY)
+    result = run(job, tmp_path, nproc=2, SLURM_JOB_ID="78", SLURM_NODEID="0", SLURM_JOB_NUM_NODES="1",
+                 SLURM_JOB_NODELIST="localhost", DDPKIT_MASTER_ADDR="127.0.0.1")
+    assert result.returncode == 0, result.stdout[-3000:]
+    lines = result.stdout.splitlines()
+    tags = [read_node_line_tag(line) for line in lines]
+    assert all(tag is not None and tag[0] == 0 for tag in tags), result.stdout[:3000]
+    assert lines[0].startswith("[0/-] ddpkit launch: ")
+    for line, (_, rank, begins) in zip(lines, tags, strict=True):
+        assert rank == line_worker_rank(line[begins:]), line
+    assert {tag[1] for tag in tags} == {None, 0}  # ranks other than 0 log warnings only
+    [printed] = [line for line in lines if line.startswith("[0/-] ddpkit-summary {")]
+    assert json.loads(printed.removeprefix("[0/-] ddpkit-summary "))["world_size"] == 2

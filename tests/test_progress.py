@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +147,14 @@ def test_a_killed_and_restarted_run_books_its_time_and_status_follows_it(tmp_pat
     assert booked == pytest.approx(step_seconds(run_dir), rel=0.05)
     # the record's log lines are for programs reading cluster logs: kept out of the terminal
     assert "ddpkit-progress " not in out and "resumed from" in out
+    # ... and in RUN_DIR/output.log, every line tagged [0/RANK] as on Slurm, for `ddpkit logs`
+    assert not re.search(r"^\[0/", out, re.M), out[:2000]
+    summary = cli("logs", str(run_dir), "--all", "--grep", "ddpkit-summary").stdout.splitlines()
+    assert len(summary) == 1 and summary[0].startswith("[0/-] ddpkit-summary {"), summary
+    assert json.loads(summary[0].split(" ", 2)[2])["steps"] > 0
+    rank0 = cli("logs", str(run_dir), "--worker-rank", "0", "--grep", "resumed from").stdout
+    assert "ddpkit rank 0" in rank0 and not re.search(r"^\[0/", rank0, re.M), rank0
+    assert "ddpkit-progress " in cli("logs", str(run_dir)).stdout
 
 
 @pytest.mark.slow
@@ -187,3 +196,22 @@ def test_prometheus_reads_the_counters_from_the_endpoint_and_the_textfile(tmp_pa
     record = json.loads((run_dir / "attempts" / "attempt-0.json").read_text())
     booked = sum(v for (name, _), v in final.items() if name == "ddpkit_time_seconds")
     assert booked == pytest.approx(record["run"]["wall_s"], rel=0.01)
+
+
+def test_logs_of_a_local_run_dir_by_attempt(tmp_path):
+    """RUN_DIR/output.log as `ddpkit run --local` appends it, two runs (lines as its launcher
+    tags them): --attempt K is the K-th run, --previous the one before the last."""
+    from deploy.run.local import start_line
+
+    run_dir = tmp_path / "runs" / "demo"
+    (run_dir / "attempts").mkdir(parents=True)
+    (run_dir / "attempts" / "attempt-0.json").write_text(json.dumps({"attempt": 0, "state": "completed", "step": 3}))
+    banner = start_line("demo", 2)  # one clock reading: the line carries the time
+    first = banner + "[0/-] ddpkit launch: context local\n[0/0] 10:00 ddpkit rank 0 INFO step 1/3\n"
+    second = banner + "[0/0] 10:05 ddpkit rank 0 INFO resumed from step 1\n[0/1] [rank1]: boom\n"
+    (run_dir / "output.log").write_text(first + second)
+    assert cli("logs", str(run_dir), "--previous").stdout == first.replace("[0/-] ", "").replace("[0/0] ", "")
+    assert cli("logs", str(run_dir), "--attempt", "1", "--all", "--grep", "boom").stdout == "[0/1] [rank1]: boom\n"
+    assert cli("logs", str(run_dir), "--worker-rank", "1").stdout == banner * 2 + "[rank1]: boom\n"
+    bad = cli("logs", str(run_dir), "--attempt", "2")
+    assert bad.returncode != 0 and "holds attempts 0..1: no attempt 2" in bad.stderr

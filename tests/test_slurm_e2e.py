@@ -26,6 +26,7 @@ import pytest
 from deploy.slurm import submit as submit_slurm
 from deploy.testbed import slurm as testbed
 from tests.conftest import IN_CI, REPO, ddpkit, require
+from trainer.contract import read_node_line_tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -155,6 +156,21 @@ def test_quickstart_runs_on_two_nodes(cluster, jobs, tmp_path, launcher):
     assert f"{launcher} mode" in log
     proc = ddpkit("logs", handle, env=cluster)
     assert proc.returncode == 0 and "ddpkit-summary" in proc.stdout
+    # one file, two nodes: every line of the job step starts with its node (and rank), and the
+    # long summary line is whole (srun --label cut it); --rank is a node, --worker-rank a process
+    tags = [read_node_line_tag(line) for line in log.splitlines()]
+    assert {tag[0] for tag in tags if tag} == {0, 1}, log[-3000:]
+    assert all(line.startswith("ddpkit: ") for line, tag in zip(log.splitlines(), tags, strict=True)
+               if tag is None), log[-3000:]
+    node1 = ddpkit("logs", handle, "--rank", "1", env=cluster).stdout
+    assert "node rank 1" in node1 and "node rank 0" not in node1 and "ddpkit-summary" not in node1
+    assert not any(read_node_line_tag(line) for line in node1.splitlines())
+    every = ddpkit("logs", handle, "--all", "--grep", "^\\[0/[0-9-]+\\] ddpkit-summary ", env=cluster).stdout
+    [line] = every.splitlines()
+    assert json.loads(line.split("ddpkit-summary ", 1)[1]) == summary
+    if launcher == "srun":  # the task's rank tags each of its lines, the launcher's too
+        worker3 = ddpkit("logs", handle, "--worker-rank", "3", env=cluster).stdout
+        assert "context slurm-srun, node rank 1" in worker3, worker3
     # the progress record, from the end of the job's output file; the wait in the queue
     line = ddpkit("status", handle, env=cluster).stdout.strip()
     assert line.startswith("SUCCEEDED  step 40/40 (100%)") and "restarts 0/1" in line, line

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import re
 import shlex
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.load import parse_job
+from deploy.logs import Query
 from deploy.slurm import submit as slurm
 from deploy.slurm.directives import parse as parse_directive
 from deploy.slurm.render import render_slurm
@@ -90,6 +92,7 @@ def test_missing_slurm_commands_are_one_line(tmp_path):
     ("PENDING", 0, "PENDING"), ("PENDING", 1, "RESTARTING"), ("RUNNING", 0, "RUNNING"),
     ("COMPLETING", 0, "RUNNING"), ("REQUEUED", 1, "RESTARTING"), ("COMPLETED", 1, "SUCCEEDED"),
     ("FAILED", 0, "FAILED"), ("TIMEOUT", 0, "FAILED"), ("OUT_OF_MEMORY", 0, "FAILED"),
+    ("PREEMPTED", 0, "FAILED"), ("PREEMPTED", 1, "FAILED"),  # a requeue shows REQUEUED, PENDING
     ("CANCELLED", 0, "CANCELLED"),
 ])
 def test_status_speaks_the_shared_vocabulary(state, restarts, shared):
@@ -106,6 +109,10 @@ def test_status_speaks_the_shared_vocabulary(state, restarts, shared):
     ("JobState=PENDING Reason=Nodes_required_for_job_are_DOWN,_DRAINED Requeue=1 Restarts=1",
      "RESTARTING (Slurm reason: Nodes_required_for_job_are_DOWN,_DRAINED; restart 1)"),
     ("JobState=COMPLETED Reason=None Requeue=1 Restarts=1", "SUCCEEDED"),
+    # preempted and not requeued (PreemptMode=CANCEL, or not requeueable): over, not RESTARTING
+    ("JobState=PREEMPTED Reason=None Requeue=0 Restarts=0",
+     "FAILED (PREEMPTED: preempted, and Slurm does not requeue it (not requeueable, or "
+     "PreemptMode=CANCEL): submit it again to resume from the checkpoint)"),
 ])
 def test_status_line_says_why_slurm_ended_or_holds_a_job(fields, line):
     fake = FakeSlurm(scontrol=(0, f"JobId=12 JobName=demo {fields} BatchFlag=1 WorkDir=/w\n", ""))
@@ -129,16 +136,52 @@ def test_handles_are_checked():
     assert slurm.job_id("slurm://12") == "12" and slurm.job_id("34_2") == "34_2"
 
 
-def test_logs_print_the_output_file_slurm_names(tmp_path):
+# A job's output file, two nodes x two processes, torchrun mode: the batch shell's lines (no
+# tag), then each node's as `trainer.launch` tags them. Node 0's lines are as a real launch
+# wrote them (tests/test_launch.py, slurm context, shortened); node 1's the same kinds.
+SUMMARY = '{"summary": true, "status": "completed", "world_size": 4, "x": "' + "a" * 9000 + '"}'
+TAGGED_LOG = (
+    "ddpkit: demo (job 12, restart 0) on 2 nodes\n"
+    "[0/-] ddpkit launch: context slurm, node rank 0, mode torchrun: -m torch.distributed.run --nnodes 2\n"
+    "[1/-] ddpkit launch: context slurm, node rank 1, mode torchrun: -m torch.distributed.run --nnodes 2\n"
+    "[0/0] 04:30:28 ddpkit rank 0 INFO step 1/3 epoch 0 loss 2.3046 lr 0.01 299 samples/s\n"
+    "[1/3] [rank3]: RuntimeError: boom\n"
+    "[1/2] 04:30:28 ddpkit rank 2 WARNING slow\n"
+    "[0/-] ddpkit-summary " + SUMMARY + "\n"
+    "ddpkit: job step exited with code 0\n")
+
+
+def shown(*picked: int, tags: bool = False) -> str:
+    lines = TAGGED_LOG.splitlines(keepends=True)
+    return "".join(lines[i] if tags else re.sub(r"^\[\d+/[\d-]+\] ", "", lines[i]) for i in picked)
+
+
+@pytest.mark.parametrize("query,expected", [
+    (Query(), shown(0, 1, 3, 6, 7)),  # node 0, as on Kubernetes (its pod); the shell's lines
+    (Query(rank=1), shown(0, 2, 4, 5, 7)),
+    (Query(worker_rank=3), shown(0, 4, 7)),  # global rank 3: the lines it is tagged with
+    (Query(every=True), TAGGED_LOG),  # every node, each line's [NODE/RANK] kept
+    (Query(every=True, grep=r"rank \d WARN|boom"), shown(4, 5, tags=True)),
+    (Query(rank=0, grep="^ddpkit-summary"), shown(6)),  # the grep sees the line as printed
+])
+def test_logs_rank_is_a_node_worker_rank_a_process_all_every_line(tmp_path, query, expected):
+    log = tmp_path / "demo-12.out"
+    log.write_text(TAGGED_LOG)
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
+    out = io.StringIO()
+    assert slurm.logs("slurm://12", query=query, runner=fake, out=out) == 0
+    assert out.getvalue() == expected
+    if "ddpkit-summary" in expected:  # whole after the tag is gone
+        assert json.loads(expected.split("ddpkit-summary ", 1)[1].splitlines()[0]) == json.loads(SUMMARY)
+
+
+def test_logs_of_a_job_from_before_the_tags_print_every_line(tmp_path):
     log = tmp_path / "demo-12.out"
     log.write_text("ddpkit: demo starting\n[rank0]: step 10 loss 2.0\n[rank1]: step 10 loss 2.1\n")
     fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
     out = io.StringIO()
-    assert slurm.logs("slurm://12", runner=fake, out=out) == 0
-    assert out.getvalue() == log.read_text()
-    out = io.StringIO()
     slurm.logs("slurm://12", rank=1, runner=fake, out=out)
-    assert out.getvalue() == "ddpkit: demo starting\n[rank1]: step 10 loss 2.1\n"
+    assert out.getvalue() == log.read_text()
 
 
 def test_logs_follow_until_the_job_ends(tmp_path):
@@ -461,3 +504,53 @@ def test_status_report_reads_the_record_from_the_output_file_and_the_queue_wait(
     pending += " SubmitTime=2026-12-01T10:00:00 StartTime=2026-12-01T11:00:00\n"  # Slurm's estimate
     report = slurm.report("slurm://12", runner=FakeSlurm(scontrol=(0, pending, "")))
     assert report.state == "PENDING" and report.record is None and report.waited_s is None
+
+
+RECORDED = Path(__file__).parent / "recorded"
+
+
+@pytest.mark.parametrize("name,node1,worker3", [
+    # the job files of test_slurm_e2e.py's two-node quickstart on the testbed, as Slurm wrote them
+    ("slurm-torchrun-2node.out", 6, 0),  # torchrun mode: rank 3 logs nothing of its own
+    ("slurm-srun-2node.out", 8, 4),  # srun mode: every line of task 3 carries its rank
+])
+def test_logs_of_recorded_testbed_jobs(tmp_path, name, node1, worker3):
+    log = tmp_path / "demo-12.out"
+    log.write_text((RECORDED / name).read_text())
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
+
+    def read(**query) -> list[str]:
+        out = io.StringIO()
+        slurm.logs("slurm://12", query=Query(**query), runner=fake, out=out)
+        return out.getvalue().splitlines()
+
+    shell = [line for line in log.read_text().splitlines() if line.startswith("ddpkit: ")]
+    assert len(shell) == 2 and read(every=True) == log.read_text().splitlines()
+    one = read(rank=1)
+    assert len(one) == len(shell) + node1 and all("node rank 0" not in line for line in one)
+    assert len(read(worker_rank=3)) == len(shell) + worker3
+    [summary] = read(grep="^ddpkit-summary ")  # node 0's, the tag dropped, the JSON whole
+    record = json.loads(summary.removeprefix("ddpkit-summary "))
+    assert record["world_size"] == 4 and record["status"] == "completed"
+
+
+def test_logs_attempt_and_previous_are_the_starts_of_a_requeued_job(tmp_path):
+    """The file is opened for appending; each start of the job begins with the batch shell's
+    `ddpkit: NAME (job J, restart K)` line (slurm/job.sh.j2): two recorded starts in a row."""
+    first = (RECORDED / "slurm-torchrun-2node.out").read_text()
+    second = first.replace("(job 2, restart 0)", "(job 2, restart 1)").replace("step 10/40", "step 10 again")
+    log = tmp_path / "demo-12.out"
+    log.write_text(first + second)
+    fake = FakeSlurm(scontrol=(0, scontrol_line("COMPLETED", stdout=str(log)), ""))
+
+    def read(**query) -> str:
+        out = io.StringIO()
+        slurm.logs("slurm://12", query=Query(every=True, **query), runner=fake, out=out)
+        return out.getvalue()
+
+    assert read(attempt=0) == first and read(previous=True) == first and read(attempt=1) == second
+    with pytest.raises(UserError, match=r"holds attempts 0\.\.1: no attempt 2"):
+        read(attempt=2)
+    log.write_text(first)
+    with pytest.raises(UserError, match=r"holds one attempt only \(0\): no previous attempt"):
+        read(previous=True)

@@ -116,8 +116,48 @@ TORCHRUN_T0_VAR = "DDPKIT_TORCHRUN_T0"  # when torchrun was started
 STOP_FILE_VAR = "DDPKIT_STOP_FILE"  # a worker writes the checkpointed step here on a stop
 CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
 PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
+LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any context (run --local)
 
 #: Fault injection, for tests only: set by the test suite, read by the workers.
 STOP_AT_STEP_VAR = "DDPKIT_STOP_AT_STEP"  # act as if a stop signal came at step N
 FAULT_CRASH_VAR = "DDPKIT_FAULT_CRASH"  # STEP:POINT: die at POINT of the save of STEP
 FAULT_SAVE_DELAY_S_VAR = "DDPKIT_FAULT_SAVE_DELAY_S"  # a checkpoint write takes S seconds longer
+
+
+#: How a log line names the worker (global rank) that printed it: torch's own `[rankR]:`
+#: prefix (an uncaught exception in a process group), and the trainer's log format
+#: `... ddpkit rank R LEVEL ...` (trainer/train.py).
+WORKER_LINE_TAG = r"\[rank(\d+)\]:|\bddpkit rank (\d+) "
+
+#: Where several nodes write one file (Slurm: the job's output file), `trainer.launch` starts
+#: each line of its node with `[NODE/RANK] `: the node rank, and the worker's global rank
+#: where the line says whose it is (srun mode: the task's rank; torchrun mode: the rank the
+#: line names, WORKER_LINE_TAG), else `-` (torchrun, the launcher, an unnamed worker line).
+#: The launcher reads whole lines before it writes them, so a long line stays one line
+#: (`srun --label` cut them at its buffer size). `ddpkit logs` reads the tags back.
+NODE_LINE_TAG = r"^\[(\d+)/(\d+|-)\] "
+
+
+def line_worker_rank(line: str, start: int = 0) -> int | None:
+    """The worker rank a log line names (WORKER_LINE_TAG), or None."""
+    import re
+
+    match = re.compile(WORKER_LINE_TAG).search(line, start)
+    return int(match.group(1) or match.group(2)) if match else None
+
+
+def node_line_tag(node: int, rank: int | None) -> str:
+    """The tag `trainer.launch` starts a line with (NODE_LINE_TAG): `[1/3] `, `[1/-] `."""
+    return f"[{node}/{'-' if rank is None else rank}] "
+
+
+def read_node_line_tag(line: str) -> tuple[int, int | None, int] | None:
+    """(node, worker rank or None, where the line's own text begins) of a tagged line; None for
+    a line without the tag (the batch shell's own, a log written before tags)."""
+    import re
+
+    match = re.match(NODE_LINE_TAG, line)
+    if match is None:
+        return None
+    rank = match.group(2)
+    return int(match.group(1)), None if rank == "-" else int(rank), match.end()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +28,9 @@ from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
 from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
+from deploy.logs import LineWriter, Query, pick_node
 from deploy.progress import TAIL_LINES, Report, last_record
+from trainer.contract import NPROC_PER_NODE_VAR
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -88,7 +91,7 @@ class Cluster(Protocol):
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool,
-            tail_lines: int | None = None) -> Iterator[str]: ...
+            tail_lines: int | None = None, previous: bool = False) -> Iterator[str]: ...
 
 
 class KubeCluster:
@@ -163,8 +166,10 @@ class KubeCluster:
         return self.api.sanitize_for_serialization(found).get("items", [])
 
     def log(self, namespace: str, pod: str, container: str, follow: bool,
-            tail_lines: int | None = None) -> Iterator[str]:
+            tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
         extra = {"tail_lines": tail_lines} if tail_lines else {}
+        if previous:  # the container before the kubelet restarted it (kubectl logs --previous)
+            extra["previous"] = True
         resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
                           follow=follow, _preload_content=False, **extra)
         import codecs
@@ -527,27 +532,87 @@ def pods_by_rank(flavor: str, pods: list[dict]) -> dict[int, dict]:
 
 
 def logs(handle: str, rank: int | None = None, follow: bool = False, *,
-         cluster: Cluster | None = None, out=None) -> int:
-    """Print the log of node `rank` (default 0); with `follow`, until the container ends."""
+         query: Query | None = None, cluster: Cluster | None = None, out=None) -> int:
+    """Print the lines `query` asks for (deploy/logs.py; default: node 0's pod); with `follow`,
+    until the containers end. A pod is a node: `--rank N` is node N's pod, `--worker-rank R`
+    the pod of node R // processes per node (the pod's DDPKIT_NPROC_PER_NODE) less the lines
+    that name another rank, `--all` every pod's lines, each starting `[NODE/RANK] `: pod after
+    pod in node order, or with `follow` as they come. `--previous`: the container before the
+    current one (the kubelet restarted it); a pod its controller deleted and made anew has no
+    previous container (its attempt records in the run directory hold what it did)."""
+    query = query or Query(rank=rank)
+    if query.attempt is not None:
+        raise UserError("--attempt: Kubernetes keeps the log of a pod's current container and of "
+                        "the one before it only (--previous); a pod its controller replaced is gone")
     h = parse_handle(handle)
     cluster = _cluster(cluster)
     out = out or sys.stdout
-    rank = 0 if rank is None else rank
     selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
     try:
         pods = cluster.pods(h.namespace, selector)
     except ApiError as err:
         raise RuntimeFailure(explain(err, "Pod", h.namespace, selector, "list")) from None
     ranks = pods_by_rank(h.flavor, pods)
-    if rank not in ranks:
+    nproc = _nproc_per_node(pods)
+    node = query.worker_rank // nproc if query.worker_rank is not None else query.node
+    if query.every:
+        nodes = sorted(ranks)
+        if not nodes:
+            raise RuntimeFailure(f"{h}: no pods yet; see `ddpkit status {h}`")
+    elif node not in ranks:
         have = ", ".join(str(r) for r in sorted(ranks)) or "none yet"
-        raise RuntimeFailure(f"{h}: no pod for node rank {rank} (ranks with pods: {have}); "
-                             f"see `ddpkit status {h}`")
-    pod = ranks[rank]["metadata"]["name"]
-    try:
-        for chunk in cluster.log(h.namespace, pod, flavor_module(h.flavor).CONTAINER, follow):
-            out.write(chunk)
-            out.flush()
-    except ApiError as err:
-        raise RuntimeFailure(explain(err, "Pod", h.namespace, pod, "read logs of")) from None
+        asked = (f"worker rank {query.worker_rank} (node rank {node})" if query.worker_rank is not None
+                 else f"node rank {node}")
+        raise RuntimeFailure(f"{h}: no pod for {asked} (ranks with pods: {have}); see `ddpkit status {h}`")
+    else:
+        nodes = [node]
+    container = flavor_module(h.flavor).CONTAINER
+    lock = threading.Lock()
+
+    def read(n: int) -> None:
+        pod = ranks[n]["metadata"]["name"]
+        lines = LineWriter(out, pick_node(query, n, nproc), lock)
+        try:
+            chunks = (cluster.log(h.namespace, pod, container, False, previous=True) if query.previous
+                      else cluster.log(h.namespace, pod, container, follow))
+            for chunk in chunks:
+                lines.write(chunk)
+        except ApiError as err:
+            raise RuntimeFailure(explain(err, "Pod", h.namespace, pod, "read logs of")) from None
+        lines.close()
+
+    if follow and len(nodes) > 1 and not query.previous:
+        _each_in_a_thread(read, nodes)
+    else:
+        for n in nodes:
+            read(n)
     return 0
+
+
+def _each_in_a_thread(fn, items: list) -> None:
+    """`fn(item)` for every item at once; the first error is raised once all have ended."""
+    errors: list[BaseException] = []
+
+    def run(item) -> None:
+        try:
+            fn(item)
+        except BaseException as err:  # noqa: BLE001  (raised below, in the caller's thread)
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(item,), daemon=True) for item in items]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _nproc_per_node(pods: list[dict]) -> int:
+    """Processes per node from a pod's DDPKIT_NPROC_PER_NODE (the launch contract), else 1."""
+    for pod in pods:
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            for var in container.get("env") or []:
+                if var.get("name") == NPROC_PER_NODE_VAR and str(var.get("value", "")).isdigit():
+                    return max(int(var["value"]), 1)
+    return 1

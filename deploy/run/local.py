@@ -24,7 +24,9 @@ from trainer.contract import (
     EXIT_STOPPED_UNSAVED,
     LAUNCH_ARGV,
     LAUNCH_T0_VAR,
+    LINE_TAGS_VAR,
     LaunchEnv,
+    read_node_line_tag,
 )
 from trainer.launch import WORKER_VARS
 from trainer.stragglers import describe as describe_straggler
@@ -114,16 +116,48 @@ def format_summary(s: dict) -> str:
     return "\n".join(f"  {k:<11} {v}" for k, v in rows)
 
 
-def show_output(proc: subprocess.Popen) -> None:
-    """Stream the trainer's stdout as it comes, less its `ddpkit-summary {json}` and
-    `ddpkit-progress {json}` lines (lines for programs reading logs: the readable summary is
-    printed from metrics.jsonl at the end, and `ddpkit status RUN_DIR` reads the progress)."""
-    assert proc.stdout is not None
-    out = sys.stdout.buffer
-    for raw in proc.stdout:
-        if not raw.startswith((b"ddpkit-summary ", b"ddpkit-progress ")):
-            out.write(raw)
-            out.flush()
+#: Where `ddpkit run --local` keeps the run's output, each line tagged as `trainer.launch` tags
+#: a Slurm node's (`[0/RANK] `), appended run after run: `ddpkit logs RUN_DIR` reads it.
+OUTPUT_LOG = "output.log"
+
+
+def start_line(name: str, nproc: int) -> str:
+    """The line each `ddpkit run --local` writes first to RUN_DIR/output.log (deploy/logs.py
+    START_LINE: `ddpkit logs RUN_DIR --attempt K` is the K-th run's output)."""
+    return f"ddpkit: {name} (run --local) as {nproc} processes, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+
+
+def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
+    """Stream the trainer's stdout and stderr as they come, less the launcher's line tags and
+    its `ddpkit-summary {json}` and `ddpkit-progress {json}` lines (lines for programs reading
+    logs: the readable summary is printed from metrics.jsonl at the end, and `ddpkit status
+    RUN_DIR` reads the progress); every line, tagged, is appended to `log`."""
+    import threading
+
+    lock = threading.Lock()
+    kept = log.open("ab") if log is not None else None
+
+    def copy(stream, out) -> None:
+        for raw in stream:
+            if kept is not None:
+                with lock:
+                    kept.write(raw)
+                    kept.flush()
+            tag = read_node_line_tag(raw[:32].decode("ascii", "replace"))
+            text = raw[tag[2]:] if tag else raw  # the tag is ASCII: its length in bytes
+            if not text.startswith((b"ddpkit-summary ", b"ddpkit-progress ")):
+                out.write(text)
+                out.flush()
+
+    streams = [(s, out) for s, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))
+               if s is not None]
+    threads = [threading.Thread(target=copy, args=pair, daemon=True) for pair in streams]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if kept is not None:
+        kept.close()
 
 
 def run_local(job, job_path: str, nproc: int | None = None) -> int:
@@ -142,8 +176,11 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     print(f"ddpkit: training {what} as {nproc} local processes; run dir {run_dir}",
           file=sys.stderr, flush=True)
     own_code = job.script is not None or job.module is not None  # its output as it is, unbuffered
+    if not own_code:  # the trainer's lines, tagged, kept in the run directory (show_output)
+        env[LINE_TAGS_VAR] = "1"
     proc = subprocess.Popen([sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True,
-                            stdout=None if own_code else subprocess.PIPE)
+                            stdout=None if own_code else subprocess.PIPE,
+                            stderr=None if own_code else subprocess.PIPE)
 
     def forward(signum: int, frame: object) -> None:
         proc.send_signal(signum)
@@ -151,7 +188,9 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         if not own_code:
-            show_output(proc)
+            with (run_dir / OUTPUT_LOG).open("a", encoding="utf-8") as fh:  # where a run begins
+                fh.write(start_line(job.name, nproc))
+            show_output(proc, run_dir / OUTPUT_LOG)
         rc = proc.wait()
     finally:
         for s, handler in previous.items():

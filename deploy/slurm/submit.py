@@ -24,19 +24,24 @@ from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import TERMINAL_STATES
+from deploy.logs import LineWriter, Query, attempt_text, pick_tagged
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, last_record, tail_of_file
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
 #: Slurm job states in the shared vocabulary (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED,
-#: CANCELLED). A pending job that has been requeued before is RESTARTING.
+#: CANCELLED). A pending job that has been requeued before is RESTARTING. PREEMPTED is an
+#: ended job: a preempted job that Slurm requeues (PreemptMode=REQUEUE, requeueable) shows
+#: REQUEUED then PENDING with Restarts counted, which are RESTARTING; one left PREEMPTED is
+#: not requeued (requeue off, --no-requeue, PreemptMode=CANCEL) and is over, as a pod evicted
+#: from a Job with no restarts left is Failed.
 STATES = {
     "PENDING": "PENDING", "CONFIGURING": "PENDING", "SUSPENDED": "PENDING",
     "REQUEUE_HOLD": "PENDING", "SPECIAL_EXIT": "FAILED",
     "RUNNING": "RUNNING", "COMPLETING": "RUNNING", "SIGNALING": "RUNNING", "STAGE_OUT": "RUNNING",
     "RESIZING": "RUNNING",
-    "REQUEUED": "RESTARTING", "REQUEUE_FED": "RESTARTING", "PREEMPTED": "RESTARTING",
+    "REQUEUED": "RESTARTING", "REQUEUE_FED": "RESTARTING", "PREEMPTED": "FAILED",
     "COMPLETED": "SUCCEEDED",
     "CANCELLED": "CANCELLED", "REVOKED": "CANCELLED",
     "FAILED": "FAILED", "TIMEOUT": "FAILED", "NODE_FAIL": "FAILED", "OUT_OF_MEMORY": "FAILED",
@@ -205,6 +210,8 @@ _ENDED_BECAUSE = {
     "OUT_OF_MEMORY": "a task ran out of memory",
     "BOOT_FAIL": "a node failed to boot",
     "DEADLINE": "the job reached its deadline",
+    "PREEMPTED": "preempted, and Slurm does not requeue it (not requeueable, or PreemptMode=CANCEL): "
+                 "submit it again to resume from the checkpoint",
 }
 
 
@@ -282,14 +289,28 @@ def _waited(info: dict[str, str]) -> float | None:
 
 
 def logs(handle: str, rank: int | None = None, follow: bool = False, *,
-         runner: Runner = subprocess.run, out=None, poll_s: float = 1.0) -> int:
-    """Print the job's output file; with follow, keep printing until the job ends.
+         query: Query | None = None, runner: Runner = subprocess.run, out=None,
+         poll_s: float = 1.0) -> int:
+    """Print the lines of the job's output file that `query` asks for (deploy/logs.py; default:
+    node 0); with follow, keep printing until the job ends.
 
-    Slurm writes one file per job with every node's output; `rank` keeps the lines of one node
-    (lines that torchrun's or srun's labels mark with that rank, and the unlabelled ones).
+    Slurm writes one file per job with every node's output; `trainer.launch` starts each line
+    of a node with `[NODE/RANK] ` (trainer.contract NODE_LINE_TAG), so `--rank N` keeps node N's
+    lines, `--worker-rank R` the lines of global rank R (its task in srun mode; in torchrun mode
+    the lines that name it), `--all` all of them, tags kept. The batch shell's own lines (no tag)
+    are always printed. `--attempt K` / `--previous`: what the job's K-th (the last but one)
+    start wrote, from the batch shell's `restart K` line (the file is opened for appending).
     """
+    query = query or Query(rank=rank)
     out = out or sys.stdout
     path = log_path(handle, runner=runner)
+    lines = LineWriter(out, pick_tagged(query))
+    if query.attempt is not None or query.previous:  # an earlier start: it has ended
+        if not path.exists():
+            raise RuntimeFailure(f"{path} does not exist (is the job still pending?)")
+        lines.write(attempt_text(path.read_text(encoding="utf-8", errors="replace"), query, str(path)))
+        lines.close()
+        return 0
     position = 0
     while True:
         if path.exists():
@@ -297,28 +318,17 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
                 fh.seek(position)
                 chunk = fh.read()
                 position = fh.tell()
-            for line in chunk.splitlines(keepends=True):
-                if rank is None or _line_rank(line) in (None, rank):
-                    out.write(line)
-            out.flush()
+            lines.write(chunk)
         elif not follow:
             raise RuntimeFailure(f"{path} does not exist yet (is the job still pending?)")
         if not follow or status(handle, runner=runner) in TERMINAL:
             if follow and path.exists():  # what was written after the last read
                 with path.open("r", encoding="utf-8", errors="replace") as fh:
                     fh.seek(position)
-                    out.write(fh.read())
-                out.flush()
+                    lines.write(fh.read())
+            lines.close()
             return 0
         time.sleep(poll_s)
-
-
-def _line_rank(line: str) -> int | None:
-    """The rank a log line is labelled with (`[rank3]:`, `[default3]:`, srun's `3: `), if any."""
-    match = re.match(r"^\[(?:rank|default)(\d+)\]:|^\s*(\d+): ", line)
-    if not match:
-        return None
-    return int(match.group(1) or match.group(2))
 
 
 def cancel(handle: str, *, runner: Runner = subprocess.run, wait_s: float = 30.0) -> None:
