@@ -295,6 +295,59 @@ def test_job_rules_of_the_api_server(crds):
         f'Invalid value: "{"j" * 61}": will not able to create pod with invalid DNS label: {"j" * 61}-99']
 
 
+def test_job_indexed_counts_and_max_failed_indexes(crds):
+    """validateJobSpec (kubernetes 1.34 pkg/apis/batch/validation): maxFailedIndexes needs
+    Indexed mode and backoffLimitPerIndex, is at most completions and 100000; above 100000
+    completions with backoffLimitPerIndex it is required and capped at 10000."""
+    indexed = {"completionMode": "Indexed", "backoffLimitPerIndex": 1}
+    assert errors(job(completions=4, parallelism=4, maxFailedIndexes=4, **indexed), crds) == []
+    assert errors(job(completions=4, parallelism=4, maxFailedIndexes=5, **indexed), crds) == [
+        ("spec.maxFailedIndexes", "Invalid value: 5: must be less than or equal to completions")]
+    assert errors(job(completions=4, maxFailedIndexes=1, completionMode="Indexed"), crds) == [
+        ("spec.backoffLimitPerIndex", "Required value: when maxFailedIndexes is specified")]
+    assert errors(job(completions=4, maxFailedIndexes=1, backoffLimitPerIndex=1), crds) == [
+        ("spec.backoffLimitPerIndex", "Invalid value: 1: requires indexed completion mode"),
+        ("spec.maxFailedIndexes", "Invalid value: 1: requires indexed completion mode")]
+    huge = job(completions=200_000, parallelism=20_000, maxFailedIndexes=150_000, **indexed)
+    assert sorted(errors(huge, crds)) == [
+        ("spec.maxFailedIndexes", "Invalid value: 150000: must be less than or equal to 10000 when "
+                                  "completions are above 100000 and used with backoff limit per index"),
+        ("spec.maxFailedIndexes", "Invalid value: 150000: must be less than or equal to 100000"),
+        ("spec.parallelism", "Invalid value: 20000: must be less than or equal to 10000 when "
+                             "completions are above 100000 and used with backoff limit per index")]
+    assert errors(job(completions=200_000, parallelism=10, **indexed), crds) == [
+        ("spec.maxFailedIndexes", "Required value: must be specified when completions is above 100000")]
+
+
+def test_pod_host_network_ports_and_dns_config(crds):
+    """validatePodHostNetworkDeps and validatePodDNSConfig (kubernetes 1.34
+    pkg/apis/core/validation): under hostNetwork a set hostPort equals containerPort; dnsPolicy
+    None needs a dnsConfig with a nameserver; at most 3 nameservers."""
+    ok = job()
+    pod = ok["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    pod["containers"][0]["ports"] = [{"containerPort": 29500}, {"containerPort": 8080, "hostPort": 8080}]
+    pod["dnsPolicy"] = "None"
+    pod["dnsConfig"] = {"nameservers": ["10.0.0.10"], "searches": ["svc.cluster.local"]}
+    assert errors(ok, crds) == []
+    bad = copy.deepcopy(ok)
+    pod = bad["spec"]["template"]["spec"]
+    pod["containers"][0]["ports"][1]["hostPort"] = 9090
+    pod["dnsConfig"] = {"searches": ["svc.cluster.local"]}
+    assert errors(bad, crds) == [
+        ("spec.template.spec.containers[0].ports[1].hostPort",
+         "Invalid value: 9090: must match `containerPort` when `hostNetwork` is true"),
+        ("spec.template.spec.dnsConfig.nameservers",
+         "Required value: must provide at least one DNS nameserver when `dnsPolicy` is None")]
+    del pod["dnsConfig"]
+    assert ("spec.template.spec.dnsConfig", "Required value: must provide `dnsConfig` when `dnsPolicy` is None"
+            ) in errors(bad, crds)
+    pod["dnsPolicy"], pod["dnsConfig"] = "ClusterFirst", {"nameservers": ["1.1.1.1", "1.0.0.1", "8.8.8.8", "8.8.4.4"]}
+    assert [p for p, _ in errors(bad, crds)][1:] == ["spec.template.spec.dnsConfig.nameservers"]
+    pod["hostNetwork"] = False  # without host networking any hostPort is the pod's own business
+    assert [p for p, _ in errors(bad, crds)] == ["spec.template.spec.dnsConfig.nameservers"]
+
+
 def test_job_pod_replacement_policy_is_failed_when_a_pod_failure_policy_is_set(crds):
     """kubernetes pkg/apis/batch/validation validatePodReplacementPolicy."""
     pfp = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}]}
