@@ -266,6 +266,52 @@ def test_trainjob_webhook_needs_its_runtime_and_refuses_reserved_env(crds):
         'Invalid value: "ddpkit": must be a domain-prefixed path (such as "acme.io/foo")']
 
 
+def flux_runtime(init_containers=()):
+    pod = {"containers": [{"name": "node", "image": "i"}]}
+    if init_containers:
+        pod["initContainers"] = [{"name": n, "image": "i"} for n in init_containers]
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": "flux"}, "spec": {"mlPolicy": {"numNodes": 1, "flux": {}}, "template": {"spec": {
+                "replicatedJobs": [{"name": "node", "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": pod}}}}]}}}}
+
+
+def test_trainjob_plugin_rules_initializer_sections_and_flux(crds):
+    """Trainer v2.3.0 plugins' Validate: the JobSet plugin asks for an initializer job when a
+    section is there at all (`Initializer.Dataset != nil`: `dataset: {}` counts); the Flux
+    plugin wants numProcPerNode >= 1 and keeps the init container `flux-installer` for itself."""
+    empty = trainjob()
+    empty["spec"]["initializer"] = {"dataset": {}, "model": {}}
+    assert [m for _, m in errors(empty, crds)] == [
+        "must have dataset-initializer job when trainJob is configured with input datasetConfig",
+        "must have model-initializer job when trainJob is configured with input modelConfig"]
+    none = trainjob()
+    none["spec"]["initializer"] = {}
+    assert errors(none, crds) == []
+
+    def flux_errors(runtime, **trainer):
+        tj = trainjob(**trainer)
+        tj["spec"]["runtimeRef"] = {"name": "flux"}
+        found = lint.lint_text(yaml.safe_dump_all([runtime, tj]), crds)
+        return [(p.path, p.message) for p in found if p.severity == lint.ERROR]
+    assert flux_errors(flux_runtime()) == []
+    assert flux_errors(flux_runtime(), numProcPerNode=0) == [
+        ("spec.trainer.numProcPerNode", "Invalid value: 0: must be greater than or equal to 1 for Flux TrainJob")]
+    assert flux_errors(flux_runtime(["flux-installer"])) == [
+        ("spec.trainer.initContainers", "Invalid value: \"flux-installer\": InitContainer 'flux-installer' is reserved")]
+    assert flux_errors(flux_runtime(["warmup"])) == []
+
+
+def test_runtime_webhook_skips_a_runtime_labelled_validation_disabled(crds):
+    """manifests/base/webhook/patch_validating.yaml: the runtime webhooks' objectSelector."""
+    runtime = flux_runtime()
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["replicas"] = 2
+    assert [p for p, _ in errors(runtime, crds)] == ["spec.template.spec.replicatedJobs[0].replicas"]
+    runtime["metadata"]["labels"] = {"trainer.kubeflow.org/webhook-validation": "disabled"}
+    assert errors(runtime, crds) == []
+
+
 def test_trainjob_runtime_can_come_from_the_same_file(crds):
     runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
                "metadata": {"name": "mine", "namespace": "default"},

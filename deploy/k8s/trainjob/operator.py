@@ -1,7 +1,8 @@
 """TrainJob admission, ported from Kubeflow Trainer v2.3.0 `pkg/webhooks/trainjob_webhook.go`
 (defaulter and validator), `pkg/runtime/core/{clustertrainingruntime,trainingruntime}.go`
 (ValidateObjects: the runtime must exist) and the validation plugins a torch runtime runs
-(`pkg/runtime/framework/plugins/torch/torch.go`, `.../jobset/jobset.go`).
+(`pkg/runtime/framework/plugins/torch/torch.go`, `.../jobset/jobset.go`) and the Flux one
+(`.../flux/flux.go`).
 
 The validator needs the referenced runtime, which lives in the cluster: lint looks for it among
 the linted files, the `--crds` folder (where `kubectl get clustertrainingruntimes -o yaml` can
@@ -33,6 +34,9 @@ RUNTIME_KINDS = {"ClusterTrainingRuntime", "TrainingRuntime"}
 TORCH_RESERVED_ENV = ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE"]
 DATASET, MODEL = "dataset-initializer", "model-initializer"
 INITIALIZER_VOLUME = "initializer"
+WEBHOOK_VALIDATION_LABEL = "trainer.kubeflow.org/webhook-validation"
+#: pkg/constants/constants.go FluxInstallerContainerName: the init container the Flux plugin adds.
+FLUX_INSTALLER = "flux-installer"
 
 #: (kind, name, namespace) -> the runtime object, or None.
 RuntimeLookup = Callable[[str, str, str], "dict | None"]
@@ -62,6 +66,8 @@ def validate(obj: dict, find_runtime: RuntimeLookup | None = None) -> list[Findi
     found: list[Finding] = []
     if "torch" in (runtime_spec.get("mlPolicy") or {}):
         found += _validate_torch(obj, runtime_spec, template)
+    if "flux" in (runtime_spec.get("mlPolicy") or {}):
+        found += _validate_flux(obj, runtime_spec, template)
     found += _validate_jobset_plugin(obj, template)
     return found
 
@@ -114,12 +120,33 @@ def _validate_torch(obj: dict, runtime_spec: dict, template: dict) -> list[Findi
     return found
 
 
+def _validate_flux(obj: dict, runtime_spec: dict, template: dict) -> list[Finding]:
+    """The Flux plugin's Validate (pkg/runtime/framework/plugins/flux/flux.go): at least one
+    process per node (the TrainJob's numProcPerNode, else the policy's), and no init container
+    `flux-installer` in the `node` job (the plugin adds its own)."""
+    found: list[Finding] = []
+    nproc = ((runtime_spec.get("mlPolicy") or {}).get("flux") or {}).get("numProcPerNode")
+    trainer = (obj.get("spec") or {}).get("trainer") or {}
+    if trainer.get("numProcPerNode") is not None:
+        nproc = trainer["numProcPerNode"]
+    if isinstance(nproc, int) and nproc < 1:
+        found.append(m.invalid("spec.trainer.numProcPerNode", nproc,
+                               "must be greater than or equal to 1 for Flux TrainJob"))
+    for rjob in (template.get("spec") or {}).get("replicatedJobs") or []:
+        pod = (((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+        if rjob.get("name") == NODE and any(c.get("name") == FLUX_INSTALLER for c in pod.get("initContainers") or []):
+            found.append(m.invalid("spec.trainer.initContainers", FLUX_INSTALLER,
+                                   f"InitContainer '{FLUX_INSTALLER}' is reserved"))
+    return found
+
+
 def _validate_jobset_plugin(obj: dict, template: dict) -> list[Finding]:
     spec = obj.get("spec") or {}
     found: list[Finding] = []
     containers = _containers(template)
     for init, what in ((DATASET, "dataset"), (MODEL, "model")):
-        if not ((spec.get("initializer") or {}).get(what)):
+        # `Initializer.Dataset != nil`: an empty section (`dataset: {}`) asks for the job too
+        if (spec.get("initializer") or {}).get(what) is None:
             continue
         if init not in containers:
             found.append(("spec.runtimeRef", f"must have {init} job when trainJob is configured with input {what}Config"))
@@ -153,7 +180,11 @@ ANCESTOR_CONTAINER = {"trainer": NODE, MODEL: MODEL, DATASET: DATASET}
 
 
 def validate_runtime(obj: dict, context: Any = None) -> list[Finding]:
-    """(Cluster)TrainingRuntime webhook: `pkg/webhooks/trainingruntime_webhook.go` validateReplicatedJobs."""
+    """(Cluster)TrainingRuntime webhook: `pkg/webhooks/trainingruntime_webhook.go` validateReplicatedJobs.
+    Its ValidatingWebhookConfiguration skips a runtime labelled `webhook-validation: disabled`
+    (manifests/base/webhook/patch_validating.yaml objectSelector)."""
+    if ((obj.get("metadata") or {}).get("labels") or {}).get(WEBHOOK_VALIDATION_LABEL) == "disabled":
+        return []
     found: list[Finding] = []
     rjobs = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
     for i, rjob in enumerate(rjobs):
