@@ -438,6 +438,18 @@ def test_rule_dev_shm_is_memory_backed(crds):
         ("spec.pytorchReplicaSpecs[Worker].template.spec", lint.WARNING)]
     plain = jobset()  # a container that does not run torch gets no /dev/shm advice
     assert problems(plain, crds, "dev-shm") == []
+    # only where processes share memory: ddpkit's trainer (DataLoader workers) or several GPUs
+    script = pytorchjob(gpus=1, nproc=1)
+    for role in ("Master", "Worker"):
+        pod = script["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]
+        pod["containers"][0]["command"] = ["python", "/opt/mnist.py"]
+        del pod["volumes"], pod["containers"][0]["volumeMounts"]
+    assert problems(script, crds, "dev-shm") == []  # upstream's examples look like this
+    master_container(script)["resources"] = {"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": 2}}
+    assert [p.path for p in problems(script, crds, "dev-shm")] == ["spec.pytorchReplicaSpecs[Master].template.spec"]
+    assert problems(trainjob(command=["torchrun", "train.py"]), crds, "dev-shm") == []
+    assert [p.path for p in problems(trainjob(command=["python", "-m", "trainer.launch"]), crds, "dev-shm")] == [
+        "spec.runtimePatches"]
 
 
 def test_rule_env_owned_only_where_the_controller_owns_it(crds):
