@@ -130,6 +130,59 @@ def test_trainjob_env_is_the_torch_plugins():
         assert "RANK" not in e and "WORLD_SIZE" not in e  # Trainer v2 sets PET_* only
 
 
+def _trainjob_with_runtime(trainer: dict, ml_policy: dict, node_resources=None, extra_containers=()):
+    """A TrainJob and its own TrainingRuntime (a `node` trainer job, optional extra containers)."""
+    node = {"name": "node", "image": "img:1"}
+    if node_resources is not None:
+        node["resources"] = node_resources
+    pod = {"restartPolicy": "OnFailure", "containers": [node, *extra_containers]}
+    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
+               "metadata": {"name": "rt", "namespace": "default"},
+               "spec": {"mlPolicy": ml_policy, "template": {"spec": {"replicatedJobs": [{
+                   "name": "node", "template": {
+                       "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                       "spec": {"template": {"spec": pod}}}}]}}}}
+    tj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "tj"},
+          "spec": {"runtimeRef": {"name": "rt", "kind": "TrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
+                   "trainer": {"image": "img:2", **trainer}}}
+    return [runtime, tj]
+
+
+@pytest.mark.parametrize("trainer, node_resources, nproc", [
+    ({"numProcPerNode": 3}, None, "3"),  # spec.trainer wins, GPUs or not
+    ({"resourcesPerNode": {"limits": {"nvidia.com/gpu": 2}}}, None, "auto"),  # GPUs: torchrun decides
+    ({"resourcesPerNode": {"requests": {"cpu": "3"}, "limits": {"cpu": "8"}}}, None, "3"),  # CPU request
+    ({"resourcesPerNode": {"limits": {"cpu": "1500m"}}}, None, "2"),  # else the limit, rounded up
+    ({}, {"requests": {"cpu": "4"}}, "4"),  # the runtime's node container when the TrainJob has none
+    ({"resourcesPerNode": {"requests": {"memory": "1Gi"}}}, {"requests": {"cpu": "4"}}, "1"),  # at least 1
+    ({}, None, "1"),
+])
+def test_trainjob_nproc_per_node_is_resolved_as_the_torch_plugin_does(trainer, node_resources, nproc):
+    """kubeflow/trainer v2.3.0 torch.go EnforceMLPolicy: `auto` stays only with GPUs; otherwise
+    getNumCPUPerNode (request, else limit, Quantity.Value rounds up), at least 1."""
+    pods, env = envs(_trainjob_with_runtime(trainer, {"torch": {}}, node_resources))
+    assert {e["PET_NPROC_PER_NODE"] for e in env} == {nproc}
+
+
+def test_trainjob_num_nodes_and_env_injection_come_from_the_runtime():
+    """newRuntimeInfo: the trainer pod set counts mlPolicy.numNodes unless spec.trainer sets it;
+    EnforceMLPolicy upserts PET_* and the master variables into envInjection targets."""
+    sidecar = {"name": "probe", "image": "img:1", "env": [{"name": "PET_NNODES", "value": "9"}]}
+    policy = {"numNodes": 3, "torch": {"envInjection": {"targets": [{"jobName": "node", "containerNames": ["probe"]}]}}}
+    pods, env = envs(_trainjob_with_runtime({}, policy, extra_containers=[sidecar]))
+    assert [p.hostname for p in pods] == ["tj-node-0-0", "tj-node-0-1", "tj-node-0-2"]
+    assert {e["PET_NNODES"] for e in env} == {"3"}
+    for p in pods:
+        probe = dk.resolve_env(p, p.spec["containers"][1], [], {})
+        assert probe["PET_NNODES"] == "3" and probe["PET_MASTER_ADDR"] == "tj-node-0-0.tj"
+        assert probe["PET_NODE_RANK"] == str(p.index) and probe["PET_MASTER_PORT"] == "29500"
+    pods, env = envs(_trainjob_with_runtime({"numNodes": 2}, policy, extra_containers=[sidecar]))
+    assert len(pods) == 2 and {e["PET_NNODES"] for e in env} == {"2"}
+    plain = copy.deepcopy(sidecar)  # not a target: its own env stays
+    pods, _ = envs(_trainjob_with_runtime({}, {"numNodes": 1, "torch": {}}, extra_containers=[plain]))
+    assert dk.resolve_env(pods[0], pods[0].spec["containers"][1], [], {})["PET_NNODES"] == "9"
+
+
 def test_trainjob_runtime_patch_brings_the_volumes(tmp_path):
     plans = plan(objects_for(flavor="trainjob"), tmp_path)
     args = plans[0].create_args
