@@ -183,6 +183,40 @@ def test_trainjob_num_nodes_and_env_injection_come_from_the_runtime():
     assert dk.resolve_env(pods[0], pods[0].spec["containers"][1], [], {})["PET_NNODES"] == "9"
 
 
+def test_jobset_coordinator_exclusive_topology_and_claim_volumes():
+    """JobSet v0.12.0 jobset_controller.go labelAndAnnotateObject (coordinator label and
+    annotation `<js>-<rjob>-<jobIndex>-<podIndex>.<subdomain>`; exclusive-topology annotation of
+    the JobSet, the replicated job's overriding it) and volume_claim_policy.go addVolumes (a
+    mounted claim template becomes the PVC `<template>-<jobset>`; an unmounted one does not)."""
+    pod = {"restartPolicy": "Never", "containers": [{
+        "name": "c", "image": "img:1", "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}]}
+    rjob = {"name": "w", "replicas": 2, "template": {"spec": {"parallelism": 1, "completions": 1,
+                                                            "template": {"spec": pod}}}}
+    ps = copy.deepcopy(rjob)
+    ps["name"] = "ps"
+    ps["template"]["metadata"] = {"annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "rack",
+                                                  "alpha.jobset.sigs.k8s.io/node-selector": "true"}}
+    js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+          "metadata": {"name": "js", "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "zone"}},
+          "spec": {"coordinator": {"replicatedJob": "w", "jobIndex": 1}, "network": {"subdomain": "net"},
+                   "replicatedJobs": [rjob, ps],
+                   "volumeClaimPolicies": [{"templates": [{"metadata": {"name": "cache"}},
+                                                          {"metadata": {"name": "unused"}}]}]}}
+    pods = dk.controller_pods([js])
+    assert [p.name for p in pods] == ["js-w-0-0", "js-w-1-0", "js-ps-0-0", "js-ps-1-0"]
+    for p in pods:
+        assert p.labels["jobset.sigs.k8s.io/coordinator"] == "js-w-1-0.net"
+        assert p.annotations["jobset.sigs.k8s.io/coordinator"] == "js-w-1-0.net"
+        assert p.template["metadata"]["labels"]["jobset.sigs.k8s.io/coordinator"] == "js-w-1-0.net"
+        assert p.spec["volumes"] == [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache-js"}}]
+    assert [p.annotations["alpha.jobset.sigs.k8s.io/exclusive-topology"] for p in pods] == ["zone", "zone", "rack", "rack"]
+    assert ["alpha.jobset.sigs.k8s.io/node-selector" in p.annotations for p in pods] == [False, False, True, True]
+    del js["spec"]["coordinator"], js["metadata"]["annotations"]
+    pods = dk.controller_pods([js])
+    assert not any("jobset.sigs.k8s.io/coordinator" in p.labels for p in pods)
+    assert ["alpha.jobset.sigs.k8s.io/exclusive-topology" in p.annotations for p in pods] == [False, False, True, True]
+
+
 def test_trainjob_runtime_patch_brings_the_volumes(tmp_path):
     plans = plan(objects_for(flavor="trainjob"), tmp_path)
     args = plans[0].create_args

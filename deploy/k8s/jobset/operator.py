@@ -235,6 +235,10 @@ PRIORITY_KEY = "jobset.sigs.k8s.io/priority"
 
 
 DEFAULT_GROUP = "default"
+#: api/jobset/v1alpha2/jobset_types.go: CoordinatorKey, ExclusiveKey, NodeSelectorStrategyKey.
+COORDINATOR_KEY = "jobset.sigs.k8s.io/coordinator"
+EXCLUSIVE_KEY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+NODE_SELECTOR_STRATEGY_KEY = "alpha.jobset.sigs.k8s.io/node-selector"
 
 
 
@@ -280,8 +284,12 @@ def pods(obj: dict, objects: list[dict], *, override=None) -> list[Pod]:
                     JOB_GLOBAL_INDEX_KEY: str(global_index), GROUP_NAME_KEY: group,
                     GROUP_REPLICAS_KEY: str(group_replicas),
                     JOB_GROUP_INDEX_KEY: str(group_offset + j)}
+            coordinator = {COORDINATOR_KEY: coordinator_endpoint(obj)} if spec.get("coordinator") else {}
+            _add_claim_volumes(job_spec, spec, name)
             made = indexed_job_pods(job_name, namespace, job_spec, first_index=len(found),
-                                    labels=keys, annotations=keys, subdomain=subdomain)
+                                    labels={**keys, **coordinator},
+                                    annotations={**keys, **coordinator, **_exclusive(obj, rjob)},
+                                    subdomain=subdomain)
             if not job_spec["template"]["spec"].get("priorityClassName"):
                 for p in made:  # the Priority admission plugin's 0 (a class's value is the cluster's)
                     p.labels[PRIORITY_KEY] = p.template["metadata"]["labels"][PRIORITY_KEY] = "0"
@@ -293,6 +301,41 @@ def pods(obj: dict, objects: list[dict], *, override=None) -> list[Pod]:
             global_index += 1
     return found
 
+
+
+def coordinator_endpoint(obj: dict) -> str:
+    """CoordinatorEndpoint (jobset_controller.go): `<jobset>-<rjob>-<jobIndex>-<podIndex>.<subdomain>`."""
+    spec, name = obj["spec"], obj["metadata"]["name"]
+    coord = spec["coordinator"]
+    subdomain = (spec.get("network") or {}).get("subdomain") or name
+    return f"{name}-{coord['replicatedJob']}-{coord.get('jobIndex', 0)}-{coord.get('podIndex', 0)}.{subdomain}"
+
+
+def _exclusive(obj: dict, rjob: dict) -> dict[str, str]:
+    """labelAndAnnotateObject: the exclusive-topology annotation (and node-selector strategy
+    flag) of the JobSet, overridden by the replicated job's Job template's, on Job and pods."""
+    found: dict[str, str] = {}
+    for notes in ((obj.get("metadata") or {}).get("annotations") or {},
+                  ((rjob.get("template") or {}).get("metadata") or {}).get("annotations") or {}):
+        if EXCLUSIVE_KEY in notes:
+            found[EXCLUSIVE_KEY] = notes[EXCLUSIVE_KEY]
+            if NODE_SELECTOR_STRATEGY_KEY in notes:
+                found[NODE_SELECTOR_STRATEGY_KEY] = notes[NODE_SELECTOR_STRATEGY_KEY]
+    return found
+
+
+def _add_claim_volumes(job_spec: dict, spec: dict, name: str) -> None:
+    """addVolumes (volume_claim_policy.go): a volumeClaimPolicies template that a container or
+    init container mounts becomes a volume of claim `<template>-<jobset>`."""
+    pod = job_spec["template"].setdefault("spec", {})
+    mounted = {m.get("name") for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]
+               for m in c.get("volumeMounts") or []}
+    for policy in spec.get("volumeClaimPolicies") or []:
+        for template in policy.get("templates") or []:
+            vname = (template.get("metadata") or {}).get("name")
+            if vname in mounted:
+                pod.setdefault("volumes", []).append(
+                    {"name": vname, "persistentVolumeClaim": {"claimName": f"{vname}-{name}"}})
 
 
 def _suspended(name: str) -> Exception:
