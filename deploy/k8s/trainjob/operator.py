@@ -299,8 +299,9 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
     PET_NPROC_PER_NODE (torch_nproc_per_node), PET_NODE_RANK (fieldRef to the completion
     index), PET_MASTER_ADDR `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT 29500 (an
     entry of the same name is replaced where it stands: PET_* always win), adds port 29500, and
-    upserts the same variables into the envInjection targets. Only the `node` job's pods run
-    (other jobs, such as initializers, are not emulated)."""
+    upserts the same variables into the envInjection targets. The runtime's other jobs run too
+    (initializers: `_initializers`), in the order their dependsOn gives (jobset.pods); the
+    trainer job's pods are nodes 0.., the others are logged under their job's name."""
     meta, spec = obj["metadata"], obj.get("spec") or {}
     name = meta["name"]
     if spec.get("suspend"):
@@ -335,8 +336,43 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
 
     js = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
           "spec": copy.deepcopy(runtime_spec["template"]["spec"])}
-    return [p for p in jobset.pods(js, objects, override=override)
-            if p.labels.get(jobset.REPLICATED_JOB_NAME_KEY) in trainer_jobs]
+    _initializers(js["spec"].get("replicatedJobs") or [], spec.get("initializer") or {})
+    return _numbered(jobset.pods(js, objects, override=override), trainer_jobs)
+
+
+def _initializers(rjobs: list[dict], initializer: dict) -> None:
+    """The jobset plugin's Builder.Initializer (pkg/runtime/framework/plugins/jobset/builder.go):
+    a dataset- or model-initializer ancestor job gets replicas 1, and its container of the same
+    name gets spec.initializer.<dataset|model>'s storageUri as STORAGE_URI, then its env
+    (both upserted), and its secretRef as an envFrom."""
+    for rjob in rjobs:
+        ancestor = (((rjob.get("template") or {}).get("metadata") or {}).get("labels") or {}).get(ANCESTOR_LABEL)
+        if ancestor not in (DATASET, MODEL):
+            continue
+        rjob["replicas"] = 1
+        source = initializer.get("dataset" if ancestor == DATASET else "model")
+        pod = rjob["template"].setdefault("spec", {}).setdefault("template", {}).setdefault("spec", {})
+        for c in pod.get("containers") or []:
+            if c.get("name") != ancestor or source is None:
+                continue
+            if source.get("storageUri") is not None:
+                upsert_env(c, [env("STORAGE_URI", source["storageUri"])])
+            upsert_env(c, source.get("env") or [])
+            if (source.get("secretRef") or {}).get("name"):
+                c["envFrom"] = [*(c.get("envFrom") or []), {"secretRef": {"name": source["secretRef"]["name"]}}]
+
+
+def _numbered(pods: list[Pod], trainer_jobs: set[str]) -> list[Pod]:
+    """The trainer job's pods are nodes 0.. (their log prefix); the others follow, each logged
+    under its replicated job's name (and its place there when the job has several pods)."""
+    nodes = [p for p in pods if p.group in trainer_jobs]
+    others = [p for p in pods if p.group not in trainer_jobs]
+    for i, p in enumerate(nodes + others):
+        p.index = i
+    for p in others:
+        same = [q for q in others if q.group == p.group]
+        p.role = p.group if len(same) == 1 else f"{p.group} {same.index(p)}"
+    return nodes + others
 
 
 def _trainer_job(name: str, job_spec: dict, trainer: dict, nodes: int, pet: list[dict]) -> None:
