@@ -8,6 +8,7 @@ their environment, DNS names and volumes are what `deploy.run.docker` would hand
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,93 @@ def test_trainjob_env_is_the_torch_plugins():
         assert e["PET_MASTER_PORT"] == "29500"
         assert e["PET_NNODES"] == "2" and e["PET_NPROC_PER_NODE"] == "2"
         assert "RANK" not in e and "WORLD_SIZE" not in e  # Trainer v2 sets PET_* only
+
+
+def _trainjob_with_runtime(trainer: dict, ml_policy: dict, node_resources=None, extra_containers=()):
+    """A TrainJob and its own TrainingRuntime (a `node` trainer job, optional extra containers)."""
+    node = {"name": "node", "image": "img:1"}
+    if node_resources is not None:
+        node["resources"] = node_resources
+    pod = {"restartPolicy": "OnFailure", "containers": [node, *extra_containers]}
+    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
+               "metadata": {"name": "rt", "namespace": "default"},
+               "spec": {"mlPolicy": ml_policy, "template": {"spec": {"replicatedJobs": [{
+                   "name": "node", "template": {
+                       "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                       "spec": {"template": {"spec": pod}}}}]}}}}
+    tj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "tj"},
+          "spec": {"runtimeRef": {"name": "rt", "kind": "TrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
+                   "trainer": {"image": "img:2", **trainer}}}
+    return [runtime, tj]
+
+
+@pytest.mark.parametrize("trainer, node_resources, nproc", [
+    ({"numProcPerNode": 3}, None, "3"),  # spec.trainer wins, GPUs or not
+    ({"resourcesPerNode": {"limits": {"nvidia.com/gpu": 2}}}, None, "auto"),  # GPUs: torchrun decides
+    ({"resourcesPerNode": {"requests": {"cpu": "3"}, "limits": {"cpu": "8"}}}, None, "3"),  # CPU request
+    ({"resourcesPerNode": {"limits": {"cpu": "1500m"}}}, None, "2"),  # else the limit, rounded up
+    ({}, {"requests": {"cpu": "4"}}, "4"),  # the runtime's node container when the TrainJob has none
+    ({"resourcesPerNode": {"requests": {"memory": "1Gi"}}}, {"requests": {"cpu": "4"}}, "1"),  # at least 1
+    ({}, None, "1"),
+])
+def test_trainjob_nproc_per_node_is_resolved_as_the_torch_plugin_does(trainer, node_resources, nproc):
+    """kubeflow/trainer v2.3.0 torch.go EnforceMLPolicy: `auto` stays only with GPUs; otherwise
+    getNumCPUPerNode (request, else limit, Quantity.Value rounds up), at least 1."""
+    pods, env = envs(_trainjob_with_runtime(trainer, {"torch": {}}, node_resources))
+    assert {e["PET_NPROC_PER_NODE"] for e in env} == {nproc}
+
+
+def test_trainjob_num_nodes_and_env_injection_come_from_the_runtime():
+    """newRuntimeInfo: the trainer pod set counts mlPolicy.numNodes unless spec.trainer sets it;
+    EnforceMLPolicy upserts PET_* and the master variables into envInjection targets."""
+    sidecar = {"name": "probe", "image": "img:1", "env": [{"name": "PET_NNODES", "value": "9"}]}
+    policy = {"numNodes": 3, "torch": {"envInjection": {"targets": [{"jobName": "node", "containerNames": ["probe"]}]}}}
+    pods, env = envs(_trainjob_with_runtime({}, policy, extra_containers=[sidecar]))
+    assert [p.hostname for p in pods] == ["tj-node-0-0", "tj-node-0-1", "tj-node-0-2"]
+    assert {e["PET_NNODES"] for e in env} == {"3"}
+    for p in pods:
+        probe = dk.resolve_env(p, p.spec["containers"][1], [], {})
+        assert probe["PET_NNODES"] == "3" and probe["PET_MASTER_ADDR"] == "tj-node-0-0.tj"
+        assert probe["PET_NODE_RANK"] == str(p.index) and probe["PET_MASTER_PORT"] == "29500"
+    pods, env = envs(_trainjob_with_runtime({"numNodes": 2}, policy, extra_containers=[sidecar]))
+    assert len(pods) == 2 and {e["PET_NNODES"] for e in env} == {"2"}
+    plain = copy.deepcopy(sidecar)  # not a target: its own env stays
+    pods, _ = envs(_trainjob_with_runtime({}, {"numNodes": 1, "torch": {}}, extra_containers=[plain]))
+    assert dk.resolve_env(pods[0], pods[0].spec["containers"][1], [], {})["PET_NNODES"] == "9"
+
+
+def test_jobset_coordinator_exclusive_topology_and_claim_volumes():
+    """JobSet v0.12.0 jobset_controller.go labelAndAnnotateObject (coordinator label and
+    annotation `<js>-<rjob>-<jobIndex>-<podIndex>.<subdomain>`; exclusive-topology annotation of
+    the JobSet, the replicated job's overriding it) and volume_claim_policy.go addVolumes (a
+    mounted claim template becomes the PVC `<template>-<jobset>`; an unmounted one does not)."""
+    pod = {"restartPolicy": "Never", "containers": [{
+        "name": "c", "image": "img:1", "volumeMounts": [{"name": "cache", "mountPath": "/cache"}]}]}
+    rjob = {"name": "w", "replicas": 2, "template": {"spec": {"parallelism": 1, "completions": 1,
+                                                            "template": {"spec": pod}}}}
+    ps = copy.deepcopy(rjob)
+    ps["name"] = "ps"
+    ps["template"]["metadata"] = {"annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "rack",
+                                                  "alpha.jobset.sigs.k8s.io/node-selector": "true"}}
+    js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+          "metadata": {"name": "js", "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "zone"}},
+          "spec": {"coordinator": {"replicatedJob": "w", "jobIndex": 1}, "network": {"subdomain": "net"},
+                   "replicatedJobs": [rjob, ps],
+                   "volumeClaimPolicies": [{"templates": [{"metadata": {"name": "cache"}},
+                                                          {"metadata": {"name": "unused"}}]}]}}
+    pods = dk.controller_pods([js])
+    assert [p.name for p in pods] == ["js-w-0-0", "js-w-1-0", "js-ps-0-0", "js-ps-1-0"]
+    for p in pods:
+        assert p.labels["jobset.sigs.k8s.io/coordinator"] == "js-w-1-0.net"
+        assert p.annotations["jobset.sigs.k8s.io/coordinator"] == "js-w-1-0.net"
+        assert p.template["metadata"]["labels"]["jobset.sigs.k8s.io/coordinator"] == "js-w-1-0.net"
+        assert p.spec["volumes"] == [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache-js"}}]
+    assert [p.annotations["alpha.jobset.sigs.k8s.io/exclusive-topology"] for p in pods] == ["zone", "zone", "rack", "rack"]
+    assert ["alpha.jobset.sigs.k8s.io/node-selector" in p.annotations for p in pods] == [False, False, True, True]
+    del js["spec"]["coordinator"], js["metadata"]["annotations"]
+    pods = dk.controller_pods([js])
+    assert not any("jobset.sigs.k8s.io/coordinator" in p.labels for p in pods)
+    assert ["alpha.jobset.sigs.k8s.io/exclusive-topology" in p.annotations for p in pods] == [False, False, True, True]
 
 
 def test_trainjob_runtime_patch_brings_the_volumes(tmp_path):
@@ -307,3 +395,123 @@ def test_capabilities_become_cap_add_and_host_network_is_refused(tmp_path):
     job = parse_job({"name": "hostnet", "image": "img:1", "k8s": {"flavor": "job", "host_network": True}})
     with pytest.raises(UserError, match="hostNetwork is not supported by --docker"):
         plan(render_objects(job), tmp_path)
+
+
+UPSTREAM = REPO / "tests" / "lint_corpus" / "upstream"
+
+
+def _torchtune_trainjob(initializer: dict) -> list[dict]:
+    """Trainer v2.3.0's own torchtune runtime (dataset and model initializer jobs, a claim they
+    share with `node`, which dependsOn both Complete) and a TrainJob of it on CPUs."""
+    runtime = yaml.safe_load((UPSTREAM / "trainer__runtimes__torchtune__llama3_2_1B.yaml").read_text())
+    tj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "tt"},
+          "spec": {"runtimeRef": {"name": "torchtune-llama3.2-1b"}, "initializer": initializer,
+                   "trainer": {"resourcesPerNode": {"requests": {"cpu": "2"}}}}}
+    return [runtime, tj]
+
+
+def test_trainjob_initializer_jobs_run_before_the_trainer_with_the_trainjobs_storage_uri(tmp_path):
+    """jobset plugin builder.go Initializer: each initializer ancestor job runs (replicas 1),
+    its container gets spec.initializer's storageUri as STORAGE_URI (upserted over the
+    runtime's) and env; JobSet dependsOn makes `node` wait for both; the claim is shared."""
+    objects = _torchtune_trainjob({"dataset": {"storageUri": "hf://me/data", "env": [{"name": "X", "value": "1"}]}})
+    plans = plan(objects, tmp_path)
+    pods = [p.pod for p in plans]
+    assert [(p.name, p.prefix) for p in pods] == [
+        ("tt-node-0-0", "[node 0] "), ("tt-dataset-initializer-0-0", "[dataset-initializer] "),
+        ("tt-model-initializer-0-0", "[model-initializer] ")]
+    assert pods[0].depends_on == [("dataset-initializer", "Complete"), ("model-initializer", "Complete")]
+    assert pods[1].depends_on == pods[2].depends_on == []
+    dataset, model = (dk.resolve_env(p, p.spec["containers"][0], objects, {}) for p in pods[1:])
+    assert dataset["STORAGE_URI"] == "hf://me/data" and dataset["X"] == "1"
+    assert model["STORAGE_URI"] == "hf://meta-llama/Llama-3.2-1B-Instruct"  # no model section: the runtime's
+    assert "PET_NNODES" not in dataset  # not an envInjection target
+    assert len({str(p.mounts[0].source) for p in plans}) == 1  # PVC initializer-tt, in every pod
+    assert plans[0].mounts[0].source.name == "claim-initializer-tt"
+
+
+def test_trainjob_initializer_secret_ref_is_refused_naming_it(tmp_path):
+    objects = _torchtune_trainjob({"model": {"secretRef": {"name": "hf-token"}}})
+    with pytest.raises(UserError, match="envFrom Secret 'hf-token'.*cannot read Secrets"):
+        plan(objects, tmp_path)
+
+
+class _FakeRun(dk.DockerRun):
+    """DockerRun without a daemon: a started pod exits at once with its `codes` entry."""
+
+    def __init__(self, plans, codes):
+        super().__init__(plans, "net0", "t0", out=open("/dev/null", "w"))
+        self.codes, self.started = codes, []
+
+    def _start(self, plan):
+        self.started.append(plan.pod.name)
+        if plan.pod.name in self.codes:
+            self.ended.put((plan, self.codes[plan.pod.name], ""))
+
+
+def _jobset_depending(status: str, probe: bool = False) -> list[dict]:
+    first = {"name": "c", "image": "img:1", **({"readinessProbe": {"exec": {"command": ["true"]}}} if probe else {})}
+    rjob = lambda name, container, **extra: {"name": name, **extra, "template": {"spec": {  # noqa: E731
+        "parallelism": 1, "completions": 1, "template": {"spec": {"restartPolicy": "Never", "containers": [container]}}}}}
+    return [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "js"},
+             "spec": {"replicatedJobs": [rjob("init", first, replicas=2),
+                                         rjob("main", {"name": "c", "image": "img:1"},
+                                              dependsOn=[{"name": "init", "status": status}])]}}]
+
+
+def test_jobset_depends_on_orders_the_starts(tmp_path):
+    """depends_on.go dependencyReachedStatus: Complete waits until every Job of the named
+    replicated job succeeded; Ready until every one is ready (a probe-less container: started)."""
+    plans = plan(_jobset_depending("Complete"), tmp_path)
+    run = _FakeRun(plans, {})
+    assert run._start_ready(set(), set())[0] == {"ddpkit-t0-js-init-0-0", "ddpkit-t0-js-init-1-0"}
+    run._start_ready({"ddpkit-t0-js-init-1-0"}, {"ddpkit-t0-js-init-0-0"})
+    assert "js-main-0-0" not in run.started  # one of two Jobs complete: not yet
+    run._start_ready(set(), {"ddpkit-t0-js-init-0-0", "ddpkit-t0-js-init-1-0"})
+    assert run.started[-1] == "js-main-0-0"
+    ready = _FakeRun(plan(_jobset_depending("Ready"), tmp_path), {})
+    assert len(ready._start_ready(set(), set())[0]) == 3  # started counts as Ready: all at once
+    with pytest.raises(UserError, match="dependsOn init Ready, whose pods have a readinessProbe"):
+        dk.controller_pods(_jobset_depending("Ready", probe=True))
+
+
+def test_a_failed_dependency_leaves_its_dependents_unstarted(tmp_path):
+    plans = plan(_jobset_depending("Complete"), tmp_path)
+    run = _FakeRun(plans, {"js-init-0-0": 0, "js-init-1-0": 3, "js-main-0-0": 0})
+    assert run._supervise() == 3 and "js-main-0-0" not in run.started
+    run = _FakeRun(plans, {"js-init-0-0": 0, "js-init-1-0": 0, "js-main-0-0": 0})
+    assert run._supervise() == 0 and run.started[-1] == "js-main-0-0"
+
+
+def test_jobset_nonindexed_job_pods_have_no_index_and_no_stable_name(tmp_path):
+    """kubernetes job_controller.go: a NonIndexed Job's pods come from generateName `<job>-`
+    (5 characters of rand's alphabet), carry no completion index, and get no spec.hostname, so
+    no `<hostname>.<subdomain>` DNS record (EndpointSlice publishes hostnames only for pods
+    that set it). Completions unset with parallelism above 1 (a work queue) is refused."""
+    objects = _jobset_depending("Complete")
+    for rjob in objects[0]["spec"]["replicatedJobs"]:
+        rjob["template"]["spec"]["completionMode"] = "NonIndexed"
+    pods, env = envs(objects)
+    assert all(re.fullmatch(r"js-(init-[01]|main-0)-[bcdfghjklmnpqrstvwxz2456789]{5}", p.name) for p in pods)
+    assert all(p.hostname == p.name and p.dns_names == [] for p in pods)
+    assert all("batch.kubernetes.io/job-completion-index" not in p.labels for p in pods)
+    assert all("JOB_COMPLETION_INDEX" not in e for e in env)
+    assert pods[0].labels["batch.kubernetes.io/job-name"] == "js-init-0"
+    queue = objects[0]["spec"]["replicatedJobs"][1]["template"]["spec"]
+    queue["parallelism"] = 2
+    del queue["completions"]
+    with pytest.raises(UserError, match="NonIndexed with parallelism 2 and no completions is a work queue"):
+        dk.controller_pods(objects)
+
+
+def test_env_from_a_configmap_of_the_manifest_is_read_before_env(tmp_path):
+    objects = _jobset_depending("Complete")
+    container = objects[0]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["envFrom"] = [{"configMapRef": {"name": "cm"}, "prefix": "P_"}]
+    container["env"] = [{"name": "P_B", "value": "env wins"}]
+    objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}, "data": {"A": "1", "B": "2"}})
+    _, env = envs(objects)
+    assert env[0]["P_A"] == "1" and env[0]["P_B"] == "env wins"
+    objects.pop()
+    with pytest.raises(UserError, match="envFrom ConfigMap 'cm' is not in the manifest"):
+        envs(objects)

@@ -252,3 +252,158 @@ def test_submit_is_server_side_apply_with_field_manager_ddpkit(cluster, tmp_path
             "finalizers", []), gone.stdout[-2000:]
     finally:
         cancel(cluster, "job", "conf-ssa")
+
+
+# ---- beyond ddpkit's own manifests (issue 23): hand-written objects, applied as they are ----
+
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+
+
+def _pod(containers: list[dict], **spec) -> dict:
+    return {"spec": {"template": {"spec": {"terminationGracePeriodSeconds": 3, "containers": containers, **spec}}}}
+
+
+def _container(name: str, image: str = "ddpkit:conformance", **fields) -> dict:
+    return {"name": name, "image": image, "imagePullPolicy": "Never", **fields}
+
+
+def _runtime(name: str, ml_policy: dict, rjobs: list[dict]) -> dict:
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"mlPolicy": ml_policy, "template": {"spec": {"replicatedJobs": rjobs}}}}
+
+
+def _trainjob(name: str, runtime: str, **spec) -> dict:
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"runtimeRef": {"name": runtime, "kind": "TrainingRuntime",
+                                    "apiGroup": "trainer.kubeflow.org"}, **spec}}
+
+
+def _applied(cluster, objects: list[dict]) -> None:
+    """Apply the objects in order (a runtime before its TrainJob)."""
+    _deleted(cluster, objects)  # a leftover of an earlier run
+    for obj in objects:
+        kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump(obj))
+
+
+def _deleted(cluster, objects: list[dict], timeout: float = 120) -> None:
+    """Delete the objects (the workload first) and wait until their pods are gone."""
+    for obj in reversed(objects):
+        kubectl(cluster, "delete", "--ignore-not-found", "--wait=true", "--timeout=120s", "-f", "-",
+                input=yaml.safe_dump(obj), check=False)
+    name = objects[-1]["metadata"]["name"]
+    deadline = time.monotonic() + timeout
+    while _jobset_pods(cluster, name):
+        assert time.monotonic() < deadline, f"pods of {name} still there {timeout}s after delete"
+        time.sleep(1)
+
+
+def _jobset_pods(cluster, name: str) -> list[dict]:
+    """The pods of the JobSet `name` (a TrainJob's JobSet has its name), by JobSet's own label."""
+    out = kubectl(cluster, "get", "pods", "-l", f"jobset.sigs.k8s.io/jobset-name={name}", "-o", "json")
+    return json.loads(out.stdout)["items"]
+
+
+def _wait_pods(cluster, name: str, hostnames: set[str], timeout: float = 180) -> dict[str, dict]:
+    """Live pods by hostname (an Indexed Job's pod sets spec.hostname), once all are there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        live = {p["spec"].get("hostname"): p for p in _jobset_pods(cluster, name)}
+        if hostnames <= set(live):
+            return live
+        if time.monotonic() > deadline:
+            pytest.fail(f"{name}: pods {sorted(live)} of {sorted(hostnames)} after {timeout}s\n"
+                        + kubectl(cluster, "get", "events", check=False).stdout[-3000:])
+        time.sleep(1)
+
+
+def _compare(cluster, objects: list[dict]) -> tuple[list, dict[str, dict], list[str]]:
+    """(planned pods, live pods by hostname, differences) for objects already applied: every
+    container's env, hostname, subdomain, labels and annotations, and the claim volumes."""
+    planned = controller_pods(objects)
+    name = objects[-1]["metadata"]["name"]
+    live = _wait_pods(cluster, name, {p.hostname for p in planned})
+    differences = []
+    for want in planned:
+        got = live[want.hostname]
+        for c in want.spec["containers"]:
+            differences += pod_differences(f"{want.name} ({got['metadata']['name']})", got, want, c["name"])
+        claims = lambda spec: sorted((v["name"], v["persistentVolumeClaim"]["claimName"])  # noqa: E731
+                                     for v in spec.get("volumes") or [] if "persistentVolumeClaim" in v)
+        if claims(got["spec"]) != claims(want.spec):
+            differences.append(f"{want.name}: claim volumes: cluster {claims(got['spec'])}, "
+                               f"emulation {claims(want.spec)}")
+    return planned, live, sorted(set(differences))
+
+
+def test_trainjob_runtime_num_nodes_env_injection_and_cpu_nproc_are_trainers(cluster):
+    """A CPU-only TrainingRuntime with mlPolicy.numNodes 2 and envInjection into a second
+    container: the TrainJob sets neither numNodes nor numProcPerNode (PET_NNODES 2 from the
+    runtime, PET_NPROC_PER_NODE 2 from the node container's CPU request)."""
+    runtime = _runtime("conf-rt-env", {"numNodes": 2, "torch": {"envInjection": {"targets": [
+        {"jobName": "node", "containerNames": ["probe"]}]}}}, [{
+            "name": "node", "template": {"metadata": {"labels": {ANCESTOR: "trainer"}}, **_pod([
+                _container("node", resources={"requests": {"cpu": "2"}}), _container("probe")])}}])
+    objects = [runtime, _trainjob("conf-tj-env", "conf-rt-env", trainer={"env": [{"name": "A", "value": "1"}]})]
+    _applied(cluster, objects)
+    try:
+        planned, _, differences = _compare(cluster, objects)
+        assert len(planned) == 2
+        assert not differences, "\n".join(differences)
+    finally:
+        _deleted(cluster, objects)
+
+
+def test_jobset_coordinator_exclusive_topology_and_claims_are_jobsets(cluster):
+    """Coordinator label/annotation, the exclusive-topology annotation (one pod per Job: every
+    pod is a leader, so the pod webhook admits each at once) and a volumeClaimPolicies claim
+    mounted by the pods (the PVC may stay Pending: the pods only have to exist)."""
+    mount = [{"name": "cache", "mountPath": "/cache"}]
+    js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+          "metadata": {"name": "conf-js-coord", "namespace": "default",
+                       "annotations": {"alpha.jobset.sigs.k8s.io/exclusive-topology": "kubernetes.io/hostname"}},
+          "spec": {"coordinator": {"replicatedJob": "w", "jobIndex": 1, "podIndex": 0},
+                   "volumeClaimPolicies": [{"templates": [{"metadata": {"name": "cache"}, "spec": {
+                       "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Mi"}}}}]}],
+                   "replicatedJobs": [{"name": "w", "replicas": 2, "template": {"spec": {
+                       "parallelism": 1, "completions": 1, "backoffLimit": 0,
+                       **_pod([_container("c", volumeMounts=mount)], restartPolicy="Never")["spec"]}}}]}}
+    _applied(cluster, [js])
+    try:
+        planned, _, differences = _compare(cluster, [js])
+        assert len(planned) == 2
+        assert not differences, "\n".join(differences)
+    finally:
+        _deleted(cluster, [js])
+
+
+def test_trainjob_initializer_job_runs_first_with_the_trainjobs_storage_uri(cluster):
+    """A runtime with a dataset-initializer job that `node` dependsOn (Complete): Builder.Initializer
+    sets the TrainJob's STORAGE_URI on it; its pod (the testbed's busybox, exit 0) completes,
+    then the node pods appear. Before that, none may exist."""
+    from deploy.testbed import k8s as testbed
+
+    volume = [{"name": "initializer", "emptyDir": {}}]
+    mount = [{"name": "initializer", "mountPath": "/workspace"}]
+    init = {"name": "dataset-initializer", "template": {
+        "metadata": {"labels": {ANCESTOR: "dataset-initializer"}}, **_pod([_container(
+            "dataset-initializer", testbed.BUSYBOX_IMAGE, command=["sh", "-c", "sleep 5"], volumeMounts=mount)],
+            volumes=volume, restartPolicy="Never")}}
+    node = {"name": "node", "dependsOn": [{"name": "dataset-initializer", "status": "Complete"}],
+            "template": {"metadata": {"labels": {ANCESTOR: "trainer"}}, **_pod(
+                [_container("node", volumeMounts=mount, resources={"requests": {"cpu": "1"}})], volumes=volume)}}
+    objects = [_runtime("conf-rt-init", {"numNodes": 1, "torch": {}}, [init, node]),
+               _trainjob("conf-tj-init", "conf-rt-init", initializer={"dataset": {"storageUri": "hf://conf/data"}})]
+    planned_all = controller_pods(objects)
+    assert planned_all[0].depends_on == [("dataset-initializer", "Complete")]
+    _applied(cluster, objects)
+    try:
+        first = _wait_pods(cluster, "conf-tj-init", {"conf-tj-init-dataset-initializer-0-0"})
+        assert not any(p["spec"].get("hostname", "").startswith("conf-tj-init-node-") for p in first.values()), \
+            "the node pods exist before the initializer completed"
+        planned, _, differences = _compare(cluster, objects)
+        assert {p.group for p in planned} == {"dataset-initializer", "node"}
+        assert not differences, "\n".join(differences)
+    finally:
+        _deleted(cluster, objects)

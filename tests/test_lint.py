@@ -266,6 +266,52 @@ def test_trainjob_webhook_needs_its_runtime_and_refuses_reserved_env(crds):
         'Invalid value: "ddpkit": must be a domain-prefixed path (such as "acme.io/foo")']
 
 
+def flux_runtime(init_containers=()):
+    pod = {"containers": [{"name": "node", "image": "i"}]}
+    if init_containers:
+        pod["initContainers"] = [{"name": n, "image": "i"} for n in init_containers]
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+            "metadata": {"name": "flux"}, "spec": {"mlPolicy": {"numNodes": 1, "flux": {}}, "template": {"spec": {
+                "replicatedJobs": [{"name": "node", "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": {"spec": pod}}}}]}}}}
+
+
+def test_trainjob_plugin_rules_initializer_sections_and_flux(crds):
+    """Trainer v2.3.0 plugins' Validate: the JobSet plugin asks for an initializer job when a
+    section is there at all (`Initializer.Dataset != nil`: `dataset: {}` counts); the Flux
+    plugin wants numProcPerNode >= 1 and keeps the init container `flux-installer` for itself."""
+    empty = trainjob()
+    empty["spec"]["initializer"] = {"dataset": {}, "model": {}}
+    assert [m for _, m in errors(empty, crds)] == [
+        "must have dataset-initializer job when trainJob is configured with input datasetConfig",
+        "must have model-initializer job when trainJob is configured with input modelConfig"]
+    none = trainjob()
+    none["spec"]["initializer"] = {}
+    assert errors(none, crds) == []
+
+    def flux_errors(runtime, **trainer):
+        tj = trainjob(**trainer)
+        tj["spec"]["runtimeRef"] = {"name": "flux"}
+        found = lint.lint_text(yaml.safe_dump_all([runtime, tj]), crds)
+        return [(p.path, p.message) for p in found if p.severity == lint.ERROR]
+    assert flux_errors(flux_runtime()) == []
+    assert flux_errors(flux_runtime(), numProcPerNode=0) == [
+        ("spec.trainer.numProcPerNode", "Invalid value: 0: must be greater than or equal to 1 for Flux TrainJob")]
+    assert flux_errors(flux_runtime(["flux-installer"])) == [
+        ("spec.trainer.initContainers", "Invalid value: \"flux-installer\": InitContainer 'flux-installer' is reserved")]
+    assert flux_errors(flux_runtime(["warmup"])) == []
+
+
+def test_runtime_webhook_skips_a_runtime_labelled_validation_disabled(crds):
+    """manifests/base/webhook/patch_validating.yaml: the runtime webhooks' objectSelector."""
+    runtime = flux_runtime()
+    runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["replicas"] = 2
+    assert [p for p, _ in errors(runtime, crds)] == ["spec.template.spec.replicatedJobs[0].replicas"]
+    runtime["metadata"]["labels"] = {"trainer.kubeflow.org/webhook-validation": "disabled"}
+    assert errors(runtime, crds) == []
+
+
 def test_trainjob_runtime_can_come_from_the_same_file(crds):
     runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainingRuntime",
                "metadata": {"name": "mine", "namespace": "default"},
@@ -293,6 +339,59 @@ def test_job_rules_of_the_api_server(crds):
     named["metadata"]["name"] = "j" * 61
     assert [m for _, m in errors(named, crds)] == [
         f'Invalid value: "{"j" * 61}": will not able to create pod with invalid DNS label: {"j" * 61}-99']
+
+
+def test_job_indexed_counts_and_max_failed_indexes(crds):
+    """validateJobSpec (kubernetes 1.34 pkg/apis/batch/validation): maxFailedIndexes needs
+    Indexed mode and backoffLimitPerIndex, is at most completions and 100000; above 100000
+    completions with backoffLimitPerIndex it is required and capped at 10000."""
+    indexed = {"completionMode": "Indexed", "backoffLimitPerIndex": 1}
+    assert errors(job(completions=4, parallelism=4, maxFailedIndexes=4, **indexed), crds) == []
+    assert errors(job(completions=4, parallelism=4, maxFailedIndexes=5, **indexed), crds) == [
+        ("spec.maxFailedIndexes", "Invalid value: 5: must be less than or equal to completions")]
+    assert errors(job(completions=4, maxFailedIndexes=1, completionMode="Indexed"), crds) == [
+        ("spec.backoffLimitPerIndex", "Required value: when maxFailedIndexes is specified")]
+    assert errors(job(completions=4, maxFailedIndexes=1, backoffLimitPerIndex=1), crds) == [
+        ("spec.backoffLimitPerIndex", "Invalid value: 1: requires indexed completion mode"),
+        ("spec.maxFailedIndexes", "Invalid value: 1: requires indexed completion mode")]
+    huge = job(completions=200_000, parallelism=20_000, maxFailedIndexes=150_000, **indexed)
+    assert sorted(errors(huge, crds)) == [
+        ("spec.maxFailedIndexes", "Invalid value: 150000: must be less than or equal to 10000 when "
+                                  "completions are above 100000 and used with backoff limit per index"),
+        ("spec.maxFailedIndexes", "Invalid value: 150000: must be less than or equal to 100000"),
+        ("spec.parallelism", "Invalid value: 20000: must be less than or equal to 10000 when "
+                             "completions are above 100000 and used with backoff limit per index")]
+    assert errors(job(completions=200_000, parallelism=10, **indexed), crds) == [
+        ("spec.maxFailedIndexes", "Required value: must be specified when completions is above 100000")]
+
+
+def test_pod_host_network_ports_and_dns_config(crds):
+    """validatePodHostNetworkDeps and validatePodDNSConfig (kubernetes 1.34
+    pkg/apis/core/validation): under hostNetwork a set hostPort equals containerPort; dnsPolicy
+    None needs a dnsConfig with a nameserver; at most 3 nameservers."""
+    ok = job()
+    pod = ok["spec"]["template"]["spec"]
+    pod["hostNetwork"] = True
+    pod["containers"][0]["ports"] = [{"containerPort": 29500}, {"containerPort": 8080, "hostPort": 8080}]
+    pod["dnsPolicy"] = "None"
+    pod["dnsConfig"] = {"nameservers": ["10.0.0.10"], "searches": ["svc.cluster.local"]}
+    assert errors(ok, crds) == []
+    bad = copy.deepcopy(ok)
+    pod = bad["spec"]["template"]["spec"]
+    pod["containers"][0]["ports"][1]["hostPort"] = 9090
+    pod["dnsConfig"] = {"searches": ["svc.cluster.local"]}
+    assert errors(bad, crds) == [
+        ("spec.template.spec.containers[0].ports[1].hostPort",
+         "Invalid value: 9090: must match `containerPort` when `hostNetwork` is true"),
+        ("spec.template.spec.dnsConfig.nameservers",
+         "Required value: must provide at least one DNS nameserver when `dnsPolicy` is None")]
+    del pod["dnsConfig"]
+    assert ("spec.template.spec.dnsConfig", "Required value: must provide `dnsConfig` when `dnsPolicy` is None"
+            ) in errors(bad, crds)
+    pod["dnsPolicy"], pod["dnsConfig"] = "ClusterFirst", {"nameservers": ["1.1.1.1", "1.0.0.1", "8.8.8.8", "8.8.4.4"]}
+    assert [p for p, _ in errors(bad, crds)][1:] == ["spec.template.spec.dnsConfig.nameservers"]
+    pod["hostNetwork"] = False  # without host networking any hostPort is the pod's own business
+    assert [p for p, _ in errors(bad, crds)] == ["spec.template.spec.dnsConfig.nameservers"]
 
 
 def test_job_pod_replacement_policy_is_failed_when_a_pod_failure_policy_is_set(crds):
@@ -339,6 +438,18 @@ def test_rule_dev_shm_is_memory_backed(crds):
         ("spec.pytorchReplicaSpecs[Worker].template.spec", lint.WARNING)]
     plain = jobset()  # a container that does not run torch gets no /dev/shm advice
     assert problems(plain, crds, "dev-shm") == []
+    # only where processes share memory: ddpkit's trainer (DataLoader workers) or several GPUs
+    script = pytorchjob(gpus=1, nproc=1)
+    for role in ("Master", "Worker"):
+        pod = script["spec"]["pytorchReplicaSpecs"][role]["template"]["spec"]
+        pod["containers"][0]["command"] = ["python", "/opt/mnist.py"]
+        del pod["volumes"], pod["containers"][0]["volumeMounts"]
+    assert problems(script, crds, "dev-shm") == []  # upstream's examples look like this
+    master_container(script)["resources"] = {"limits": {"nvidia.com/gpu": 2}, "requests": {"nvidia.com/gpu": 2}}
+    assert [p.path for p in problems(script, crds, "dev-shm")] == ["spec.pytorchReplicaSpecs[Master].template.spec"]
+    assert problems(trainjob(command=["torchrun", "train.py"]), crds, "dev-shm") == []
+    assert [p.path for p in problems(trainjob(command=["python", "-m", "trainer.launch"]), crds, "dev-shm")] == [
+        "spec.runtimePatches"]
 
 
 def test_rule_env_owned_only_where_the_controller_owns_it(crds):

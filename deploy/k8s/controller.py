@@ -13,6 +13,7 @@ appends JOB_COMPLETION_INDEX unless the container already sets it).
 from __future__ import annotations
 
 import copy
+import random
 from dataclasses import dataclass, field
 
 from deploy.errors import UserError
@@ -36,10 +37,20 @@ class Pod:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     dns_names: list[str] = field(default_factory=list)
+    #: The pod set it belongs to (a JobSet's replicated job) and what it waits for before it is
+    #: created: (pod set, "Ready" or "Complete") pairs, as a JobSet's dependsOn.
+    group: str = ""
+    depends_on: list[tuple[str, str]] = field(default_factory=list)
+    #: Log prefix instead of `node <index>` (a pod that is not a training node: an initializer).
+    role: str = ""
 
     @property
     def spec(self) -> dict:
         return self.template.get("spec") or {}
+
+    @property
+    def prefix(self) -> str:
+        return f"[{self.role}] " if self.role else f"[node {self.index}] "
 
 
 @dataclass
@@ -130,6 +141,20 @@ def template_annotations(template: dict) -> dict:
     return dict((template.get("metadata") or {}).get("annotations") or {})
 
 
+def _check_runnable(job_name: str, job_spec: dict) -> None:
+    if job_spec.get("suspend"):
+        raise UserError(f"Job {job_name}: suspended (spec.suspend); on a cluster no pod starts "
+                        "until it is resumed (e.g. admitted by Kueue), and --docker cannot do that")
+
+
+def _check_counts(job_name: str, job_spec: dict) -> None:
+    count = int(job_spec.get("parallelism", 1))
+    completions = int(job_spec.get("completions", count))
+    if completions != count:
+        raise UserError(f"Job {job_name}: parallelism {count} != completions {completions}: "
+                        "some nodes would never start together with the others")
+
+
 def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
                      labels: dict[str, str], annotations: dict[str, str],
                      subdomain: str | None) -> list[Pod]:
@@ -141,15 +166,10 @@ def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_ind
     if job_spec.get("completionMode") != "Indexed":
         raise UserError(f"Job {job_name}: completionMode must be Indexed (pods need stable "
                         "hostnames and JOB_COMPLETION_INDEX)")
-    if job_spec.get("suspend"):
-        raise UserError(f"Job {job_name}: suspended (spec.suspend); on a cluster no pod starts "
-                        "until it is resumed (e.g. admitted by Kueue), and --docker cannot do that")
+    _check_runnable(job_name, job_spec)
+    _check_counts(job_name, job_spec)
     template = job_spec["template"]
     count = int(job_spec.get("parallelism", 1))
-    completions = int(job_spec.get("completions", count))
-    if completions != count:
-        raise UserError(f"Job {job_name}: parallelism {count} != completions {completions}: "
-                        "some nodes would never start together with the others")
     # with backoffLimitPerIndex each pod carries its index's failures so far (none: first pods)
     per_index = {INDEX_FAILURES_KEY: "0"} if job_spec.get("backoffLimitPerIndex") is not None else {}
     pods = []
@@ -166,6 +186,56 @@ def indexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_ind
                           COMPLETION_INDEX_KEY: str(i)},
                   annotations={**template_annotations(template), **annotations,
                                COMPLETION_INDEX_KEY: str(i), **per_index})
+        tpl.setdefault("metadata", {})["labels"] = dict(pod.labels)
+        tpl["metadata"]["annotations"] = dict(pod.annotations)
+        pods.append(pod)
+    return pods
+
+
+#: k8s.io/apimachinery pkg/util/rand: the alphabet of generateName's suffix (no vowels, no
+#: look-alikes); apiserver names.SimpleNameGenerator: base cut to 58 characters, 5 random ones.
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+
+
+def generated_name(base: str) -> str:
+    return f"{base[:58]}{''.join(random.choice(_NAME_ALPHABET) for _ in range(5))}"
+
+
+def job_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
+             labels: dict[str, str], annotations: dict[str, str], subdomain: str | None) -> list[Pod]:
+    """The pods of a Job of either completion mode (a JobSet's replicated job may be either)."""
+    make = indexed_job_pods if job_spec.get("completionMode") == "Indexed" else nonindexed_job_pods
+    return make(job_name, namespace, job_spec, first_index=first_index, labels=labels,
+                annotations=annotations, subdomain=subdomain)
+
+
+def nonindexed_job_pods(job_name: str, namespace: str, job_spec: dict, *, first_index: int,
+                        labels: dict[str, str], annotations: dict[str, str],
+                        subdomain: str | None) -> list[Pod]:
+    """A NonIndexed Job's pods (kubernetes pkg/controller/job/job_controller.go manageJob: the
+    pod template as is, generateName `<job>-`): no completion index (no label, annotation or
+    JOB_COMPLETION_INDEX), no spec.hostname, so the hostname is the random pod name and cluster
+    DNS serves no `<hostname>.<subdomain>` for it (the EndpointSlice controller publishes a
+    hostname only for a pod with spec.hostname). Completions unset with parallelism above 1 is
+    a work queue (the Job succeeds once any pod has, pkg/controller/job: succeeded > 0 and none
+    active): --docker waits for every pod, so it refuses that."""
+    _check_runnable(job_name, job_spec)
+    count = int(job_spec.get("parallelism", 1))
+    if job_spec.get("completions") is None and count > 1:
+        raise UserError(f"Job {job_name}: NonIndexed with parallelism {count} and no completions is a "
+                        "work queue (done when any pod succeeds); --docker runs jobs whose every pod "
+                        "must succeed: set completions to the parallelism, or completionMode: Indexed")
+    _check_counts(job_name, job_spec)
+    template = job_spec["template"]
+    pods = []
+    for i in range(count):
+        name = generated_name(f"{job_name}-")
+        tpl = copy.deepcopy(template)
+        pod = Pod(name=name, index=first_index + i, namespace=namespace, hostname=name[:63],
+                  subdomain=subdomain or tpl["spec"].get("subdomain"), template=tpl,
+                  labels={**template_labels(template), **labels,
+                          "batch.kubernetes.io/job-name": job_name, "job-name": job_name},
+                  annotations={**template_annotations(template), **annotations})
         tpl.setdefault("metadata", {})["labels"] = dict(pod.labels)
         tpl["metadata"]["annotations"] = dict(pod.annotations)
         pods.append(pod)

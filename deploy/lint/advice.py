@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from deploy import units
 from deploy.k8s import pytorchjob, trainjob
 from deploy.lint.report import join
 from trainer.contract import LAUNCH_MODULE, NPROC_PER_NODE_VAR
 
 RULES = {
-    "dev-shm": "/dev/shm is a memory-backed emptyDir mounted in the training container",
+    "dev-shm": "/dev/shm is a memory-backed emptyDir in a training container that shares memory "
+               "between processes (ddpkit's trainer, or several GPUs)",
     "env-owned": "no env var that the operator or the launcher sets is set by hand",
     "env-duplicate": "no env var is set twice in one container (the later one silently wins)",
     "nproc-gpus": "processes per node equal the GPU limit of the training container",
@@ -95,10 +97,29 @@ def runs_trainer_launch(container: dict) -> bool:
 def runs_torch(kind: str, container: dict) -> bool:
     """A container that trains with PyTorch: the PyTorchJob's `pytorch` one, or one that starts
     torchrun / `torch.distributed.run` / ddpkit's launcher (JobSets and Jobs run anything)."""
-    if kind == "PyTorchJob":
-        return True
+    if kind in ("PyTorchJob", "TrainJob"):
+        return True  # the operator's `pytorch` container; the torch runtime's `node`
     text = " ".join(str(w) for w in (container.get("command") or []) + (container.get("args") or []))
     return any(word in text for word in ("torchrun", "torch.distributed.run", LAUNCH_MODULE))
+
+
+def needs_shm(kind: str, container: dict) -> bool:
+    """Where the /dev/shm advice is right: a torch training container whose processes share
+    memory beyond the pod's 64 MiB: ddpkit's trainer (DataLoader workers hand batches over
+    through /dev/shm: trainer/train.py) or more than one GPU (NCCL's intra-node transport).
+    A container that runs someone else's script on one GPU or CPU may well not need it
+    (upstream's examples), so it gets no advice."""
+    if not runs_torch(kind, container):
+        return False
+    limits = (container.get("resources") or {}).get("limits")
+    gpus = [units.quantity(v) for k, v in limits.items() if "gpu" in str(k).lower()] if isinstance(limits, dict) else []
+    return runs_trainer_launch(container) or any(q is not None and q > 1 for q in gpus)
+
+
+def _trainjob_trainer(spec: dict) -> dict:
+    """spec.trainer as the `node` container the torch plugin makes of it."""
+    trainer = spec.get("trainer") if isinstance(spec.get("trainer"), dict) else {}
+    return {"command": trainer.get("command"), "args": trainer.get("args"), "resources": trainer.get("resourcesPerNode")}
 
 
 def advise(obj: dict) -> list[Advice]:
@@ -130,10 +151,10 @@ def advise(obj: dict) -> list[Advice]:
             found += _env(container.get("env"), join(cpath, "env"), owned=owned, launch=runs_trainer_launch(container))
             if container is main:
                 found += _gpus(container.get("resources"), _nproc(obj, container), join(cpath, "resources"))
-        if main is not None and kind != "TrainJob" and runs_torch(kind, main) and not shm_ok(pod, main):
+        if main is not None and kind != "TrainJob" and needs_shm(kind, main) and not shm_ok(pod, main):
             found.append(("dev-shm", f"{path}.spec", f"container {main.get('name')!r} has no memory-backed "
                           "emptyDir at /dev/shm (pods get 64 MiB; DataLoader workers die with 'Bus error')"))
-    if kind == "TrainJob":
+    if kind == "TrainJob" and needs_shm(kind, _trainjob_trainer(spec)):
         patched = [t.get("spec") or {} for _, t, _ in pod_templates(obj)]
         if not any(shm_ok(p, training_container("TrainJob", p)) for p in patched):
             found.append(("dev-shm", "spec.runtimePatches", "no memory-backed emptyDir mounted at /dev/shm in "

@@ -8,7 +8,8 @@ Then the part of kube-apiserver's validation (k8s.io/kubernetes v1.34
 `pkg/apis/core/validation/validation.go`, `pkg/apis/batch/validation/validation.go`) that
 matters for training workloads, ported with its messages, applied after the API server's
 defaults: pod specs (containers, names, images, env, volumes and mounts, ports, resources,
-tolerations, restart policy), Job (restart policy, completion mode, counts, the name of the
+tolerations, restart policy, ports under host networking, DNS config), Job (restart policy,
+completion mode, counts and their Indexed caps, the name of the
 longest pod hostname), Service (name, ports, headless), ConfigMap (keys, size). The same pod
 rules judge the pod templates inside custom resources, where they are warnings: the API server
 accepts the custom resource, and refuses the pods (or Jobs) its controller makes from it.
@@ -313,6 +314,8 @@ def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
     if dns not in (None, "ClusterFirstWithHostNet", "ClusterFirst", "Default", "None"):
         found.append(m.not_supported(join(path, "dnsPolicy"), dns,
                                      ["ClusterFirst", "ClusterFirstWithHostNet", "Default", "None"]))
+    found += _validate_host_network_ports(pod, path)
+    found += _validate_dns_config(pod, path)
     for key in ("hostname", "subdomain"):
         value = pod.get(key)
         if isinstance(value, str) and value:
@@ -325,6 +328,56 @@ def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
         if isinstance(value, int) and not isinstance(value, bool) and value < (0 if key.startswith("term") else 1):
             found.append(m.invalid(join(path, key), value, "must be greater than or equal to 0"
                                    if key.startswith("term") else "must be between 1 and 2147483647, inclusive"))
+    return found
+
+
+def _validate_host_network_ports(pod: dict, path: str) -> list[Finding]:
+    """validatePodHostNetworkDeps: under hostNetwork a (regular) container's hostPort, when set,
+    must equal its containerPort (a Pod's unset hostPort is defaulted to containerPort first)."""
+    if pod.get("hostNetwork") is not True:
+        return []
+    found: list[Finding] = []
+    for i, ctr in enumerate(_dicts(pod.get("containers"))):
+        for j, port in enumerate(_dicts(ctr.get("ports"))):
+            host, container = port.get("hostPort") or 0, port.get("containerPort")
+            if host != 0 and host != container:
+                found.append(m.invalid(f"{path}.containers[{i}].ports[{j}].hostPort", host,
+                                       "must match `containerPort` when `hostNetwork` is true"))
+    return found
+
+
+#: validation.go MaxDNSNameservers, MaxDNSSearchPaths, MaxDNSSearchListChars.
+MAX_DNS_NAMESERVERS, MAX_DNS_SEARCH_PATHS, MAX_DNS_SEARCH_LIST_CHARS = 3, 32, 2048
+
+
+def _validate_dns_config(pod: dict, path: str) -> list[Finding]:
+    """validatePodDNSConfig: dnsPolicy None needs a dnsConfig with at least one nameserver; the
+    counts and lengths of nameservers, searches and options (the IP and domain syntax of each
+    entry is not checked here)."""
+    config, sub = pod.get("dnsConfig"), join(path, "dnsConfig")
+    if pod.get("dnsPolicy") == "None":
+        if not isinstance(config, dict):
+            return [m.required(sub, "must provide `dnsConfig` when `dnsPolicy` is None")]
+        if not config.get("nameservers"):
+            return [m.required(join(sub, "nameservers"),
+                               "must provide at least one DNS nameserver when `dnsPolicy` is None")]
+    if not isinstance(config, dict):
+        return []
+    found: list[Finding] = []
+    servers = config.get("nameservers") if isinstance(config.get("nameservers"), list) else []
+    searches = [str(s) for s in config.get("searches") or []] if isinstance(config.get("searches"), list) else []
+    if len(servers) > MAX_DNS_NAMESERVERS:
+        found.append(m.invalid(join(sub, "nameservers"), servers,
+                               f"must not have more than {MAX_DNS_NAMESERVERS} nameservers"))
+    if len(searches) > MAX_DNS_SEARCH_PATHS:
+        found.append(m.invalid(join(sub, "searches"), searches,
+                               f"must not have more than {MAX_DNS_SEARCH_PATHS} search paths"))
+    if len(" ".join(searches)) > MAX_DNS_SEARCH_LIST_CHARS:
+        found.append(m.invalid(join(sub, "searches"), searches, f"must not have more than "
+                               f"{MAX_DNS_SEARCH_LIST_CHARS} characters (including spaces) in the search list"))
+    for i, option in enumerate(_dicts(config.get("options"))):
+        if not option.get("name"):
+            found.append(m.required(f"{sub}.options[{i}]", "must not be empty"))
     return found
 
 
@@ -380,12 +433,7 @@ def validate_job(job: dict) -> list[Finding]:
     if mode not in (None, "NonIndexed", "Indexed"):
         found.append(m.not_supported("spec.completionMode", mode, ["NonIndexed", "Indexed"]))
     if mode == "Indexed":
-        if spec.get("completions") is None:
-            found.append(m.required("spec.completions", "when completion mode is Indexed"))
-        parallelism = spec.get("parallelism")
-        if isinstance(parallelism, int) and parallelism > 100000:
-            found.append(m.invalid("spec.parallelism", parallelism,
-                                   "must be less than or equal to 100000 when completion mode is Indexed"))
+        found += _validate_indexed_counts(spec)
     else:
         for key in ("backoffLimitPerIndex", "maxFailedIndexes"):
             if spec.get(key) is not None:
@@ -423,6 +471,48 @@ def validate_job(job: dict) -> list[Finding]:
         if m.is_dns1123_label(hostname):
             found.append(m.invalid("metadata.name", name,
                                    f"will not able to create pod with invalid DNS label: {hostname}"))
+    return found
+
+
+#: pkg/apis/batch/validation/validation.go (v1.34): maxParallelismForIndexedJob,
+#: maxFailedIndexesForIndexedJob, completionsSoftLimit, parallelismLimitForHighCompletions,
+#: maxFailedIndexesLimitForHighCompletions.
+INDEXED_MAX_PARALLELISM = INDEXED_MAX_FAILED_INDEXES = COMPLETIONS_SOFT_LIMIT = 100_000
+HIGH_COMPLETIONS_MAX_PARALLELISM = HIGH_COMPLETIONS_MAX_FAILED_INDEXES = 10_000
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _validate_indexed_counts(spec: dict) -> list[Finding]:
+    """validateJobSpec's Indexed branch: completions required; parallelism and maxFailedIndexes
+    capped (maxFailedIndexes also by completions); above 100000 completions with
+    backoffLimitPerIndex, maxFailedIndexes is required and both caps drop to 10000."""
+    found: list[Finding] = []
+    completions, parallelism = _int(spec.get("completions")), _int(spec.get("parallelism"))
+    max_failed = _int(spec.get("maxFailedIndexes"))
+    if spec.get("completions") is None:
+        found.append(m.required("spec.completions", "when completion mode is Indexed"))
+    if parallelism is not None and parallelism > INDEXED_MAX_PARALLELISM:
+        found.append(m.invalid("spec.parallelism", parallelism, "must be less than or equal to "
+                               f"{INDEXED_MAX_PARALLELISM} when completion mode is Indexed"))
+    if completions is not None and max_failed is not None and max_failed > completions:
+        found.append(m.invalid("spec.maxFailedIndexes", max_failed, "must be less than or equal to completions"))
+    if max_failed is not None and max_failed > INDEXED_MAX_FAILED_INDEXES:
+        found.append(m.invalid("spec.maxFailedIndexes", max_failed,
+                               f"must be less than or equal to {INDEXED_MAX_FAILED_INDEXES}"))
+    if completions is not None and completions > COMPLETIONS_SOFT_LIMIT and spec.get("backoffLimitPerIndex") is not None:
+        high = f"when completions are above {COMPLETIONS_SOFT_LIMIT} and used with backoff limit per index"
+        if spec.get("maxFailedIndexes") is None:
+            found.append(m.required("spec.maxFailedIndexes", f"must be specified when completions is above "
+                                    f"{COMPLETIONS_SOFT_LIMIT}"))
+        if parallelism is not None and parallelism > HIGH_COMPLETIONS_MAX_PARALLELISM:
+            found.append(m.invalid("spec.parallelism", parallelism,
+                                   f"must be less than or equal to {HIGH_COMPLETIONS_MAX_PARALLELISM} {high}"))
+        if max_failed is not None and max_failed > HIGH_COMPLETIONS_MAX_FAILED_INDEXES:
+            found.append(m.invalid("spec.maxFailedIndexes", max_failed,
+                                   f"must be less than or equal to {HIGH_COMPLETIONS_MAX_FAILED_INDEXES} {high}"))
     return found
 
 

@@ -110,7 +110,7 @@ def resolve_env(pod: Pod, container: dict, objects: list[dict], host_env: dict[s
     """The container's environment as the kubelet would set it: its env list (the
     controller's variables already in it, where the controller puts them) in order, a later
     entry of the same name winning, each value `$(VAR)`-expanded against those before it."""
-    env: dict[str, str] = {}
+    env: dict[str, str] = _env_from(pod, container, objects)
     for item in container.get("env") or []:
         name = item["name"]
         if "value" in item:
@@ -137,6 +137,29 @@ def resolve_env(pod: Pod, container: dict, objects: list[dict], host_env: dict[s
                                 "not in the manifest; the pod would not start")
         else:
             raise UserError(f"env {name}: valueFrom {sorted(source)} is not supported by --docker")
+    return env
+
+
+def _env_from(pod: Pod, container: dict, objects: list[dict]) -> dict[str, str]:
+    """envFrom, read before env (env wins): a ConfigMap of the manifest, each key with the
+    entry's prefix. A Secret's keys cannot be read here: refused unless optional."""
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        prefix = source.get("prefix", "")
+        if "configMapRef" in source:
+            ref = source["configMapRef"]
+            data = _configmap_data(objects, ref["name"], pod.namespace)
+            if data is None and not ref.get("optional"):
+                raise UserError(f"pod {pod.name}: envFrom ConfigMap {ref['name']!r} is not in the manifest; "
+                                "the pod would not start")
+            env.update({prefix + k: v for k, v in (data or {}).items()})
+        elif "secretRef" in source:
+            if not source["secretRef"].get("optional"):
+                raise UserError(f"pod {pod.name}: envFrom Secret {source['secretRef'].get('name')!r}: --docker "
+                                "cannot read Secrets; name each variable under env with secretKeyRef and "
+                                "export it on this host")
+        else:
+            raise UserError(f"pod {pod.name}: envFrom {sorted(source)} is not supported by --docker")
     return env
 
 
@@ -408,7 +431,7 @@ class DockerRun:
     def _attach(self, plan: ContainerPlan) -> None:
         """`docker start --attach`: stream the output with the node prefix; its exit code is the
         container's. Reports (plan, exit code) when the container ends."""
-        prefix = f"[node {plan.pod.index}] "
+        prefix = plan.pod.prefix
         proc = subprocess.Popen([docker_binary(), "start", "--attach", plan.container_name],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 env=docker_env(), start_new_session=True)
@@ -451,13 +474,13 @@ class DockerRun:
         """Wait for every pod; restart failed ones as the workload's controller would; return 0
         when all succeeded, else the exit code of the pod that failed the job."""
         policy, used, per_pod = self.restarts, 0, {}
-        running = {p.container_name for p in self.plans}
-        for plan in self.plans:
-            self._start(plan)
+        running, done = self._start_ready(set(), set())
         while running:
             plan, rc, error = self.ended.get()
             running.discard(plan.container_name)
             if rc == 0:
+                done.add(plan.container_name)
+                running |= self._start_ready(running, done)[0]
                 continue
             if error:  # on a cluster the pod would never start either: no restart helps
                 self._print(f"ddpkit: pod {plan.pod.name} could not start: {error}; stopping "
@@ -475,9 +498,7 @@ class DockerRun:
                     self._stop()
                     for _ in range(len(running)):
                         self.ended.get()
-                    running = {p.container_name for p in self.plans}
-                    for p in self.plans:
-                        self._start(p)
+                    running, done = self._start_ready(set(), set())
                 else:
                     running.add(plan.container_name)
                     self._start(plan)
@@ -486,7 +507,31 @@ class DockerRun:
             self._print(f"ddpkit: pod {plan.pod.name} failed with exit code {rc}{left}; "
                         "the job failed; stopping the others\n")
             return rc
+        waiting = [p.pod.name for p in self.plans if p.container_name not in done]
+        if waiting:  # a dependency that can never be met (not reachable through the checks)
+            self._print(f"ddpkit: pods {', '.join(waiting)} never started: their dependsOn was not met\n")
+            return 1
         return 0
+
+    def _start_ready(self, running: set[str], done: set[str]) -> tuple[set[str], set[str]]:
+        """Start every pod not yet started whose dependsOn is met (controller.Pod.depends_on,
+        JobSet's dependencyReachedStatus): `Complete`: every pod of that group exited 0;
+        `Ready`: every one started (a container without probes is Ready once running).
+        Repeats until nothing more starts (a Ready chain starts at once). Returns the started
+        set (running) and `done`."""
+        started = set(running) | set(done)
+        while True:
+            ready = [p for p in self.plans if p.container_name not in started
+                     and all(self._reached(group, status, started, done) for group, status in p.pod.depends_on)]
+            if not ready:
+                return started - done, done
+            for plan in ready:
+                started.add(plan.container_name)
+                self._start(plan)
+
+    def _reached(self, group: str, status: str, started: set[str], done: set[str]) -> bool:
+        names = {p.container_name for p in self.plans if p.pod.group == group}
+        return names <= (done if status == "Complete" else started)
 
     def _stop(self) -> None:
         """SIGTERM, then SIGKILL after each pod's grace period (`docker stop`), all at once."""

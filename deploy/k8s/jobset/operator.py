@@ -11,7 +11,8 @@ import hashlib
 import re
 from typing import Any
 
-from deploy.k8s.controller import Pod, Restarts, indexed_job_pods, job_restarts, service_names
+from deploy.errors import UserError
+from deploy.k8s.controller import Pod, Restarts, job_pods, job_restarts, service_names
 from deploy.lint import meta as m
 from deploy.lint.report import Finding
 
@@ -235,6 +236,10 @@ PRIORITY_KEY = "jobset.sigs.k8s.io/priority"
 
 
 DEFAULT_GROUP = "default"
+#: api/jobset/v1alpha2/jobset_types.go: CoordinatorKey, ExclusiveKey, NodeSelectorStrategyKey.
+COORDINATOR_KEY = "jobset.sigs.k8s.io/coordinator"
+EXCLUSIVE_KEY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+NODE_SELECTOR_STRATEGY_KEY = "alpha.jobset.sigs.k8s.io/node-selector"
 
 
 
@@ -280,24 +285,81 @@ def pods(obj: dict, objects: list[dict], *, override=None) -> list[Pod]:
                     JOB_GLOBAL_INDEX_KEY: str(global_index), GROUP_NAME_KEY: group,
                     GROUP_REPLICAS_KEY: str(group_replicas),
                     JOB_GROUP_INDEX_KEY: str(group_offset + j)}
-            made = indexed_job_pods(job_name, namespace, job_spec, first_index=len(found),
-                                    labels=keys, annotations=keys, subdomain=subdomain)
+            coordinator = {COORDINATOR_KEY: coordinator_endpoint(obj)} if spec.get("coordinator") else {}
+            _add_claim_volumes(job_spec, spec, name)
+            made = job_pods(job_name, namespace, job_spec, first_index=len(found),
+                            labels={**keys, **coordinator},
+                            annotations={**keys, **coordinator, **_exclusive(obj, rjob)},
+                            subdomain=subdomain)
+            for p in made:
+                p.group, p.depends_on = rjob["name"], _depends_on(rjob, found + made)
             if not job_spec["template"]["spec"].get("priorityClassName"):
                 for p in made:  # the Priority admission plugin's 0 (a class's value is the cluster's)
                     p.labels[PRIORITY_KEY] = p.template["metadata"]["labels"][PRIORITY_KEY] = "0"
             if subdomain:
                 for p in made:
                     p.template["spec"]["subdomain"] = subdomain
-                    p.dns_names = service_names(f"{p.hostname}.{subdomain}", namespace)
+                    if job_spec.get("completionMode") == "Indexed":  # NonIndexed: no spec.hostname
+                        p.dns_names = service_names(f"{p.hostname}.{subdomain}", namespace)
             found += made
             global_index += 1
     return found
 
 
 
-def _suspended(name: str) -> Exception:
-    from deploy.errors import UserError
+def _depends_on(rjob: dict, pods: list[Pod]) -> list[tuple[str, str]]:
+    """dependsOn (depends_on.go dependencyReachedStatus): the controller creates this replicated
+    job's Jobs only once every Job of each named one is Complete (succeeded), or Ready (all its
+    pods ready or succeeded; a failed Job counts too, and then fails the JobSet). --docker
+    tells a pod Ready when its container started, which is the kubelet's Ready for a container
+    without readiness or startup probe; with one it cannot judge readiness, so it refuses."""
+    wanted = [(d.get("name"), d.get("status")) for d in rjob.get("dependsOn") or []]
+    for target, status in wanted:
+        for p in pods:
+            probes = [k for c in p.spec.get("containers") or [] for k in ("readinessProbe", "startupProbe") if c.get(k)]
+            if status == "Ready" and p.group == target and probes:
+                raise UserError(f"JobSet replicatedJob {rjob.get('name')}: dependsOn {target} Ready, whose "
+                                f"pods have a {probes[0]}: --docker cannot evaluate probes; use status: "
+                                "Complete or drop the probe to run it here")
+    return wanted
 
+
+def coordinator_endpoint(obj: dict) -> str:
+    """CoordinatorEndpoint (jobset_controller.go): `<jobset>-<rjob>-<jobIndex>-<podIndex>.<subdomain>`."""
+    spec, name = obj["spec"], obj["metadata"]["name"]
+    coord = spec["coordinator"]
+    subdomain = (spec.get("network") or {}).get("subdomain") or name
+    return f"{name}-{coord['replicatedJob']}-{coord.get('jobIndex', 0)}-{coord.get('podIndex', 0)}.{subdomain}"
+
+
+def _exclusive(obj: dict, rjob: dict) -> dict[str, str]:
+    """labelAndAnnotateObject: the exclusive-topology annotation (and node-selector strategy
+    flag) of the JobSet, overridden by the replicated job's Job template's, on Job and pods."""
+    found: dict[str, str] = {}
+    for notes in ((obj.get("metadata") or {}).get("annotations") or {},
+                  ((rjob.get("template") or {}).get("metadata") or {}).get("annotations") or {}):
+        if EXCLUSIVE_KEY in notes:
+            found[EXCLUSIVE_KEY] = notes[EXCLUSIVE_KEY]
+            if NODE_SELECTOR_STRATEGY_KEY in notes:
+                found[NODE_SELECTOR_STRATEGY_KEY] = notes[NODE_SELECTOR_STRATEGY_KEY]
+    return found
+
+
+def _add_claim_volumes(job_spec: dict, spec: dict, name: str) -> None:
+    """addVolumes (volume_claim_policy.go): a volumeClaimPolicies template that a container or
+    init container mounts becomes a volume of claim `<template>-<jobset>`."""
+    pod = job_spec["template"].setdefault("spec", {})
+    mounted = {m.get("name") for c in [*(pod.get("containers") or []), *(pod.get("initContainers") or [])]
+               for m in c.get("volumeMounts") or []}
+    for policy in spec.get("volumeClaimPolicies") or []:
+        for template in policy.get("templates") or []:
+            vname = (template.get("metadata") or {}).get("name")
+            if vname in mounted:
+                pod.setdefault("volumes", []).append(
+                    {"name": vname, "persistentVolumeClaim": {"claimName": f"{vname}-{name}"}})
+
+
+def _suspended(name: str) -> Exception:
     return UserError(f"JobSet {name}: suspended (spec.suspend); on a cluster no pod starts until "
                      "it is resumed (e.g. admitted by Kueue), and --docker cannot do that")
 
