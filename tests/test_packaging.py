@@ -70,7 +70,8 @@ def test_every_dependency_is_imported_and_the_python_claim_is_one():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     import_name = {"pyyaml": "yaml", "python-hostlist": "hostlist", "kubernetes-validate":
-                   "kubernetes_validate", "common-expression-language": "cel"}
+                   "kubernetes_validate", "common-expression-language": "cel",
+                   "prometheus-client": "prometheus_client"}
     sources = "\n".join(p.read_text() for d in ("deploy", "trainer") for p in (REPO / d).rglob("*.py"))
     extras = project["project"]["optional-dependencies"]
     for requirement in project["project"]["dependencies"] + extras["train"] + extras["k8s"] + extras["slurm"]:
