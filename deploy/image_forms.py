@@ -4,11 +4,11 @@ Users have images in several forms, and each runtime reads a different one:
 
 | form | example | Kubernetes, Docker | Apptainer | pyxis/enroot |
 |---|---|---|---|---|
-| registry reference | `ghcr.io/org/trainer:1.0` | as is | `docker://ghcr.io/org/trainer:1.0` | `ghcr.io#org/trainer:1.0` |
-| `docker://` URI | `docker://ghcr.io/org/trainer:1.0` | refused | as is | `ghcr.io#org/trainer:1.0` |
+| registry reference | `registry.example/org/trainer:1.0` | as is | `docker://registry.example/org/trainer:1.0` | `registry.example#org/trainer:1.0` |
+| `docker://` URI | `docker://registry.example/org/trainer:1.0` | refused | as is | `registry.example#org/trainer:1.0` |
 | Apptainer image | `/images/trainer.sif` | refused | as is | refused |
 | enroot squashfs | `/images/trainer.sqsh` | refused | refused | as is |
-| enroot `registry#image` | `nvcr.io#nvidia/pytorch:24.05-py3` | refused | `docker://nvcr.io/nvidia/pytorch:24.05-py3` | as is |
+| enroot `registry#image` | `registry.example#nvidia/pytorch:24.05-py3` | refused | `docker://registry.example/nvidia/pytorch:24.05-py3` | as is |
 
 A registry reference whose first component has no `.` or `:` (and is not `localhost`) is on
 Docker Hub (`pytorch/pytorch:2.3`, `ubuntu`), as Docker and Kubernetes read it; enroot needs no
@@ -39,7 +39,7 @@ def form(image: str) -> str:
 
 
 def _split_registry(ref: str) -> tuple[str | None, str]:
-    """`ghcr.io/org/x:1` -> ("ghcr.io", "org/x:1"); a Docker Hub name -> (None, name)."""
+    """`registry.example/org/x:1` -> ("registry.example", "org/x:1"); a Docker Hub name -> (None, name)."""
     first, sep, rest = ref.partition("/")
     if sep and ("." in first or ":" in first or first == "localhost"):
         return first, rest
@@ -96,7 +96,7 @@ def problems(image: str, runtime: str) -> list[Problem]:
     if kind != "registry" and runtime == "k8s":
         plain = _registry_ref(image)
         fix = (f"use the registry reference {plain!r}" if kind in ("docker-uri", "enroot")
-               else "push the image to a registry and give its reference (e.g. ghcr.io/org/trainer:1.0)")
+               else "push the image to a registry and give its reference (e.g. registry.example/org/trainer:1.0)")
         return [Problem("image", f"{image!r} is a Slurm-only image form ({kind}); a Kubernetes "
                         "pod pulls images from a registry", fix)]
     if kind == "sqsh" and runtime == "apptainer":

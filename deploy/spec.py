@@ -213,7 +213,7 @@ SecretKey = Annotated[str, matching(
 VolumeName = Annotated[str, matching(
     DNS1123_LABEL, 63, "a valid volume name: lowercase letters, digits and '-', at most 63 characters")]
 ImageRef = Annotated[str, matching(
-    IMAGE_PATTERN, 512, "an image reference (e.g. ghcr.io/org/trainer:1.0), a docker:// URI, "
+    IMAGE_PATTERN, 512, "an image reference (e.g. registry.example/org/trainer:1.0), a docker:// URI, "
     "an enroot registry#image, or a .sif/.sqsh path")]
 ResourceName = Annotated[str, matching(
     r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", 253,
@@ -795,7 +795,7 @@ class JobSpec(Strict):
                       "characters (lowercase letters, digits, '-'), unique per namespace.")
     image: ImageRef = Field(
         description="Container image of the trainer (every target but bare Slurm): a registry "
-        "reference (`ghcr.io/org/trainer:1.0`, every target); Slurm only: a `docker://` URI, an "
+        "reference (`registry.example/org/trainer:1.0`, every target); Slurm only: a `docker://` URI, an "
         "Apptainer `.sif` file, an enroot `.sqsh` file or `registry#image` "
         "(deploy/image_forms.py).")
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] | None = Field(

@@ -94,7 +94,7 @@ def try_parse(data: dict, target: str):
         return None, exc
 
 
-BASE = {"name": "demo", "image": "ghcr.io/example/ddpkit:0.1", "nodes": 2, "procs_per_node": 2,
+BASE = {"name": "demo", "image": "registry.example/example/ddpkit:0.1", "nodes": 2, "procs_per_node": 2,
         "resources": {"cpus_per_node": 4}, "restarts": 1, "time_limit": "30m"}
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

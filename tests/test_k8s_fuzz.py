@@ -60,7 +60,7 @@ def jobs(draw):
     nodes = draw(st.one_of(st.just(low), st.just(f"{low}:{low + draw(st.integers(1, 3))}")))
     data = {
         "name": draw(NAME),
-        "image": "ghcr.io/example/ddpkit:0.1",
+        "image": "registry.example/example/ddpkit:0.1",
         "nodes": nodes,
         "gpus_per_node": gpus,
         "resources": {"cpus_per_node": draw(st.sampled_from([None, 1, 2.5, 64])),

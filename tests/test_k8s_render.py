@@ -539,11 +539,11 @@ def test_time_limit_stops_pods_one_grace_period_early_with_the_stop_grace_in_env
 
 # Kubernetes' default per image (pkg/apis/core/v1/defaults.go SetDefaults_Container: tag
 # `latest`, which ParseImageName also gives a reference with neither tag nor digest -> Always)
-PULL_DEFAULTS = [("ghcr.io/o/t:1.0", "IfNotPresent"), ("ghcr.io/o/t:latest", "Always"),
-                 ("ghcr.io/o/t", "Always"), ("localhost:5000/t", "Always"),
-                 ("localhost:5000/t:2", "IfNotPresent"), ("ghcr.io/o/t@sha256:" + "a" * 64, "IfNotPresent"),
-                 ("ghcr.io/o/t:1@sha256:" + "a" * 64, "IfNotPresent"),
-                 ("ghcr.io/o/t:latest@sha256:" + "a" * 64, "Always"), ("ubuntu", "Always")]
+PULL_DEFAULTS = [("registry.example/o/t:1.0", "IfNotPresent"), ("registry.example/o/t:latest", "Always"),
+                 ("registry.example/o/t", "Always"), ("localhost:5000/t", "Always"),
+                 ("localhost:5000/t:2", "IfNotPresent"), ("registry.example/o/t@sha256:" + "a" * 64, "IfNotPresent"),
+                 ("registry.example/o/t:1@sha256:" + "a" * 64, "IfNotPresent"),
+                 ("registry.example/o/t:latest@sha256:" + "a" * 64, "Always"), ("ubuntu", "Always")]
 
 
 @pytest.mark.parametrize("flavor", ["pytorchjob", "jobset", "job"])

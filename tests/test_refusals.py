@@ -87,7 +87,7 @@ def test_render_and_validate_refuse_with_the_same_located_line(tmp_path, capsys,
                                                                flavor, expected):
     path = tmp_path / "job.yaml"
     if not expected:  # the image rows: image on line 2
-        image = "/images/t.sif" if "pyxis" in body else "nvcr.io#nvidia/pytorch:24.05-py3"
+        image = "/images/t.sif" if "pyxis" in body else "registry.example#nvidia/pytorch:24.05-py3"
         path.write_text(BASE.replace("img:1", image) + body)
         expected = "2: image: "
     else:
@@ -161,7 +161,7 @@ NODE_LOCAL_FORMS = {
 @pytest.mark.parametrize("local", ["/dev/shm", "/tmp", "/var/tmp", "/run", "/local", "/scratch/local",
                                    "/localscratch", "/lscratch"])
 def test_node_local_checkpoints_are_refused_where_a_restart_reads_them(local, form):
-    data = merged({"name": "demo", "image": "ghcr.io/o/t:1", "nodes": 2, "restarts": 1},
+    data = merged({"name": "demo", "image": "registry.example/o/t:1", "nodes": 2, "restarts": 1},
                   NODE_LOCAL_FORMS[form](local))
     check = k8s_problems if "k8s" in data else slurm_problems
     [problem] = check(parse(data))

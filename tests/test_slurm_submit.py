@@ -394,7 +394,7 @@ def test_submitit_honours_directives_elastic_nodes_apptainer_conda_and_secrets(t
     monkeypatch.setenv("API_TOKEN", "s3cret")
     job = parse_job(yaml.safe_load("""
 name: demo
-image: ghcr.io/org/t:1
+image: registry.example/org/t:1
 nodes: "2:4"
 gpus_per_node: 2
 gpu_resource: amd.com/gpu
@@ -419,7 +419,7 @@ slurm:
         'Secret api/token does not exist on Slurm)}"',
         "export API_TOKEN"]
     assert launch.argv() == ["apptainer", "exec", "--rocm", "--bind", "/lustre/d:/data:ro",
-                             "docker://ghcr.io/org/t:1", "python", "-m", "trainer.launch"]
+                             "docker://registry.example/org/t:1", "python", "-m", "trainer.launch"]
     env = launch.environment({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "5",
                               "SLURM_JOB_NUM_NODES": "2"})
     assert env["DDPKIT_STOP_GRACE_S"] == "120"  # the signal's lead, as the script exports it
@@ -471,7 +471,7 @@ def test_submitit_and_the_script_agree_for_generated_jobs(fake_sbatch, nodes, gp
     procs = gpus or 2
     tasks = 1 if launcher == "torchrun" else procs
     job = parse_job({
-        "name": "gen", "image": "ghcr.io/org/t:1", "nodes": nodes, "gpus_per_node": gpus,
+        "name": "gen", "image": "registry.example/org/t:1", "nodes": nodes, "gpus_per_node": gpus,
         **({} if gpus else {"procs_per_node": procs}), "restarts": restarts,
         **({"time_limit": f"{minutes}m"} if minutes else {}),
         "resources": {} if cpus_per_task is None else {"cpus_per_node": cpus_per_task * tasks},
