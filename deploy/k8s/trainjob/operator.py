@@ -295,7 +295,8 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
     """A JobSet named after the TrainJob from its runtime, with spec.runtimePatches merged in
     and spec.trainer's image, command, args and resourcesPerNode on the `node` container of
     the trainer-ancestor job; then the torch plugin (pkg/runtime/framework/plugins/torch/
-    torch.go EnforceMLPolicy) upserts spec.trainer.env, then PET_NNODES (torch_num_nodes),
+    torch.go EnforceMLPolicy), when the TrainJob has a spec.trainer, upserts spec.trainer.env,
+    then PET_NNODES (torch_num_nodes),
     PET_NPROC_PER_NODE (torch_nproc_per_node), PET_NODE_RANK (fieldRef to the completion
     index), PET_MASTER_ADDR `<trainjob>-node-0-0.<trainjob>` and PET_MASTER_PORT 29500 (an
     entry of the same name is replaced where it stands: PET_* always win), adds port 29500, and
@@ -331,8 +332,9 @@ def pods(obj: dict, objects: list[dict]) -> list[Pod]:
         for c in [*pod_spec.get("containers", []), *pod_spec.get("initContainers", [])]:
             if c.get("name") in injection.get(rjob_name, ()):
                 upsert_env(c, pet)
-        if rjob_name in trainer_jobs:
-            _trainer_job(name, job_spec, trainer, nodes, pet if torch else [])
+        if rjob_name in trainer_jobs:  # PET_* on `node` only with a spec.trainer (torch.go:
+            # `if trainJob.Spec.Trainer != nil { trainerContainer = ... }`); envInjection: always
+            _trainer_job(name, job_spec, trainer, nodes, pet if torch and spec.get("trainer") is not None else [])
 
     js = {"metadata": {"name": name, "namespace": meta.get("namespace", "default")},
           "spec": copy.deepcopy(runtime_spec["template"]["spec"])}
