@@ -54,14 +54,36 @@ def cnn_step_s(work: Path) -> float:
     return statistics.median(128 / r["samples_per_s"] for r in recs if r.get("samples_per_s") and "loss" in r)
 
 
-def status_latency(run_dir: Path, repeats: int = 5) -> list[float]:
+def status_latency(handle: str, repeats: int = 5, env: dict | None = None) -> list[float]:
+    """`ddpkit status HANDLE` from command start to output, `repeats` times (a fresh interpreter)."""
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "deploy", "status", str(run_dir)], check=True, capture_output=True,
-                       env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        subprocess.run([sys.executable, "-m", "deploy", "status", handle], check=True, capture_output=True,
+                       env=env or {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
         times.append(time.perf_counter() - t)
     return times
+
+
+def straggler_cost(steps: int) -> float:
+    """Seconds per step of the straggler bookkeeping every rank does (trainer/stragglers.py):
+    the heartbeat's phase accounting over a step's beats, and the step's record."""
+    from trainer.stragglers import StepTimes
+    from trainer.watchdog import Heartbeat
+
+    hb, times = Heartbeat(), StepTimes()
+    t = time.perf_counter()
+    for step in range(steps):
+        for phase in ("data", "forward", "backward", "optimizer"):
+            hb.beat(phase, step)
+        hb.rebook("allreduce", 0.0)
+        hb.step_done()
+        hb.beat("log")
+        times.add(*hb.last_step) if hb.last_step else None
+        hb.beat("vote")
+        if step % 10 == 9:
+            times.take()
+    return (time.perf_counter() - t) / steps
 
 
 def watch_refresh(run_dir: Path, repeats: int = 50) -> float:
@@ -81,20 +103,33 @@ def watch_refresh(run_dir: Path, repeats: int = 50) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ticks", type=int, default=20000)
+    ap.add_argument("--handle", action="append", default=[], metavar="HANDLE",
+                    help="also time `ddpkit status HANDLE` (a cluster job: slurm://ID, k8s://...), "
+                         "in this environment (PATH, KUBECONFIG)")
     args = ap.parse_args()
     res = Result("status_cost", "The progress record's cost per step, and `ddpkit status`'s latency")
     with tempfile.TemporaryDirectory(prefix="ddpkit-status-") as tmp:
         work = Path(tmp)
         per_tick = tick_cost(work / "ticks", args.ticks)
         step = cnn_step_s(work)
-        latency = status_latency(work / "runs" / "cnn")
+        latency = status_latency(str(work / "runs" / "cnn"))
         refresh = watch_refresh(work / "runs" / "cnn")
+        stragglers = straggler_cost(args.ticks)
+    import os
+
+    cluster = [(h, status_latency(h, env={**os.environ, "PYTHONPATH": str(REPO)})) for h in args.handle]
     rows = [[label, fmt(seconds * 1000, ".1f"), fmt(per_tick * 1e6, ".1f"), fmt(100 * per_tick / seconds, ".3f")]
             for label, seconds in (("cnn, 2 CPU ranks (measured)", step), ("10 ms step", 0.010), ("100 ms step", 0.100))]
     res.table(f"Progress.tick per step ({args.ticks} ticks)", ["step", "step ms", "tick us", "overhead %"], rows)
+    res.table("Straggler bookkeeping per step (every rank: phase accounting and the step's record)",
+              ["step", "us per step", "overhead %"],
+              [[label, fmt(stragglers * 1e6, ".1f"), fmt(100 * stragglers / seconds, ".3f")]
+               for label, seconds in (("cnn, 2 CPU ranks (measured)", step), ("10 ms step", 0.010))])
     res.table("`ddpkit status` and `--watch`", ["what", "ms"], [
         ["`ddpkit status RUN_DIR`, command start to output (median of 5)", fmt(statistics.median(latency) * 1000, ".0f")],
-        ["one `--watch` refresh of 4 local runs (reports read + table drawn)", fmt(refresh * 1000, ".1f")]])
+        ["one `--watch` refresh of 4 local runs (reports read + table drawn)", fmt(refresh * 1000, ".1f")],
+        *[[f"`ddpkit status {h}` (median of 5; min-max {min(t) * 1000:.0f}-{max(t) * 1000:.0f})",
+           fmt(statistics.median(t) * 1000, ".0f")] for h, t in cluster]])
     res.text("The trainer's bookkeeping per step is the ledger's class switch, a `(time, step)` pair for "
              "the rate, one 12-byte `pwrite` of the step count and, once a second, the JSON record "
              "rewritten (tmp + rename). Cluster targets add their reads to the status latency: Slurm's "
