@@ -30,7 +30,7 @@ from trainer.attempts import (
     read_verdicts,
     signal_name,
 )
-from trainer.contract import EXIT_BAD_CONFIG, EXIT_HANG
+from trainer.contract import EXIT_BAD_CONFIG, EXIT_HANG, read_node_line_tag
 from trainer.progress import attempt_files, read_record
 
 #: The causes `why` names, in the words of its first line.
@@ -180,10 +180,19 @@ _EXCEPTION = re.compile(r"^(?:\[\w+\d+\]:)?\s*([A-Za-z_][\w.]*(?:Error|Exception
 _BAD_CONFIG = re.compile(r"(bad job file.*|train\.[\w.]+: .+|script .+: no such file.*)")
 
 
+def _untagged(line: str) -> tuple[str, int | None, int | None]:
+    """A log line without the launcher's `[NODE/RANK] ` tag (Slurm, `run --local`), and the
+    node rank and worker rank the tag names."""
+    tag = read_node_line_tag(line)
+    return (line[tag[2]:], tag[0], tag[1]) if tag else (line, None, None)
+
+
 def log_cause(text: str) -> Cause | None:
     """The cause a log shows (None when it shows none): the watchdog's verdict, else the first
-    failed worker torchrun reported (with the exception printed before it), else a refused setting."""
-    lines = text.splitlines()
+    failed worker torchrun reported (with the exception printed before it, and the node rank
+    its tag names), else a refused setting."""
+    tagged = [_untagged(line) for line in text.splitlines()]
+    lines = [line for line, _, _ in tagged]
     for line in lines:
         found = _HANG.search(line)
         if found:
@@ -197,10 +206,14 @@ def log_cause(text: str) -> Cause | None:
         if not found:
             continue
         code = int(found.group(1))
-        exception = next((m for m in map(_EXCEPTION.match, reversed(lines[:i])) if m), None)
-        if exception and not signal_name(code):
-            return Cause("exception", f"{exception.group(1)}: {exception.group(2)} (exit {code})")
-        return failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": int(found.group(2))}, None)
+        at = next((j for j in range(i - 1, -1, -1) if _EXCEPTION.match(lines[j])), None)
+        if at is not None and not signal_name(code):
+            m, (_, node, rank) = _EXCEPTION.match(lines[at]), tagged[at]
+            return Cause("exception", f"{m.group(1)}: {m.group(2)} (exit {code})", rank,
+                         f"node {node}" if node is not None else None)
+        cause = failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": int(found.group(2))}, None)
+        cause.node = f"node {tagged[i][1]}" if tagged[i][1] is not None else None
+        return cause
     for line in lines:
         found = _BAD_CONFIG.search(line)
         if found:

@@ -305,6 +305,8 @@ def test_status_says_why_pods_wait_in_the_schedulers_words(cluster, image, handl
     big = submit(cluster, handles, sized("e2e-too-big", 2 * free + 1))
     line = wait_for_line(cluster, big, "not scheduled")
     assert line.startswith("PENDING (not scheduled: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"), line
+    why = ddpkit("why", big, env=cluster).stdout.splitlines()
+    assert why[0].startswith("unschedulable: not scheduled: Unschedulable: 0/1 nodes are available"), why
     half = submit(cluster, handles, sized("e2e-one-fits", 0.6 * free))
     line = wait_for_line(cluster, half, "1 of 2 pods not scheduled")
     assert "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" in line, line
@@ -617,6 +619,9 @@ def test_restarts_survived_then_one_more_failure_fails_the_job(cluster, restart_
         assert "backoff limit" in failed["message"], failed
     if flavor == "job":
         assert obj["status"]["failedIndexes"] == "1", obj["status"]
+    if flavor in ("pytorchjob", "job"):  # their failed pods stay: the kubelet's words for node 1
+        why = ddpkit("why", handle, env=cluster).stdout.splitlines()
+        assert why[0].startswith("failed: FAILED") and "[node rank 1: Error (exit 1)" in why[0], why
     if flavor == "jobset":
         assert obj["status"]["restarts"] == survived, obj["status"]
 

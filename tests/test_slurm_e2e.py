@@ -176,6 +176,28 @@ def test_quickstart_runs_on_two_nodes(cluster, jobs, tmp_path, launcher):
     assert line.startswith("SUCCEEDED  step 40/40 (100%)") and "restarts 0/1" in line, line
     report = json.loads(ddpkit("status", handle, "--json", env=cluster).stdout)
     assert report["progress"]["state"] == "completed" and report["waited_s"] is not None, report
+    why = ddpkit("why", handle, env=cluster).stdout.splitlines()
+    assert why[0].startswith("completed: ") and why[-1] == "  scheduler: SUCCEEDED", why
+
+
+def test_why_names_the_exception_and_its_node(cluster, jobs, tmp_path):
+    """Rank 3 (node 1's second worker) raises at its 6th step, restarts: 0: `ddpkit why` reads
+    the job's output file (the exception, torchrun's failed worker, the node's line tag)."""
+    job = write_job(tmp_path / "faulty.yaml", restarts=0, train={
+        "model": "tests.user_workloads:faulty", "model_args": {"rank": 3, "after": 5, "fault": "raise"},
+        "max_steps": 40, "epochs": 10, "batch_size": 32, "threads": 1, "eval_every_epochs": 0, "plot": False})
+    proc = ddpkit("submit", "slurm", str(job), cwd=tmp_path, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    handle = proc.stdout.strip()
+    jobs.append(handle)
+    wait_for(cluster, handle, {"FAILED"})
+    started = time.monotonic()
+    why = ddpkit("why", handle, env=cluster)
+    took = time.monotonic() - started
+    first = why.stdout.splitlines()[0]
+    print(f"why after {took:.1f}s: {first}")
+    assert first.startswith("exception: on node 1: ValueError: injected fault on rank 3 after 5 steps"), why.stdout
+    assert took < 10
 
 
 def test_the_readme_python_api_example_submits_waits_and_reads_the_log(cluster, jobs, tmp_path, monkeypatch, capsys):
@@ -263,6 +285,8 @@ def test_a_lost_node_requeues_and_resumes_or_ends_the_job_as_restarts_say(cluste
         assert job_field(cluster, handle, "Restarts") == "0"
         assert line.startswith("FAILED (NODE_FAIL: a node of the job stopped responding"), line
         assert "not requeueable (restarts: 0)" in line, line
+        why = ddpkit("why", handle, env=cluster).stdout.splitlines()
+        assert why[0].startswith("node-lost: NODE_FAIL: a node of the job stopped responding"), why
         return
     assert line.startswith("RESTARTING") and "restart 1" in line, line
     wait_for(cluster, handle, {"SUCCEEDED"})
