@@ -232,6 +232,12 @@ _STATE_WORDS = (  # (what the state line says, category), first match wins
 )
 
 
+#: how the scheduler says a job's script or step ended (deploy/slurm/submit.py, from sacct)
+_ENDED_WITH = re.compile(r"exit code (\d+)|killed by signal \d+ \((SIG\w+)\)")
+#: causes read from an exit code or signal alone: a run directory or a log says more
+_FROM_EXIT = ("exception", "failed", "killed", "hang", "config")
+
+
 def state_cause(state_line: str) -> Cause | None:
     """The cause in the scheduler's own words, from `ddpkit status`'s state line."""
     state, _, detail = state_line.partition(" ")
@@ -253,6 +259,10 @@ def state_cause(state_line: str) -> Cause | None:
     for word, category in _STATE_WORDS:
         if word in detail:
             return Cause(category, detail)
+    ended = _ENDED_WITH.search(detail)
+    if ended:
+        code = int(ended.group(1)) if ended.group(1) else None
+        return Cause(failure_cause({"exitcode": code, "signal": ended.group(2)}, None).category, detail)
     return None
 
 
@@ -264,7 +274,7 @@ def explain(state_line: str, log_text: str, run_dir: Path | None = None) -> list
     said = state_cause(state_line) if state_line else None
     from_log = log_cause(log_text) if log_text else None
     last = causes[-1] if causes else None
-    if said is not None and said.category not in ("completed", "running", "cancelled"):
+    if said is not None and said.category not in ("completed", "running", "cancelled", *_FROM_EXIT):
         first = said
     elif last is not None and (last.category != "failed" or from_log is None):
         first = last

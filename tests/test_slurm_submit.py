@@ -27,6 +27,7 @@ from deploy.slurm import submit as slurm
 from deploy.slurm.directives import parse as parse_directive
 from deploy.slurm.render import render_slurm
 from deploy.slurm.submitit import SlurmLaunch
+from deploy.why import state_cause
 from tests.conftest import ddpkit
 from trainer.contract import slurm_port
 
@@ -120,14 +121,70 @@ def test_status_line_says_why_slurm_ended_or_holds_a_job(fields, line):
     assert slurm.status("slurm://12", runner=fake) == line.split()[0]
 
 
-def test_status_falls_back_to_sacct_when_slurmctld_forgot_the_job():
-    fake = FakeSlurm(scontrol=(1, "", "slurm_load_jobs error: Invalid job id specified\n"),
-                     sacct=(0, "COMPLETED\n", ""))
-    assert slurm.status("slurm://12", runner=fake) == "SUCCEEDED"
-    fake = FakeSlurm(scontrol=(1, "", "slurm_load_jobs error: Invalid job id specified\n"),
-                     sacct=(1, "", "Slurm accounting storage is disabled\n"))
-    with pytest.raises(RuntimeFailure, match="no longer knows job 12"):
+FORGOT = (1, "", "slurm_load_jobs error: Invalid job id specified\n")
+SACCT_RECORDED = Path(__file__).parent / "recorded" / "slurm"
+#: what each recorded job is (the file name's last word): Slurm's state word and why's category;
+#: a `failed` job's script exited 1 (`sbatch --wrap 'exit 1'`)
+RECORDED_AS = {"failed": ("FAILED", "exception"), "timeout": ("TIMEOUT", "time-limit"),
+               "cancelled": ("CANCELLED", "cancelled"), "node_fail": ("NODE_FAIL", "node-lost"),
+               "oom": ("OUT_OF_MEMORY", "oom"), "preempted": ("PREEMPTED", "preempted")}
+
+
+def sacct_answers(json_answer, parsable=(1, "", "")):
+    """A sacct that answers `--json` with json_answer and `-P` with parsable."""
+    return lambda argv: json_answer if "--json" in argv else parsable
+
+
+@pytest.mark.parametrize("release", ["22.05", "23.11", "24.11"])
+def test_sacct_json_of_each_release_says_why_a_forgotten_job_ended(release):
+    """Every recorded `sacct --json` job of the release (tests/recorded/slurm/README.md) through
+    the reader, `ddpkit status`'s line and `why`'s category."""
+    files = sorted(SACCT_RECORDED.glob(f"*-{release}-*.json"))
+    if not files:
+        pytest.skip(f"no recorded sacct --json of Slurm {release} yet: tests/recorded/slurm/README.md")
+    for path in files:
+        word, category = RECORDED_AS[path.stem.rsplit("-", 1)[1]]
+        job = json.loads(path.read_text())["jobs"][0]
+        fake = FakeSlurm(scontrol=FORGOT, sacct=sacct_answers((0, path.read_text(), "")))
+        handle = f"slurm://{job['job_id']}"
+        ended = slurm.accounted(handle, runner=fake)
+        line = slurm.describe(handle, runner=fake)
+        assert ended.state == word and ended.nodes and ended.nodes in line, (path.name, ended)
+        assert line.split()[0] == slurm.STATES[word] == slurm.status(handle, runner=fake), line
+        assert state_cause(line).category == category, (path.name, line)
+        assert slurm.why(handle, runner=fake)[0].startswith(f"{category}: "), path.name
+        if word == "CANCELLED":
+            assert ended.cancelled_by and f"cancelled by {ended.cancelled_by}" in line, line
+        if word == "TIMEOUT":
+            assert ended.elapsed_s >= ended.limit_s and f"of its {ended.limit_s} s limit" in line, line
+        if word == "FAILED":
+            assert ended.exit_code == 1 and "exit code 1" in line, line
+        assert fake.calls[0][0] == ["sacct", "--json", "-j", str(job["job_id"])]  # accounted() first
+
+
+def test_without_sacct_json_the_parsable_form_is_read():
+    """A sacct without --json: `-P` with the fields why needs. Not a recording: the format of
+    `sacct -P` (fields joined by |, `N:S` exit codes, `CANCELLED by UID`) as sacct(1) gives it."""
+    no_json = (1, "", "sacct: unrecognized option '--json'\n")
+    lines = ("12|CANCELLED by 1000|None|0:15|node[1-2]|61|10\n12.batch|CANCELLED|None|0:15|node1|61|\n")
+    fake = FakeSlurm(scontrol=FORGOT, sacct=sacct_answers(no_json, (0, lines, "")))
+    assert slurm.describe("slurm://12", runner=fake) == "CANCELLED (cancelled by uid 1000; nodes: node[1-2])"
+    assert fake.calls[-1][0][:5] == ["sacct", "-n", "-P", "-o", "JobID,State,Reason,ExitCode,NodeList,ElapsedRaw,TimelimitRaw"]
+    killed = "12|FAILED|None|0:9|node1|5|10\n"
+    fake = FakeSlurm(scontrol=FORGOT, sacct=sacct_answers(no_json, (0, killed, "")))
+    assert slurm.describe("slurm://12", runner=fake) == "FAILED (killed by signal 9 (SIGKILL); nodes: node1)"
+    assert slurm.why("slurm://12", runner=fake)[0].startswith("killed: ")
+
+
+def test_a_job_accounting_does_not_know_is_one_clear_line():
+    disabled = (1, "", "Slurm accounting storage is disabled\n")
+    fake = FakeSlurm(scontrol=FORGOT, sacct=disabled)
+    with pytest.raises(RuntimeFailure, match="^Slurm no longer knows job 12 and accounting has no record "
+                                             "of it \\(sacct: Slurm accounting storage is disabled\\)"):
         slurm.status("slurm://12", runner=fake)
+    empty = (0, json.dumps({"jobs": [], "errors": [], "warnings": []}), "")
+    with pytest.raises(RuntimeFailure, match="no longer knows job 12 and accounting has no record of it:"):
+        slurm.describe("slurm://12", runner=FakeSlurm(scontrol=FORGOT, sacct=empty))
 
 
 def test_handles_are_checked():

@@ -63,6 +63,13 @@ def test_the_scheduler_words_win_for_what_only_it_knows():
     pending = state_cause("PENDING (not scheduled: Unschedulable: 0/2 nodes are available: 2 Insufficient nvidia.com/gpu.)")
     assert pending.category == "unschedulable"
     assert state_cause("PENDING (Slurm reason: Resources)").category == "queued"
+    # how sacct says a forgotten job ended (deploy/slurm/submit.py _describe_ended)
+    assert state_cause("FAILED (killed by signal 9 (SIGKILL); nodes: n1)").category == "killed"
+    assert state_cause("FAILED (exit code 1; nodes: n1)").category == "exception"
+    assert explain("FAILED (exit code 1; nodes: n1)", "")[0] == "exception: exit code 1; nodes: n1"
+    # an exit code alone does not outrank the log, which names the exception
+    assert explain("FAILED (exit code 1)", "ValueError: bad\nE1 failed (exitcode: 1) local_rank: 1 (pid: 9) of binary: p")[0] \
+        == "exception: ValueError: bad (exit 1)"
     assert state_cause("RUNNING (1 of 2 pods waiting: ImagePullBackOff: Back-off pulling image)").category == "image"
     # a log that shows why, under a plain FAILED: the log names it
     assert explain("FAILED", "Traceback...\nValueError: bad\nE1202 x] failed (exitcode: 1) local_rank: 1 (pid: 9) of binary: p")[0] \

@@ -3,7 +3,8 @@
 `submit` pipes the rendered script into `sbatch --parsable` (default), or hands submitit the
 same SbatchRequest (`--via submitit`, deploy/slurm/submitit.py). `status` reads
 `scontrol show job` (Slurm keeps a finished job there for MinJobAge, 5 minutes by default) and
-falls back to `sacct` when the cluster has accounting. `logs` reads the job's output file
+falls back to `sacct` when the cluster has accounting (deploy/slurm/sacct.py: `--json` where
+sacct has it, else `-P`). `logs` reads the job's output file
 named by Slurm itself (StdOut), so it works for both ways of submitting.
 
 Every Slurm command goes through `runner` (default `subprocess.run`), so unit tests can swap in
@@ -27,6 +28,7 @@ from deploy.kube import TERMINAL_STATES
 from deploy.logs import LineWriter, Query, attempt_text, pick_tagged
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, last_record, tail_of_file
+from deploy.slurm import sacct
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -186,21 +188,37 @@ def status(handle: str, *, runner: Runner = subprocess.run) -> str:
     info = show_job(handle, runner=runner)
     if info is not None:
         return _state(info)
-    jobid = job_id(handle)
-    proc = _run(runner, ["sacct", "-n", "-X", "-P", "-o", "State", "-j", jobid], check=False)
-    raw = proc.stdout.strip().splitlines()[-1].split()[0] if proc.returncode == 0 and proc.stdout.strip() else ""
-    if not raw:
-        raise RuntimeFailure(f"Slurm no longer knows job {jobid} (and the cluster keeps no "
-                             "accounting): look in the job's log directory")
-    return STATES.get(raw.rstrip("+"), "FAILED")
+    job = accounted(handle, runner=runner)
+    return _shared(job.state, job.restarts)
 
 
 def _state(info: dict[str, str]) -> str:
     raw = info.get("JobState", "")
-    state = STATES.get(raw.split()[0].rstrip("+"), "FAILED") if raw else "PENDING"
-    if state == "PENDING" and int(info.get("Restarts", "0") or 0) > 0:
-        return "RESTARTING"
-    return state
+    return _shared(raw.split()[0].rstrip("+") if raw else "", int(info.get("Restarts", "0") or 0))
+
+
+def _shared(raw: str, restarts: int) -> str:
+    """Slurm's state word in the shared vocabulary; a pending job started before is RESTARTING."""
+    state = STATES.get(raw, "FAILED") if raw else "PENDING"
+    return "RESTARTING" if state == "PENDING" and restarts > 0 else state
+
+
+def accounted(handle: str, *, runner: Runner = subprocess.run) -> sacct.Ended:
+    """What accounting kept of a job slurmctld no longer knows: `sacct --json`, or `sacct -P`
+    where this sacct has no JSON (deploy/slurm/sacct.py reads both)."""
+    jobid = job_id(handle)
+    proc = _run(runner, ["sacct", "--json", "-j", jobid], check=False)
+    try:
+        job = sacct.from_json(proc.stdout if proc.returncode == 0 else "", jobid)
+    except sacct.NotJson:  # a sacct without --json (or one that refused): the parsable form
+        proc = _run(runner, ["sacct", "-n", "-P", "-o", ",".join(sacct.PARSABLE_FIELDS), "-j", jobid],
+                    check=False)
+        job = sacct.from_parsable(proc.stdout, jobid) if proc.returncode == 0 else None
+    if job is None:
+        said = f" (sacct: {_last_line(proc.stderr)})" if proc.returncode != 0 else ""
+        raise RuntimeFailure(f"Slurm no longer knows job {jobid} and accounting has no record of "
+                             f"it{said}: look in the job's log directory")
+    return job
 
 
 #: Why Slurm ended a job, for states that say more than FAILED.
@@ -220,7 +238,7 @@ def describe(handle: str, *, runner: Runner = subprocess.run) -> str:
     than that state, e.g. `FAILED (NODE_FAIL: a node of the job stopped responding ...; not
     requeued: the job is not requeueable (restarts: 0))`."""
     info = show_job(handle, runner=runner)
-    return status(handle, runner=runner) if info is None else _describe(info)
+    return _describe_ended(accounted(handle, runner=runner)) if info is None else _describe(info)
 
 
 def _describe(info: dict[str, str]) -> str:
@@ -237,6 +255,49 @@ def _describe(info: dict[str, str]) -> str:
     if state == "RESTARTING":
         notes.append(f"restart {info.get('Restarts', '?')}")
     return f"{state} ({'; '.join(notes)})" if notes else state
+
+
+def _describe_ended(job: sacct.Ended) -> str:
+    """The same line for a job only accounting still knows: the state's reason, who cancelled
+    it, how its script or a step ended (`exit code N`, `killed by signal N (SIGNAME)`), the
+    time it ran against its limit, its restarts and nodes."""
+    state = _shared(job.state, job.restarts)
+    notes = []
+    if job.state in _ENDED_BECAUSE:
+        notes.append(f"{job.state}: {_ENDED_BECAUSE[job.state]}")
+    elif job.reason:
+        notes.append(f"Slurm reason: {job.reason}")
+    if job.state == "CANCELLED" and job.cancelled_by:
+        notes.append(f"cancelled by {job.cancelled_by}")
+    if job.state == "FAILED":
+        notes.append(_ended_how(job))
+    if job.state == "TIMEOUT" and job.elapsed_s is not None and job.limit_s:
+        notes.append(f"ran {job.elapsed_s} s of its {job.limit_s} s limit")
+    if job.restarts:
+        notes.append(f"restarts: {job.restarts}")
+    if job.failed_node:
+        notes.append(f"failed node: {job.failed_node}")
+    if job.nodes and state in TERMINAL:
+        notes.append(f"nodes: {job.nodes}")
+    return f"{state} ({'; '.join(n for n in notes if n)})" if any(notes) else state
+
+
+def _ended_how(job: sacct.Ended) -> str:
+    """`exit code 1`, or `killed by signal 9 (SIGKILL)`, of the script or else of a step."""
+    step = job.killed_step()
+    if job.signal:
+        return f"killed by signal {job.signal} ({_signal_name(job.signal)})"
+    if job.exit_code:
+        return f"exit code {job.exit_code}"
+    if step is not None:
+        return f"step {step.id} killed by signal {step.signal} ({_signal_name(step.signal)})"
+    return ""
+
+
+def _signal_name(number: int) -> str:
+    from trainer.attempts import signal_name
+
+    return signal_name(-number) or "unknown"
 
 
 def log_path(handle: str, *, runner: Runner = subprocess.run) -> Path:
@@ -259,18 +320,19 @@ def report(handle: str, *, runner: Runner = subprocess.run) -> Report:
     and how long the job waited in the queue (StartTime - SubmitTime)."""
     info = show_job(handle, runner=runner)
     if info is None:
-        return Report(status(handle, runner=runner))
+        return Report(_describe_ended(accounted(handle, runner=runner)))
     record = last_record(tail_of_file(_log_path(info))) if info.get("StdOut") else None
     return Report(_describe(info), record, _waited(info))
 
 
 def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
-    """`ddpkit why`: Slurm's state and reason, and the job's output file (deploy/why.py)."""
+    """`ddpkit why`: Slurm's state and reason (accounting's, once slurmctld forgot the job), and
+    the job's output file (deploy/why.py)."""
     from deploy.why import explain
 
     info = show_job(handle, runner=runner)
     if info is None:
-        return explain(status(handle, runner=runner), "")
+        return explain(_describe_ended(accounted(handle, runner=runner)), "")
     text = tail_of_file(_log_path(info)) if info.get("StdOut") else ""
     return explain(_describe(info), text)
 
