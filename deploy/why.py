@@ -43,6 +43,7 @@ CATEGORIES = {
     "killed": "a rank was killed by a signal (SIGKILL: the OOM killer or kill -9)",
     "oom": "out of memory (the scheduler says so: OOMKilled, OUT_OF_MEMORY)",
     "config": "the job file or a setting was refused when the run started",
+    "rendezvous": "the ranks could not meet: the master's name or port (DNS, a port in use, a timeout)",
     "node-lost": "a node failed or was lost",
     "preempted": "preempted by the scheduler",
     "time-limit": "the job reached its time limit",
@@ -85,12 +86,20 @@ class Attempt:
     record: dict[str, Any] | None
 
 
-def attempts_of(run_dir: Path) -> list[Attempt]:
+def attempts_of(run_dir: Path, events: list[float]) -> list[Attempt]:
+    """The recorded attempts, and one more when something happened (`events`: times) after the
+    last one had ended: a start that failed before rank 0 wrote its record (a checkpoint refused
+    while resuming, a rendezvous that never formed)."""
     out = []
     for path in attempt_files(run_dir):
         record = read_record(path)
         if record and "started" in record:
             out.append(Attempt(int(record.get("attempt", len(out))), float(record["started"]), record))
+    last = out[-1].record if out else None
+    if last and last.get("state") != "running":
+        later = [t for t in events if t > float(last.get("updated", 0.0))]
+        if later:
+            out.append(Attempt(out[-1].number + 1, min(later), None))
     return out
 
 
@@ -105,19 +114,42 @@ def attempt_at(attempts: list[Attempt], t: float) -> int | None:
 
 def run_dir_causes(run_dir: Path) -> list[Cause]:
     """One cause per attempt, oldest first, from the run directory's records."""
-    attempts = attempts_of(run_dir)
     verdicts = read_verdicts(run_dir)
     errors = read_records(run_dir / ATTEMPTS_DIR / ERRORS_DIR)
-    failures = [dict(f, host=launch["host"]) for launch in read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR)
-                for f in launch.get("failures", [])]
+    launches = read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR)
+    failures = [dict(f, host=launch["host"]) for launch in launches for f in launch.get("failures", [])]
+    attempts = attempts_of(run_dir, [e["time"] for e in errors] + [f["time"] for f in failures]
+                           + [x["started"] for x in launches if x.get("refused") or x.get("torchrun_exit")])
     numbers = [a.number for a in attempts] or [0]
     causes = []
     for n in numbers:
         mine_errors = [e for e in errors if (attempt_at(attempts, e["time"]) or 0) == n]
         mine_failures = [f for f in failures if (attempt_at(attempts, f["time"]) or 0) == n]
         record = next((a.record for a in attempts if a.number == n), None)
-        causes.append(attempt_cause(n, record, verdicts.get(n), mine_errors, mine_failures))
+        cause = attempt_cause(n, record, verdicts.get(n), mine_errors, mine_failures)
+        if cause.category == "failed":  # nothing from the workers: what the launchers saw
+            mine = [x for x in launches if (attempt_at(attempts, x.get("ended", 0.0)) or 0) == n]
+            cause = launch_cause(mine, n) or cause
+        causes.append(cause)
     return causes
+
+
+def launch_cause(launches: list[dict[str, Any]], n: int) -> Cause | None:
+    """Why an attempt ended when no worker said: a launcher that refused to start (the job's
+    settings, the master never answered), or torchrun ending with no worker failed (its
+    rendezvous): the launcher's words, or its last lines read as a log."""
+    for x in launches:
+        if x.get("refused"):
+            category = "config" if x.get("exit") == EXIT_BAD_CONFIG else "rendezvous"
+            return Cause(category, x["refused"], node=x.get("host"), attempt=n)
+    for x in launches:
+        if x.get("torchrun_exit") not in (None, 0):
+            tail = "\n".join(x.get("tail") or [])
+            cause = log_cause(tail) or Cause("failed", f"torchrun exit {x['torchrun_exit']}: "
+                                             f"{next((t for t in reversed(x.get('tail') or []) if t.strip()), '')}")
+            cause.node, cause.attempt = cause.node or x.get("host"), n
+            return cause
+    return None
 
 
 def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any] | None,
@@ -178,6 +210,11 @@ def failure_cause(f: dict[str, Any], n: int | None) -> Cause:
 _HANG = re.compile(r"ddpkit-hang (\{.*\})")
 _EXCEPTION = re.compile(r"^(?:\[\w+\d+\]:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.+)$")
 _BAD_CONFIG = re.compile(r"(bad job file.*|train\.[\w.]+: .+|script .+: no such file.*)")
+#: The rendezvous failing in torch's, c10d's and the launcher's words: a port in use, a name
+#: that does not resolve, a master that never answered.
+_RENDEZVOUS = re.compile(r"EADDRINUSE|[Aa]ddress already in use|Name or service not known|"
+                         r"Temporary failure in name resolution|nodename nor servname|"
+                         r"RendezvousTimeoutError|RendezvousConnectionError|master .* did not (answer|resolve)")
 
 
 def _untagged(line: str) -> tuple[str, int | None, int | None]:
@@ -218,6 +255,10 @@ def log_cause(text: str) -> Cause | None:
         found = _BAD_CONFIG.search(line)
         if found:
             return Cause("config", found.group(1).strip())
+    for line in lines:
+        found = _RENDEZVOUS.search(line)
+        if found:
+            return Cause("rendezvous", line.strip()[:500])
     return None
 
 

@@ -19,7 +19,7 @@ import yaml
 from deploy.slurm.submit import _describe, parse_scontrol
 from deploy.why import CATEGORIES, explain, log_cause, state_cause
 from tests.conftest import cli
-from tests.trainer_util import REPO, free_port, launch_env
+from tests.trainer_util import REPO, free_port, launch_env, run
 
 WORKER = """
 import os, signal, time
@@ -126,3 +126,39 @@ def test_a_run_that_recovered_says_completed_and_keeps_the_failed_attempt(tmp_pa
                            marker=str(tmp_path / "killed-once")))
     assert lines[0].startswith("completed: attempt 1: step 16/16"), lines
     assert any(line.strip().startswith("attempt 0: killed: rank 1 on") for line in lines), lines
+
+
+def launch(tmp: Path, job: dict, nproc: int, **env: str) -> subprocess.CompletedProcess:
+    """`python -m trainer.launch` of `job` (what every target starts), as the tests' runs do."""
+    path = tmp / f"{job['name']}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return run(path, tmp, nproc=nproc, **env)
+
+
+@pytest.mark.slow
+def test_a_launch_that_never_trains_says_why(tmp_path):
+    """What the launcher refuses or torchrun cannot start: a missing script (config), the
+    master's port taken by another process (rendezvous), and a resume at another world size
+    (config: the checkpoint's refusal, in an attempt that wrote no progress record)."""
+    host = socket.gethostname()
+    launch(tmp_path, {"name": "noscript", "script": "nope.py"}, 1)
+    [line] = why(tmp_path / "runs" / "noscript")
+    assert line.startswith(f"config: on {host}, attempt 0: script nope.py: no such file"), line
+
+    train = {"model": "cnn", "max_steps": 6, "epochs": 1, "batch_size": 32, "threads": 1,
+             "eval_every_epochs": 0, "plot": False}
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    with taken:
+        launch(tmp_path, {"name": "port", "train": train}, 2, DDPKIT_MASTER_PORT=str(taken.getsockname()[1]))
+    line = why(tmp_path / "runs" / "port")[0]
+    assert line.startswith(f"rendezvous: on {host}, attempt 0: ") and "EADDRINUSE" in line, line
+
+    job = {"name": "resized", "train": train, "checkpoint": {"every_steps": 3, "keep": 2}}
+    assert launch(tmp_path, job, 2, DDPKIT_STOP_AT_STEP="3").returncode == 143
+    launch(tmp_path, job, 1)
+    lines = why(tmp_path / "runs" / "resized")
+    assert lines[0].startswith("config: rank 0 on") and "attempt 1: ConfigError: checkpoint" in lines[0], lines
+    assert "was written by 2 ranks, this run has 1" in lines[0]
+    assert lines[1].startswith("  attempt 0: stopped: attempt 0: after the checkpoint of step"), lines

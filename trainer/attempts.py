@@ -95,14 +95,16 @@ class LaunchRecord:
                                   "rank": self.node_rank * self.nproc + local, "exitcode": code,
                                   "signal": signal_name(code), "pid": int(found.group(3))})
 
-    def write(self, torchrun_exit: int, exit_code: int) -> Path | None:
+    def write(self, torchrun_exit: int | None, exit_code: int, refused: str | None = None) -> Path | None:
+        """The record; `refused`: why the launcher itself ended before torchrun (or its
+        workers) ran, in its own words (torchrun_exit None)."""
         if self.run_dir is None:
             return None
         path = self.run_dir / ATTEMPTS_DIR / LAUNCH_DIR / f"{socket.gethostname()}-{os.getpid()}.json"
         record = {"host": socket.gethostname(), "pid": os.getpid(), "node_rank": self.node_rank,
                   "nproc": self.nproc, "started": self.started, "ended": time.time(),
                   "torchrun_exit": torchrun_exit, "exit": exit_code, "failures": self.failures,
-                  "tail": list(self.tail)}
+                  "tail": list(self.tail), **({"refused": refused} if refused else {})}
         try:
             write_json(path, record)
         except OSError:

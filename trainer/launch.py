@@ -57,6 +57,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from trainer import attempts, contract
 from trainer.config import TRAINER_ENTRY
@@ -828,15 +829,14 @@ def main() -> int:
         log(str(e))
         return EXIT_BAD_CONFIG
     if job.script is not None and not os.path.isfile(job.script):
-        log(f"script {job.script}: no such file in {os.getcwd()}; the image, a volume or the working "
-            "directory must hold it on every node (a relative path is relative to the working directory)")
-        return EXIT_BAD_CONFIG
+        return refuse(job, log, f"script {job.script}: no such file in {os.getcwd()}; the image, a "
+                      "volume or the working directory must hold it on every node (a relative path "
+                      "is relative to the working directory)")
     try:
         plan = plan_launch(env, run_id=job.run_id, timeout_s=job.timeout_s, entry=job.entry,
                            torchrun_args=job.torchrun_args, cpus=node_cpus(job))
     except LaunchError as e:
-        log(str(e))
-        return EXIT_BAD_CONFIG
+        return refuse(job, log, str(e))
     relay_pid = None
     tagged = plan.context in TAGGED_CONTEXTS or env.get(contract.LINE_TAGS_VAR) == "1"
     if tagged and plan.node_rank is not None and plan.mode != "direct":
@@ -851,6 +851,19 @@ def main() -> int:
             end_relay(relay_pid)
 
 
+def run_dir_of(job: JobSettings) -> Path | None:
+    """The trainer's run directory (trainer/attempts.py), where the job file names one."""
+    return attempts.run_directory(job.output_dir, job.run_id) if job.output_dir and job.run_id else None
+
+
+def refuse(job: JobSettings, log: Callable[[str], None], why: str, code: int = EXIT_BAD_CONFIG,
+           node_rank: int = 0) -> int:
+    """The launcher ends before torchrun ran: says why, and leaves it for `ddpkit why`."""
+    log(why)
+    attempts.LaunchRecord(run_dir_of(job), node_rank, 1).write(None, code, refused=why)
+    return code
+
+
 def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
     """Wait for the master where the plan says so, then run torchrun (supervised) or exec."""
     # Until torchrun or the trainer owns the signals: a stop while waiting is a retryable exit
@@ -862,14 +875,12 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
         try:
             took = wait_for_master(*plan.wait_for, timeout_s=job.timeout_s, log=log)
         except LaunchError as e:
-            log(str(e))
-            return EXIT_FAILURE
+            return refuse(job, log, str(e), EXIT_FAILURE, plan.node_rank or 0)
         if job.preflight or job.entry == PREFLIGHT:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
-        run_dir = attempts.run_directory(job.output_dir, job.run_id) if job.output_dir and job.run_id else None
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
-        return supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir, plan.node_rank or 0, nproc))
+        return supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc))
     sys.stdout.flush()
     os.execve(plan.argv[0], plan.argv, plan.env)
     return EXIT_FAILURE  # not reached
