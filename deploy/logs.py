@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
-from deploy.errors import UserError
+from deploy.errors import RuntimeFailure, UserError
 from trainer.contract import line_worker_rank, node_line_tag, read_node_line_tag
 
 Pick = Callable[[str], "str | None"]
@@ -139,3 +141,36 @@ class LineWriter:
                 with self.lock:
                     self.out.write(text)
                     self.out.flush()
+
+
+def print_file(path: Path, lines: LineWriter, query: Query, *, follow: bool, ended: Callable[[], bool],
+               poll_s: float, missing: str) -> int:
+    """What `query` asks of a file one job appends to (a Slurm job's output file, a local run's
+    output.log): an earlier start's part (`--attempt`, `--previous`), or the file as it is and,
+    with `follow`, what it gains until `ended()`, then the rest. `missing`: the error when the
+    file is not there (yet)."""
+    if query.attempt is not None or query.previous:  # an earlier start: it has ended
+        if not path.exists():
+            raise RuntimeFailure(missing)
+        lines.write(attempt_text(path.read_text(encoding="utf-8", errors="replace"), query, str(path)))
+        lines.close()
+        return 0
+    position = 0
+    while True:
+        if path.exists():
+            position = _write_from(path, position, lines)
+        elif not follow:
+            raise RuntimeFailure(missing)
+        if not follow or ended():
+            if follow and path.exists():  # what was written after the last read
+                _write_from(path, position, lines)
+            lines.close()
+            return 0
+        time.sleep(poll_s)
+
+
+def _write_from(path: Path, position: int, lines: LineWriter) -> int:
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        fh.seek(position)
+        lines.write(fh.read())
+        return fh.tell()

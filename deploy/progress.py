@@ -179,32 +179,16 @@ class RunDir:
         RUN_DIR/output.log, tagged as a Slurm node's lines are; with `follow`, until the run ends."""
         import sys
 
-        from deploy.logs import LineWriter, Query, attempt_text, pick_tagged
+        from deploy.logs import LineWriter, Query, pick_tagged, print_file
 
         path = self.path / "output.log"
         if not path.exists():
             raise UserError(f"{self.path}: no output.log: `ddpkit run --local` keeps the trainer's "
                             "output there (a run by another command, or of a `script:`, printed it only)")
         query = query or Query()
-        lines = LineWriter(out or sys.stdout, pick_tagged(query))
-        if query.attempt is not None or query.previous:  # an earlier `ddpkit run --local`
-            lines.write(attempt_text(path.read_text(encoding="utf-8", errors="replace"), query, str(path)))
-            lines.close()
-            return 0
-        position = 0
-        while True:
-            with path.open("r", encoding="utf-8", errors="replace") as fh:
-                fh.seek(position)
-                lines.write(fh.read())
-                position = fh.tell()
-            if not follow or self.describe(handle).split()[0] in ("SUCCEEDED", "FAILED", "CANCELLED"):
-                if follow:
-                    with path.open("r", encoding="utf-8", errors="replace") as fh:
-                        fh.seek(position)
-                        lines.write(fh.read())
-                lines.close()
-                return 0
-            time.sleep(poll_s)
+        return print_file(path, LineWriter(out or sys.stdout, pick_tagged(query)), query, follow=follow,
+                          poll_s=poll_s, missing=f"{path}: not there",
+                          ended=lambda: self.describe(handle).split()[0] in ("SUCCEEDED", "FAILED", "CANCELLED"))
 
     def cancel(self, handle: str, **_: Any) -> None:
         pid = (newest_attempt(self.path) or {}).get("agent_pid")

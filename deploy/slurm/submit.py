@@ -25,7 +25,7 @@ from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import TERMINAL_STATES
-from deploy.logs import LineWriter, Query, attempt_text, pick_tagged
+from deploy.logs import LineWriter, Query, pick_tagged, print_file
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, last_record, tail_of_file
 from deploy.slurm import sacct
@@ -367,30 +367,9 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
     out = out or sys.stdout
     path = log_path(handle, runner=runner)
     lines = LineWriter(out, pick_tagged(query))
-    if query.attempt is not None or query.previous:  # an earlier start: it has ended
-        if not path.exists():
-            raise RuntimeFailure(f"{path} does not exist (is the job still pending?)")
-        lines.write(attempt_text(path.read_text(encoding="utf-8", errors="replace"), query, str(path)))
-        lines.close()
-        return 0
-    position = 0
-    while True:
-        if path.exists():
-            with path.open("r", encoding="utf-8", errors="replace") as fh:
-                fh.seek(position)
-                chunk = fh.read()
-                position = fh.tell()
-            lines.write(chunk)
-        elif not follow:
-            raise RuntimeFailure(f"{path} does not exist yet (is the job still pending?)")
-        if not follow or status(handle, runner=runner) in TERMINAL:
-            if follow and path.exists():  # what was written after the last read
-                with path.open("r", encoding="utf-8", errors="replace") as fh:
-                    fh.seek(position)
-                    lines.write(fh.read())
-            lines.close()
-            return 0
-        time.sleep(poll_s)
+    return print_file(path, lines, query, follow=follow, poll_s=poll_s,
+                      ended=lambda: status(handle, runner=runner) in TERMINAL,
+                      missing=f"{path} does not exist yet (is the job still pending?)")
 
 
 def cancel(handle: str, *, runner: Runner = subprocess.run, wait_s: float = 30.0) -> None:
