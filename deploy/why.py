@@ -86,10 +86,11 @@ class Attempt:
     record: dict[str, Any] | None
 
 
-def attempts_of(run_dir: Path, events: list[float]) -> list[Attempt]:
-    """The recorded attempts, and one more when something happened (`events`: times) after the
-    last one had ended: a start that failed before rank 0 wrote its record (a checkpoint refused
-    while resuming, a rendezvous that never formed)."""
+def attempts_of(run_dir: Path, launches: list[float]) -> list[Attempt]:
+    """The recorded attempts, and one more when a node's launcher started (`launches`: times)
+    after the last one had ended: a start that failed before rank 0 wrote its record (a
+    checkpoint refused while resuming, a rendezvous that never formed). The same launcher's
+    teardown after a failure belongs to the attempt that failed."""
     out = []
     for path in attempt_files(run_dir):
         record = read_record(path)
@@ -97,7 +98,7 @@ def attempts_of(run_dir: Path, events: list[float]) -> list[Attempt]:
             out.append(Attempt(int(record.get("attempt", len(out))), float(record["started"]), record))
     last = out[-1].record if out else None
     if last and last.get("state") != "running":
-        later = [t for t in events if t > float(last.get("updated", 0.0))]
+        later = [t for t in launches if t > float(last.get("updated", 0.0))]
         if later:
             out.append(Attempt(out[-1].number + 1, min(later), None))
     return out
@@ -118,8 +119,7 @@ def run_dir_causes(run_dir: Path) -> list[Cause]:
     errors = read_records(run_dir / ATTEMPTS_DIR / ERRORS_DIR)
     launches = read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR)
     failures = [dict(f, host=launch["host"]) for launch in launches for f in launch.get("failures", [])]
-    attempts = attempts_of(run_dir, [e["time"] for e in errors] + [f["time"] for f in failures]
-                           + [x["started"] for x in launches if x.get("refused") or x.get("torchrun_exit")])
+    attempts = attempts_of(run_dir, [x["started"] for x in launches])
     numbers = [a.number for a in attempts] or [0]
     causes = []
     for n in numbers:
@@ -127,7 +127,7 @@ def run_dir_causes(run_dir: Path) -> list[Cause]:
         mine_failures = [f for f in failures if (attempt_at(attempts, f["time"]) or 0) == n]
         record = next((a.record for a in attempts if a.number == n), None)
         cause = attempt_cause(n, record, verdicts.get(n), mine_errors, mine_failures)
-        if cause.category == "failed":  # nothing from the workers: what the launchers saw
+        if cause.category == "failed" and not (mine_errors or mine_failures):  # no worker said: the launchers
             mine = [x for x in launches if (attempt_at(attempts, x.get("ended", 0.0)) or 0) == n]
             cause = launch_cause(mine, n) or cause
         causes.append(cause)
@@ -170,15 +170,15 @@ def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any]
              or next((f for f in ended if f.get("rank") not in said), None))  # ended without a word
     if first is not None:
         return failure_cause(first, n)
+    state = (record or {}).get("state")
+    if state == "completed":
+        return Cause("completed", f"step {record.get('step')}/{record.get('total_steps')}", attempt=n)
+    if state == "stopped":  # the workers' stop exits (143 after SIGTERM) are no failure
+        return Cause("stopped", f"after the checkpoint of step {record.get('step')}", attempt=n)
     if errors:
         return exception_cause(errors[0], n)
     if failures:
         return failure_cause(failures[0], n)
-    state = (record or {}).get("state")
-    if state == "completed":
-        return Cause("completed", f"step {record.get('step')}/{record.get('total_steps')}", attempt=n)
-    if state == "stopped":
-        return Cause("stopped", f"after the checkpoint of step {record.get('step')}", attempt=n)
     if state == "running":
         return Cause("running", f"at step {record.get('step')}/{record.get('total_steps')}", attempt=n)
     return Cause("failed", f"attempt record says {state!r}, and no worker failure was recorded", attempt=n)
