@@ -238,17 +238,22 @@ def log_cause(text: str) -> Cause | None:
             except ValueError:
                 continue
             return Cause("hang", verdict.get("explain", ""), (verdict.get("culprits") or [None])[0])
-    for i, line in enumerate(lines):
-        found = FAILED_WORKER.search(line)
-        if not found:
-            continue
-        code = int(found.group(1))
-        at = next((j for j in range(i - 1, -1, -1) if _EXCEPTION.match(lines[j])), None)
-        if at is not None and not signal_name(code):
-            m, (_, node, rank) = _EXCEPTION.match(lines[at]), tagged[at]
-            return Cause("exception", f"{m.group(1)}: {m.group(2)} (exit {code})", rank,
-                         f"node {node}" if node is not None else None)
-        cause = failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": int(found.group(2))}, None)
+    raised = [(j, m) for j, line in enumerate(lines) if (m := _EXCEPTION.match(line))]
+    failed = [(i, int(f.group(1)), int(f.group(2))) for i, line in enumerate(lines)
+              if (f := FAILED_WORKER.search(line))]
+    if failed:
+        # the rank's own exception first; a peer's "connection closed" is the consequence
+        own = [(j, m) for j, m in raised if not _PEER_GONE.search(m.group(0))]
+        killed = [f for f in failed if signal_name(f[1]) and signal_name(f[1]) not in _TERM]
+        if own or not killed:
+            j, m = (own or raised or [(None, None)])[0]
+            if m is not None:
+                code = next((c for i, c, _ in failed if i > j and tagged[i][1] == tagged[j][1]), None)
+                node, rank = tagged[j][1], tagged[j][2]
+                return Cause("exception", f"{m.group(1)}: {m.group(2)}" + (f" (exit {code})" if code is not None else ""),
+                             rank, f"node {node}" if node is not None else None)
+        i, code, local = (killed or failed)[0]
+        cause = failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": local}, None)
         cause.node = f"node {tagged[i][1]}" if tagged[i][1] is not None else None
         return cause
     for line in lines:

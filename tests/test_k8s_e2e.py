@@ -619,7 +619,7 @@ def test_restarts_survived_then_one_more_failure_fails_the_job(cluster, restart_
         assert "backoff limit" in failed["message"], failed
     if flavor == "job":
         assert obj["status"]["failedIndexes"] == "1", obj["status"]
-    if flavor in ("pytorchjob", "job"):  # their failed pods stay: the kubelet's words for node 1
+    if flavor == "job":  # its failed pods stay (pytorchjob's operator removes them): the kubelet's words
         why = ddpkit("why", handle, env=cluster).stdout.splitlines()
         assert why[0].startswith("failed: FAILED") and "[node rank 1: Error (exit 1)" in why[0], why
     if flavor == "jobset":

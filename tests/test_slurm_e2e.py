@@ -182,8 +182,9 @@ def test_quickstart_runs_on_two_nodes(cluster, jobs, tmp_path, launcher):
 
 def test_why_names_the_exception_and_its_node(cluster, jobs, tmp_path):
     """Rank 3 (node 1's second worker) raises at its 6th step, restarts: 0: `ddpkit why` reads
-    the job's output file (the exception, torchrun's failed worker, the node's line tag)."""
-    job = write_job(tmp_path / "faulty.yaml", restarts=0, train={
+    the job's output file (the exception, torchrun's failed worker, the node's line tag); node
+    0's ranks fail too, with gloo's "connection closed by peer": the consequence, not named."""
+    job = write_job(tmp_path / "faulty.yaml", restarts=0, slurm={"requeue": False}, train={
         "model": "tests.user_workloads:faulty", "model_args": {"rank": 3, "after": 5, "fault": "raise"},
         "max_steps": 40, "epochs": 10, "batch_size": 32, "threads": 1, "eval_every_epochs": 0, "plot": False})
     proc = ddpkit("submit", "slurm", str(job), cwd=tmp_path, env=cluster)
@@ -196,7 +197,8 @@ def test_why_names_the_exception_and_its_node(cluster, jobs, tmp_path):
     took = time.monotonic() - started
     first = why.stdout.splitlines()[0]
     print(f"why after {took:.1f}s: {first}")
-    assert first.startswith("exception: on node 1: ValueError: injected fault on rank 3 after 5 steps"), why.stdout
+    # torch prefixes the worker's traceback with [rank3]:, the launcher's tag carries it: rank and node
+    assert first.startswith("exception: rank 3 on node 1: ValueError: injected fault on rank 3 after 5 steps"), why.stdout
     assert took < 10
 
 
