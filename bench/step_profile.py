@@ -1,7 +1,7 @@
 """Where a training step's time goes at 1 and 2 ranks, and what DDP offers to hide communication.
 
 The step is the trainer's (`trainer/train.py`): the `cnn` workload and its data loader
-(`EpochBatches` + whole-batch `__getitems__`), channels-last, forward + cross-entropy, backward
+(`GlobalBatches` + whole-batch `__getitems__`), channels-last, forward + cross-entropy, backward
 under DDP, SGD step, LR scheduler, `zero_grad(set_to_none=True)` and the stop vote (a 1-element
 asynchronous all-reduce per step). Each phase is timed with `perf_counter` on every step
 (`data`, `forward`, `backward` = compute + the all-reduce time DDP could not hide, `optimizer`,
@@ -54,18 +54,17 @@ def free_port() -> int:
 def build(variant: str, world: int, threads: int):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch.utils.data import DataLoader, DistributedSampler
+    from torch.utils.data import DataLoader
 
     from trainer.config import TrainConfig
-    from trainer.data import EpochBatches, collate
+    from trainer.data import GlobalBatches, collate
     from trainer.models import build_workload
 
     cfg = TrainConfig(model="cnn", eval_every_epochs=0, threads=threads)
     w = build_workload(cfg)
     model = w.model.to(memory_format=torch.channels_last)
     rank = torch.distributed.get_rank() if world > 1 else 0
-    sampler = DistributedSampler(w.train_data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    batches = EpochBatches(sampler, cfg.batch_size)
+    batches = GlobalBatches(len(w.train_data), 0, rank, world, cfg.batch_size, 1)
     loader = DataLoader(w.train_data, batch_sampler=batches, collate_fn=collate, num_workers=0,
                         generator=torch.Generator().manual_seed(rank))
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)

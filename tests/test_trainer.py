@@ -99,6 +99,65 @@ def test_no_temporary_files_are_left_behind(tmp_path):
     assert checkpoint.finished_step(tmp_path) == 1
 
 
+# -- global batches: the data position at any world size ----------------------------------------
+
+
+@pytest.mark.parametrize(("n", "world", "batch"), [(512, 2, 16), (1000, 4, 8), (96, 3, 32)])
+def test_one_micro_batch_a_step_is_distributed_samplers_split(n, world, batch):
+    """With grad_accum 1 each rank's batches are those of torch's DistributedSampler (seed +
+    epoch, every world-th sample from rank r), epoch after epoch: the textbook loop's data."""
+    from torch.utils.data import DistributedSampler
+
+    from trainer.data import GlobalBatches
+
+    for rank in range(world):
+        ours = GlobalBatches(n, 7, rank, world, batch, 1)
+        theirs = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True, seed=7)
+        for epoch in (0, 3):
+            ours.start(epoch)
+            theirs.set_epoch(epoch)
+            want = list(theirs)
+            want = [want[i:i + batch] for i in range(0, len(want), batch)][:n // (batch * world)]
+            assert [list(b) for b in ours] == want
+
+
+@pytest.mark.parametrize(("world", "micro", "accum"), [(2, 16, 1), (1, 16, 2), (4, 8, 1), (8, 2, 2), (1, 32, 1)])
+def test_every_layout_of_a_global_batch_trains_the_same_samples_each_step(world, micro, accum):
+    """Global batch 32 over any ranks x micro x accum: step k trains positions [32k, 32k+32) of
+    the epoch's order, each once; the same chunk (micro-batch) draws from the same seed."""
+    from trainer.data import GlobalBatches
+
+    ranks = [GlobalBatches(320, 1, r, world, micro, accum) for r in range(world)]
+    order = ranks[0].order().tolist()
+    per_rank = [[list(b) for b in g] for g in ranks]
+    for step in range(10):
+        trained = [i for r in range(world) for b in per_rank[r][step * accum:(step + 1) * accum] for i in b]
+        assert sorted(trained) == sorted(order[32 * step:32 * step + 32])
+    if micro == 16:  # chunks of 16: chunk 1 of each step is the same samples and seed, whoever trains it
+        # (rank 1 % world, as its micro-batch 1 // world of the step)
+        two = GlobalBatches(320, 1, 1, 2, 16, 1)  # rank 1 of 2: chunk 1 of each step
+        assert [list(b) for b in two][:3] == [per_rank[1 % world][(s * accum) + 1 // world] for s in range(3)]
+        assert two.seed_of(4) == ranks[1 % world].seed_of(4 * accum + 1 // world)
+
+
+@pytest.mark.parametrize(("global_batch", "world", "micro_max", "layout"), [
+    (128, 2, 64, (64, 1)), (128, 1, 64, (64, 2)), (128, 4, 64, (32, 1)), (128, 8, 16, (16, 1)),
+    (256, 2, 48, (32, 4)), (96, 3, 64, (32, 1)), (96, 4, 7, (6, 4)),
+])
+def test_a_global_batch_is_laid_out_with_the_largest_micro_batch_that_fits(global_batch, world, micro_max, layout):
+    from trainer.data import layout_for
+
+    micro, accum = layout_for(global_batch, world, micro_max)
+    assert (micro, accum) == layout and world * micro * accum == global_batch and micro <= micro_max
+
+
+def test_a_global_batch_that_does_not_split_over_the_ranks_has_no_layout():
+    from trainer.data import layout_for
+
+    with pytest.raises(ValueError, match="128 samples does not split evenly over 3 ranks"):
+        layout_for(128, 3, 64)
+
+
 # -- real runs: 2 ranks, gloo ------------------------------------------------------------
 
 

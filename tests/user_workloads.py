@@ -191,3 +191,33 @@ def faulty(cfg) -> Workload:
     x, y = _blobs(2048)
     torch.manual_seed(0)
     return Workload(_Faulty(cfg.model_args), TensorDataset(x, y))
+
+
+class Recorded(Dataset):
+    """`n` blobs; every fetch appends its indices to `ids_dir/<pid>.txt` (one batch a line),
+    so a test can count which samples a run, and each attempt of it, trained on."""
+
+    def __init__(self, n: int, ids_dir: str):
+        self.x, self.y = _blobs(n)
+        self.ids_dir = ids_dir
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices):
+        import os
+
+        with open(os.path.join(self.ids_dir, f"{os.getpid()}.txt"), "a") as f:
+            f.write(" ".join(map(str, indices)) + "\n")
+        return [self[i] for i in indices]
+
+
+def recorded(cfg) -> Workload:
+    """`model_args`: `samples`, `ids_dir`, `dropout` (the probability; random draws in forward)."""
+    args = cfg.model_args
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(float(args.get("dropout", 0.0))), nn.Linear(32, 2))
+    return Workload(model, Recorded(int(args["samples"]), str(args["ids_dir"])))

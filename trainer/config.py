@@ -196,11 +196,15 @@ class TrainConfig(BaseModel):
     max_steps: int | None = Field(
         None, ge=1, description="Stop after this many optimizer steps (all epochs together)."
     )
-    batch_size: int = Field(64, ge=1, le=1_000_000, description="Samples per rank per step.")
+    batch_size: int = Field(64, ge=1, le=1_000_000, description="Samples per rank per micro-batch "
+                            "(per step without grad_accum). The global batch is ranks x batch_size x "
+                            "grad_accum; a run resumed on another number of ranks keeps it, with "
+                            "micro-batches of at most this size.")
     grad_accum: int = Field(
         1, ge=1, le=10_000,
         description="Micro-batches of `batch_size` per optimizer step (gradients are "
-        "all-reduced once per step). Leftover micro-batches at the end of an epoch are skipped.",
+        "all-reduced once per step). An epoch is the data set's size // the global batch "
+        "steps; the samples left over are skipped.",
     )
     lr: float = Field(0.01, gt=0, le=10, description="Learning rate.")
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="Optimizer: `sgd` or `adamw`.")

@@ -1,4 +1,4 @@
-"""Built-in synthetic data sets, the per-epoch batch sampler that makes resume exact, and the
+"""Built-in synthetic data sets, the global batch sampler that makes resume exact at any world size, and the
 batch plumbing for user workloads (iterable data sets, dict batches, models with their own loss)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import Dataset, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
 CNN_TRAIN_SAMPLES = 16384
@@ -82,40 +82,95 @@ def synthetic_tokens(
     return TensorPairs(x[:samples], y[:samples]), TensorPairs(x[samples:], y[samples:])
 
 
-class EpochBatches:
-    """Batch sampler over one rank's `DistributedSampler` shard, able to skip a prefix.
+class GlobalBatches:
+    """This rank's micro-batches of an epoch, cut from one global order of the data set.
 
-    `start(epoch, skip)` selects the epoch (the sampler's shuffle seed) and how many batches
-    of it were already consumed before a checkpoint; iterating then yields the remaining
-    batches, so a resumed run sees exactly the batches an uninterrupted run would have.
-    The last batch of an epoch may be short, as with a DataLoader's `drop_last=False`.
+    The order of epoch e is the permutation `DistributedSampler` draws (`randperm(n)` from a
+    generator seeded `seed + e`). Optimizer step k of the epoch trains on its positions
+    `[k*G, (k+1)*G)`, G = `global_batch`, whatever the world size. A step's G positions are
+    dealt into `chunks = G / micro` chunks, interleaved (chunk c holds step positions c,
+    c + chunks, c + 2*chunks, ...), and rank r of W trains chunks r, r + W, r + 2W, ... as its
+    micro-batches 0, 1, 2, ... With one micro-batch per step that is DistributedSampler's split
+    exactly (rank r takes every W-th sample from r), so the trainer still equals the textbook
+    loop. The data position is the step within the epoch (a global sample cursor of k x G):
+    a run resumed on another number of ranks that keeps G trains on the same samples in every
+    step, and one that also keeps `micro` on the same chunks. An epoch is `n // G` steps; the
+    samples left over (fewer than G) are skipped, like `drop_last`.
     """
 
-    def __init__(self, sampler: DistributedSampler, batch_size: int):
-        self.sampler, self.batch_size = sampler, batch_size
-        self.skip = 0
+    def __init__(self, samples: int, seed: int, rank: int, world: int, micro: int, accum: int):
+        self.samples, self.seed, self.rank, self.world = samples, seed, rank, world
+        self.micro, self.accum = micro, accum
+        self.global_batch = world * micro * accum
+        self.chunks = world * accum
+        self.epoch, self.skip = 0, 0
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps in an epoch."""
+        return self.samples // self.global_batch
 
     def start(self, epoch: int, skip: int = 0) -> None:
-        self.sampler.set_epoch(epoch)
-        self.skip = skip
+        """Iterate epoch `epoch` from this rank's micro-batch `skip` on."""
+        self.epoch, self.skip = epoch, skip
 
-    def __len__(self) -> int:
-        return -(-len(self.sampler) // self.batch_size)
+    def __len__(self) -> int:  # this rank's micro-batches in a whole epoch
+        return self.steps * self.accum
+
+    def chunk(self, micro_index: int) -> tuple[int, int]:
+        """(step in the epoch, chunk of that step) of this rank's micro-batch `micro_index`."""
+        step, k = divmod(micro_index, self.accum)
+        return step, k * self.world + self.rank
+
+    def seed_of(self, micro_index: int, stream: int = 0) -> int:
+        """The seed random draws for this micro-batch start from: a function of (seed, epoch,
+        step, chunk), so the same chunk draws the same numbers at any world size. Stream 0
+        is for fetching its samples, 1 for its forward and backward."""
+        step, c = self.chunk(micro_index)
+        return (batch_seed(self.seed, self.epoch, step, c) + stream) % 2**63
+
+    def order(self) -> torch.Tensor:
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.samples, generator=g)
 
     def __iter__(self):
-        indices = list(self.sampler)
-        for b in range(self.skip, len(self)):
-            yield SeededIndices(indices[b * self.batch_size : (b + 1) * self.batch_size],
-                                batch_seed(self.sampler.seed, self.sampler.rank, self.sampler.epoch, b))
+        """The micro-batches' indices, each with its seed. The RNGs of the process iterating
+        (the training process) are seeded before each is handed out: a DataLoader without
+        workers fetches, and so augments, it next; workers seed themselves (WorkerSeeded)."""
+        order = self.order()
+        for m in range(self.skip, len(self)):
+            step, c = self.chunk(m)
+            first = step * self.global_batch
+            seed_everything(self.seed_of(m))
+            yield SeededIndices(order[first + c : first + self.global_batch : self.chunks].tolist(), self.seed_of(m))
 
 
-def batch_seed(seed: int, rank: int, epoch: int, index: int) -> int:
-    """A seed per (job seed, rank, epoch, batch or worker): the same on a resumed run."""
-    return (((seed * 1_000_003 + rank) * 1_000_003 + epoch) * 1_000_003 + index) % 2**63
+def layout_for(global_batch: int, world: int, micro_max: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) that trains `global_batch` samples a step on `world` ranks:
+    the largest micro-batch up to `micro_max` (the job's `batch_size`: what fits in memory)
+    that divides each rank's share, the fewest accumulation steps with it. ValueError when
+    `global_batch` does not split evenly over the ranks."""
+    if global_batch % world:
+        raise ValueError(f"a global batch of {global_batch} samples does not split evenly over {world} ranks")
+    share = global_batch // world
+    accum = next(a for a in range(1, share + 1) if share % a == 0 and share // a <= micro_max)
+    return share // accum, accum
+
+
+def batch_seed(seed: int, a: int, b: int, c: int) -> int:
+    """A seed per (job seed, a, b, c), e.g. (epoch, step, chunk) of a micro-batch or (rank,
+    epoch, worker) of an iterable shard's worker: the same on a resumed run."""
+    return (((seed * 1_000_003 + a) * 1_000_003 + b) * 1_000_003 + c) % 2**63
 
 
 def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)
+    """Seed torch (CPU, and the current CUDA device once CUDA is in use), `random` and numpy.
+    Called before every micro-batch, so it sets the generators directly: `torch.manual_seed`
+    also visits every accelerator backend (0.7 ms a call here, against 25 us for this)."""
+    torch.default_generator.manual_seed(seed)
+    if torch.cuda.is_initialized():
+        torch.cuda.default_generators[torch.cuda.current_device()].manual_seed(seed)
     random.seed(seed)
     try:
         import numpy as np
@@ -138,10 +193,11 @@ class SeededIndices(list):
 
 class WorkerSeeded(Dataset):
     """A map-style data set whose samples a DataLoader worker draws after seeding its RNGs with
-    the batch's seed: random augmentation in workers is then a function of (seed, rank,
-    epoch, batch), so a resumed run sees exactly the batches an uninterrupted one would,
-    whichever worker fetches them. In the main process (no workers) nothing is reseeded: the
-    global RNG state is in the checkpoint."""
+    the micro-batch's seed (`GlobalBatches.seed_of`): random augmentation in workers is then a
+    function of (seed, epoch, step, chunk), so a resumed run sees exactly the batches an
+    uninterrupted one would, whichever worker fetches them and at any world size that keeps
+    the micro-batch. The main process reseeds the same way before each micro-batch's
+    forward (`Trainer.forward_backward_step`)."""
 
     def __init__(self, data: Dataset):
         self.data = data

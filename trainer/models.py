@@ -29,7 +29,7 @@ class Workload:
     """What a workload function returns.
 
     Data: `train_data` (and `eval_data`) is a map-style `Dataset` (`len` and indexing; the
-    trainer shards it with a `DistributedSampler`) or an `IterableDataset` (the trainer gives
+    trainer deals each step's global batch over the ranks: `trainer.data.GlobalBatches`) or an `IterableDataset` (the trainer gives
     rank r of n, and worker w of m, every (n*m)-th sample; set `iterable_sharded=True` when
     yours already yields only its share; `train.max_steps` is then required). Batches are made
     by `collate_fn` (default: torch's `default_collate`) and may be a tensor, a tuple/list, or a

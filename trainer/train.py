@@ -1,9 +1,9 @@
 """The DDP training loop every target ends in (`python -m trainer.train`, one per rank).
 
-It computes what the textbook DDP loop computes (DistributedSampler + set_epoch, DDP,
+It computes what the textbook DDP loop computes (DistributedSampler's order and split, DDP,
 zero_grad/backward/step) and adds what a job needs: gradient accumulation with `no_sync`,
 clipping, bf16 autocast on CUDA, an LR schedule, evaluation reduced across ranks, exact
-resume from checkpoints, a graceful stop on SIGTERM/SIGUSR2/SIGINT, `metrics.jsonl` and a
+resume from checkpoints (at any world size the global batch splits over), a graceful stop on SIGTERM/SIGUSR2/SIGINT, `metrics.jsonl` and a
 plot in the run directory.
 
 Exit codes (`trainer.contract`, docs/CONTRACT.md): `EXIT_OK` (0) done (or FINISHED marker
@@ -228,18 +228,16 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
-def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: Path) -> str:
-    """Why a checkpoint of another world size is not resumed (one line).
-
-    The data position is saved per rank (each rank's shard of the sampler), the global batch is
-    ranks x batch_size x grad_accum and the LR schedule is laid out in steps of that batch: with
-    another rank count a resumed run would repeat or skip samples and stretch the schedule.
-    Refusing is honest; resuming exactly would need a global sample position.
-    """
+def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: Path, reason: str) -> str:
+    """Why a checkpoint of another world size is not resumed (one line). A run resumes on any
+    number of ranks that its global batch splits over (Trainer.adopt_global_batch); this says
+    which it cannot, and what to do."""
+    divisors = [n for n in range(1, min(state.get("global_batch") or 0, 64) + 1) if state["global_batch"] % n == 0]
+    fits = f"run with {state['world_size']} ranks" + (
+        f" (or any of {', '.join(map(str, divisors))})" if divisors and "evenly" in reason else "")
     return (f"checkpoint {path} (step {state['step']}) was written by {state['world_size']} ranks, this run "
-            f"has {world}: resuming would repeat or skip samples (the data position is per rank) and "
-            f"change the global batch and the LR schedule; run with {state['world_size']} ranks "
-            f"(nodes x processes per node), or start afresh with another checkpoint.dir (or delete {ckpt_dir})")
+            f"has {world}: {reason}; {fits} (nodes x processes per node), or start afresh with another "
+            f"checkpoint.dir (or delete {ckpt_dir})")
 
 
 def run_directory(cfg: Any, job_name: str) -> Path:
@@ -376,7 +374,7 @@ class Trainer:
         self.marks["optimizer+loader"] = time.time()
         if self.is_main:
             self.progress = Progress(self.run_dir, self.ledger, total_steps=self.total_steps, epochs=self.cfg.epochs,
-                                     global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
+                                     global_batch=self.global_batch,
                                      restarts_allowed=self.job.restarts)
             self.progress.exporter = self.prometheus_exporter()
         self.start_watchdog()
@@ -501,7 +499,7 @@ class Trainer:
         if cfg.max_steps is None:
             raise ConfigError("train.max_steps: an IterableDataset has no length, so the "
                               "schedule needs a step count; set train.max_steps")
-        self.sampler = self.batches = None
+        self.batches = None
         self.shard = RankShard(self.workload.train_data, self.rank, self.world, cfg.seed,
                                self.workload.iterable_sharded)
         self.loader = DataLoader(
@@ -509,20 +507,27 @@ class Trainer:
             num_workers=cfg.num_workers, pin_memory=self.device.type == "cuda",
         )  # workers are made per epoch: they see the shard's epoch
         self.micro_per_epoch = None
+        self.micro_batch, self.accum = cfg.batch_size, cfg.grad_accum
+        self.global_batch = cfg.batch_size * cfg.grad_accum * self.world
         self.total_steps = cfg.max_steps
 
     def setup_sampled_data(self) -> None:
-        """A map-style data set: DistributedSampler batches (resumable inside an epoch); the
-        step count is epochs x whole steps per epoch, at most `train.max_steps`."""
+        """A map-style data set: global batches (resumable inside an epoch, at any world size);
+        the step count is epochs x whole steps per epoch, at most `train.max_steps`."""
+        self.lay_out(self.cfg.batch_size, self.cfg.grad_accum)
+
+    def lay_out(self, micro: int, accum: int) -> None:
+        """This rank's batches and loader for `micro` samples x `accum` micro-batches a step
+        (trainer/data.py `GlobalBatches`), and the step count that follows."""
         import torch
-        from torch.utils.data import DataLoader, DistributedSampler
+        from torch.utils.data import DataLoader
 
         from trainer.config import ConfigError
-        from trainer.data import EpochBatches, WorkerSeeded
+        from trainer.data import GlobalBatches, WorkerSeeded
 
         cfg, data = self.cfg, self.workload.train_data
-        self.sampler = DistributedSampler(data, num_replicas=self.world, rank=self.rank, shuffle=True, seed=cfg.seed)
-        self.batches = EpochBatches(self.sampler, cfg.batch_size)
+        self.batches = GlobalBatches(len(data), cfg.seed, self.rank, self.world, micro, accum)
+        self.micro_batch, self.accum, self.global_batch = micro, accum, self.batches.global_batch
         self.loader = DataLoader(
             WorkerSeeded(data) if cfg.num_workers > 0 else data,
             batch_sampler=self.batches,
@@ -533,27 +538,32 @@ class Trainer:
             # Workers reseed per batch (WorkerSeeded), so this only keeps the global RNG untouched.
             generator=torch.Generator().manual_seed(self.seed),
         )
-        self.micro_per_epoch = len(self.batches) // cfg.grad_accum * cfg.grad_accum
-        steps_per_epoch = self.micro_per_epoch // cfg.grad_accum
-        if steps_per_epoch == 0:
+        self.micro_per_epoch = len(self.batches)
+        if self.batches.steps == 0:
             raise ConfigError(
-                f"train.batch_size: {cfg.batch_size} x grad_accum {cfg.grad_accum} is more than one "
-                f"rank's share of the data ({len(self.sampler)} samples); make them smaller"
+                f"train.batch_size: {self.world} ranks x {micro} x grad_accum {accum} = {self.global_batch} "
+                f"samples a step is more than the data set ({len(data)} samples); make them smaller"
             )
-        self.total_steps = cfg.epochs * steps_per_epoch
+        self.total_steps = cfg.epochs * self.batches.steps
         if cfg.max_steps is not None:
             self.total_steps = min(self.total_steps, cfg.max_steps)
 
-    def setup_schedule(self) -> None:
-        """The LR schedule over `total_steps`, and the run's position: step 0 until `resume`."""
+    def make_scheduler(self) -> None:
+        """The LR schedule, in optimizer steps of the run's global batch (a step is the same
+        number of samples at any world size, so the schedule is one in samples too)."""
         import torch
-
-        from trainer.checkpoint import AsyncSaver
 
         total, warmup, schedule = self.total_steps, self.cfg.warmup_steps, self.cfg.lr_schedule
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, total, warmup, schedule)
         )
+
+    def setup_schedule(self) -> None:
+        """The LR schedule over `total_steps`, and the run's position: step 0 until `resume`."""
+
+        from trainer.checkpoint import AsyncSaver
+
+        self.make_scheduler()
         self.step, self.epoch, self.micro = 0, 0, 0
         self.resumed_from: int | None = None
         self.last_saved = -1  # the step of the newest checkpoint (resume sets it too)
@@ -615,7 +625,9 @@ class Trainer:
         return {
             "step": self.step,
             "epoch": epoch,
-            "micro_batches_done": micro,
+            "micro_batches_done": micro,  # this rank's, in this epoch
+            "samples_done": micro // self.accum * self.global_batch,  # the epoch's global cursor
+            "global_batch": self.global_batch,
             "world_size": self.world,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -686,24 +698,19 @@ class Trainer:
             state = checkpoint.load(Path(path))
         else:
             state = self.broadcast(checkpoint.load(Path(path)) if self.is_main else None)
-        if state["world_size"] != self.world:
-            from trainer.config import ConfigError
-
-            raise ConfigError(world_size_refusal(path, state, self.world, self.ckpt_dir))
+        same_world = state["world_size"] == self.world
+        if state.get("global_batch", self.global_batch) != self.global_batch or not same_world:
+            self.adopt_global_batch(state, path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch, self.micro = state["step"], state["epoch"], state["micro_batches_done"]
-        rng = state["rng"][self.rank]
-        self.torch.set_rng_state(rng["torch"])
-        random.setstate(rng["python"])
-        import numpy as np
-
-        np.random.set_state(rng["numpy"])
-        if "cuda" in rng and self.device.type == "cuda":
-            self.torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.micro = (state["samples_done"] // self.global_batch * self.accum if "samples_done" in state
+                      else state["micro_batches_done"])  # a checkpoint of an older ddpkit: same world
+        if same_world:  # the RNG states between micro-batches (every micro-batch reseeds itself)
+            self.restore_rng(state["rng"][self.rank])
         changed = [k for k in ("model", "model_args", "data", "data_samples", "batch_size", "grad_accum", "seed")
                    if state.get("train", {}).get(k) != getattr(self.cfg, k)]
         if changed and self.is_main:
@@ -714,6 +721,43 @@ class Trainer:
         if self.is_main:
             log.info("resumed from %s (step %d, epoch %d)", path, self.step, self.epoch)
             self.write({"event": "resumed", "step": self.step, "checkpoint": path})
+
+    def restore_rng(self, rng: dict[str, Any]) -> None:
+        import numpy as np
+
+        self.torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        if "cuda" in rng and self.device.type == "cuda":
+            self.torch.cuda.set_rng_state(rng["cuda"], self.device)
+
+    def adopt_global_batch(self, state: dict[str, Any], path: str) -> None:
+        """Resume a checkpoint written by another number of ranks (or with another batch
+        setting): keep its global batch, as this many ranks x the largest micro-batch up to
+        `train.batch_size` x accumulation (trainer/data.py `layout_for`); the step count and the
+        LR schedule follow from it. Refused (one line) for an iterable data set (its position
+        is per rank) and for a global batch that does not split evenly over the ranks."""
+        from trainer.config import ConfigError
+        from trainer.data import layout_for
+
+        old = state.get("global_batch")
+        try:
+            if self.iterable or old is None:
+                raise ValueError("the data position of an IterableDataset is per rank" if self.iterable
+                                 else "it was written by a ddpkit without a global data position")
+            micro, accum = layout_for(old, self.world, self.cfg.batch_size)
+        except ValueError as e:
+            raise ConfigError(world_size_refusal(path, state, self.world, self.ckpt_dir, str(e))) from None
+        total = self.total_steps
+        self.lay_out(micro, accum)
+        if self.total_steps != total:
+            self.make_scheduler()
+        if self.progress is not None:
+            self.progress.total_steps, self.progress.global_batch = self.total_steps, self.global_batch
+        if self.is_main:
+            log.info("checkpoint %s was written by %d ranks x %d x grad_accum %d; this run keeps its global "
+                     "batch of %d samples as %d ranks x %d x grad_accum %d", path, state["world_size"],
+                     state["train"]["batch_size"], state["train"]["grad_accum"], old, self.world, micro, accum)
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_loader(self) -> Any:
@@ -810,7 +854,7 @@ class Trainer:
         """The loop of named steps (like torchtitan's `train_step`), then the end of the run:
         the final checkpoint, the last evaluation, the summary. `EXIT_OK`, or `EXIT_STOPPED`
         after a stop whose checkpoint is complete on every rank."""
-        s = self.session = Session(global_batch=self.cfg.batch_size * self.cfg.grad_accum * self.world,
+        s = self.session = Session(global_batch=self.global_batch,
                                    pbar=_progress(self.total_steps, self.step, enabled=self.is_main))
         self.paused = 0.0  # evaluation time inside the throughput window
         s.t_prev = time.perf_counter()
@@ -868,7 +912,11 @@ class Trainer:
     def forward_backward_step(self, batch: Any) -> bool:
         """Loss and gradients of one micro-batch (DDP syncs them only on the last micro-batch of
         an accumulation: `no_sync` before); True when it was that last one."""
-        s, accum = self.session, self.cfg.grad_accum
+        s, accum = self.session, self.accum
+        if self.batches is not None:  # random draws depend on the micro-batch, not on the rank count
+            from trainer.data import seed_everything
+
+            seed_everything(self.batches.seed_of(self.micro, stream=1))
         batch = self.to_device(batch)
         last_micro = (self.micro + 1) % accum == 0
         sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
@@ -903,7 +951,7 @@ class Trainer:
     def record_step(self, lr: float) -> None:
         """The step's loss and time for the next metrics flush; the first-step launch mark; the
         throughput window (it starts after `STEADY_AFTER_STEPS` steps of this session)."""
-        s, accum = self.session, self.cfg.grad_accum
+        s, accum = self.session, self.accum
         s.steps += 1
         self.hb.step_done()
         self.hb.beat("log")  # the bookkeeping below is no rank's step work (trainer/stragglers.py)
@@ -1001,7 +1049,7 @@ class Trainer:
     def end_epoch(self, exhausted: bool) -> None:
         """After `train_epoch`: drop a partial accumulation; at the epoch's end, evaluate (when
         due) and move on to the next epoch."""
-        if self.micro % self.cfg.grad_accum:  # an iterable epoch ended inside an accumulation: drop it
+        if self.micro % self.accum:  # an iterable epoch ended inside an accumulation: drop it
             self.optimizer.zero_grad(set_to_none=True)
             self.session.step_loss = None
         if exhausted or (self.micro_per_epoch is not None and self.micro >= self.micro_per_epoch):
