@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer_util import REPO, launch_env, records, run, start, summary, wait_for, write_job
+from tests.trainer_util import (
+    REPO,
+    free_port,
+    launch_env,
+    records,
+    run,
+    start,
+    summary,
+    wait_for,
+    write_job,
+)
 from trainer import checkpoint
 
 pytestmark = pytest.mark.slow
@@ -312,3 +322,60 @@ def test_a_global_batch_that_does_not_split_over_the_ranks_is_refused_with_the_r
 
     same = run(job, tmp_path)  # the original world size resumes as before
     assert same.returncode == 0 and summary(run_dir)["resumed_from_step"] == 7
+
+
+# -- elastic: a lost node, then a new one ------------------------------------------------------
+def start_node(job: Path, cwd: Path, index: int, port: int, out: Path) -> subprocess.Popen:
+    """One 'node' of an elastic job on this machine: a launcher with `--nnodes 1:2` and one
+    rank, as an Indexed Job's pod starts it (node 0 hosts the rendezvous store)."""
+    env = launch_env(job, nproc=1, port=port, JOB_COMPLETION_INDEX=str(index), DDPKIT_NNODES="1:2",
+                     DDPKIT_MASTER_ADDR="127.0.0.1", DDPKIT_MAX_RESTARTS="3", DDPKIT_RUN_ID=job.stem)
+    with open(out, "w") as f:
+        return subprocess.Popen([sys.executable, "-m", "trainer.launch"], cwd=cwd, env=env, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_an_elastic_group_that_loses_a_node_carries_on_smaller_and_grows_back(tmp_path):
+    """Two nodes of one rank each, `nodes: 1:2`. Node 1 dies whole (launcher, torchrun and
+    worker: SIGKILL): node 0's worker fails, torchrun restarts it, the rendezvous closes with
+    one node after its last call (5 s) and training resumes from the newest checkpoint on 1
+    rank, keeping the global batch (16 x grad_accum 2), without waiting for a replacement. A
+    new node 1 then joins: the group stops with a checkpoint, re-forms at 2 ranks and finishes.
+    The final weights are an uninterrupted 2-rank run's, bit for bit (the same chunks at 1 and
+    2 ranks; the steps redone after the kill recomputed exactly)."""
+    import time
+
+    import torch
+
+    train = {"batch_size": 16, "data_samples": 2048, "epochs": 20, "log_every_steps": 5}
+    ref = run(write_job(tmp_path, "steady", train, {"every_steps": 20}), tmp_path)
+    assert ref.returncode == 0, ref.stdout[-3000:]
+    job, port = write_job(tmp_path, "elastic", train, {"every_steps": 20}), free_port()
+    run_dir, logs = tmp_path / "runs" / "elastic", [tmp_path / f"node{i}.log" for i in (0, 1, 2)]
+    node0, node1 = (start_node(job, tmp_path, i, port, logs[i]) for i in (0, 1))
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) > 40, 240, "40 steps at 2 ranks")
+        for pid in descendants(node1.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        node1.wait()
+        t_kill = time.time()
+        smaller = "keeps its global batch of 32 samples as 1 ranks x 16 x grad_accum 2"
+        wait_for(lambda: smaller in logs[0].read_text(), 180, "node 0 resuming alone")
+        t_resumed = time.time()
+        node1 = start_node(job, tmp_path, 1, port, logs[2])
+        assert node0.wait(timeout=400) == 0, logs[0].read_text()[-3000:]
+        assert node1.wait(timeout=60) == 0, logs[2].read_text()[-3000:]
+    finally:
+        for p in (node0, node1):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+    out = logs[0].read_text()
+    assert "keeps its global batch of 32 samples as 2 ranks x 16 x grad_accum 1" in out.split(smaller)[1]
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["world_size"] == 2 and s["steps"] == 1280
+    print(f"node lost -> resumed alone: {t_resumed - t_kill:.1f} s")
+    final = {name: checkpoint.load(checkpoint.checkpoints(tmp_path / "runs" / name / "checkpoints")[0][1])["model"]
+             for name in ("steady", "elastic")}
+    for k in final["steady"]:
+        assert torch.equal(final["elastic"][k], final["steady"][k]), k

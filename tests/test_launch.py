@@ -29,7 +29,8 @@ WORKER = [PY, "-m", "trainer.train"]
 
 
 def torchrun(nnodes, nproc, endpoint, run_id, is_host, restarts="0"):
-    conf = "join_timeout=600" if is_host is None else f"is_host={is_host},join_timeout=600"
+    conf = "join_timeout=600" + (",last_call_timeout=5" if ":" in nnodes else "")  # an elastic range
+    conf = conf if is_host is None else f"is_host={is_host},{conf}"
     return [PY, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", nproc,
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", run_id,
             "--rdzv-conf", conf, "--max-restarts", restarts,

@@ -422,7 +422,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", _endpoint(addr, port),
         "--rdzv-id", run_id,
-        "--rdzv-conf", rdzv_conf(is_host, timeout_s),
+        "--rdzv-conf", rdzv_conf(is_host, timeout_s, nnodes),
         "--max-restarts", str(restarts),
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
         "--shutdown-timeout", str(grace),
@@ -548,9 +548,21 @@ def store_host(env: Env, ctx: Context, node_rank: int | None) -> bool | None:
     return None
 
 
-def rdzv_conf(is_host: bool | None, timeout_s: int) -> str:
-    """torchrun's --rdzv-conf: the join timeout, and is_host where it is known."""
+#: An elastic rendezvous (`--nnodes MIN:MAX`) closes this long after MIN nodes have joined
+#: (torch's default is 30 s). It is what a group that lost a node waits before it carries on
+#: smaller: the survivors rejoin within seconds of each other, so a short wait loses nobody;
+#: a node that comes later joins the running group through a restart (a membership change,
+#: which the workers meet with a stop checkpoint and torchrun does not count as a failure).
+ELASTIC_LAST_CALL_S = 5
+
+
+def rdzv_conf(is_host: bool | None, timeout_s: int, nnodes: str = "1") -> str:
+    """torchrun's --rdzv-conf: the join timeout, is_host where it is known, and for an elastic
+    range the last-call wait (ELASTIC_LAST_CALL_S)."""
     conf = f"join_timeout={timeout_s}"
+    low, _, high = nnodes.partition(":")
+    if high and high != low:
+        conf += f",last_call_timeout={ELASTIC_LAST_CALL_S}"
     return conf if is_host is None else f"is_host={'true' if is_host else 'false'},{conf}"
 
 

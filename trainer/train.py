@@ -627,7 +627,9 @@ class Trainer:
             "epoch": epoch,
             "micro_batches_done": micro,  # this rank's, in this epoch
             "samples_done": micro // self.accum * self.global_batch,  # the epoch's global cursor
-            "global_batch": self.global_batch,
+            "global_batch": self.global_batch,  # = world_size x micro_batch x grad_accum
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.accum,
             "world_size": self.world,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -757,7 +759,7 @@ class Trainer:
         if self.is_main:
             log.info("checkpoint %s was written by %d ranks x %d x grad_accum %d; this run keeps its global "
                      "batch of %d samples as %d ranks x %d x grad_accum %d", path, state["world_size"],
-                     state["train"]["batch_size"], state["train"]["grad_accum"], old, self.world, micro, accum)
+                     state["micro_batch"], state["grad_accum"], old, self.world, micro, accum)
 
     # -- evaluation ---------------------------------------------------------------------
     def eval_loader(self) -> Any:
