@@ -663,6 +663,11 @@ class SlurmSection(Strict):
                              "launch, as written (this is the one place for raw shell).")
     requeue: bool = Field(False, description="On the signal before the time limit, checkpoint "
                           "and requeue (at most `restarts` times).")
+    spare_nodes: int = Field(0, ge=0, le=64, description="Nodes allocated beyond `nodes` that "
+                             "stay idle until one is lost: with `restarts`, a failed job step is "
+                             "started again inside the allocation (`--no-kill`) without the nodes "
+                             "that stopped answering, from the newest checkpoint. README \"Restarts "
+                             "inside the allocation\".")
     signal: Literal["USR2", "TERM", "INT"] = Field(
         "USR2", description="Signal sent to the batch shell before the time limit (not USR1: NCCL uses it).")
     signal_seconds: int = Field(DEFAULT_STOP_GRACE_S, ge=10, le=65535, description="Send it this many seconds "

@@ -304,6 +304,41 @@ def test_a_lost_node_requeues_and_resumes_or_ends_the_job_as_restarts_say(cluste
     assert (tmp_path / "runs/quickstart-2node/checkpoints/FINISHED").exists()
 
 
+@pytest.mark.parametrize("nodes,spare", [("1", 1), ("1:2", 0)])
+def test_a_lost_node_restarts_the_step_inside_the_allocation_without_it(cluster, jobs, tmp_path, nodes, spare):
+    """`--no-kill` with somewhere to go: a spare node (1 node + 1 spare: the step runs on
+    node2, node1 holds the batch shell), or an elastic range (1:2 nodes, the step on both).
+    node2 is lost without warning (slurmd and every process SIGKILLed). The batch shell
+    probes the step's nodes, leaves node2 out, and starts the step again on node1 inside the
+    same allocation, from the newest checkpoint (no requeue, no wait for the node to come
+    back). Elastic: at the smaller size, the global batch kept (2 ranks x 64 x grad_accum 2)."""
+    handle = submit(cluster, jobs, tmp_path, "--set", "train.max_steps=120", "--set", "train.epochs=100",
+                    "--set", "train.plot=false", "--set", "restarts=1", "--set", f"nodes={nodes}",
+                    "--set", f"slurm.spare_nodes={spare}")
+    wait_for_step(cluster, handle, tmp_path, 30)
+    try:
+        t_kill = time.monotonic()
+        assert testbed.kill_node("ddpkit-node2")
+        last_step = max(metric_steps(tmp_path))
+        wait_for(cluster, handle, {"SUCCEEDED"})
+        t_end = time.monotonic()
+    finally:
+        testbed.start_node("ddpkit-node2")
+    assert job_field(cluster, handle, "Restarts") == "0"  # never requeued
+    log = job_log(cluster, handle)
+    assert "node ddpkit-node2 does not answer: leaving it out" in log, log[-3000:]
+    assert "starting it again inside the allocation (restart 1 of 1)" in log, log[-3000:]
+    assert "job step on ddpkit-node1 (1 node(s))" in log, log[-3000:]
+    [final] = summaries(log)  # the step on the lost node never wrote one
+    assert final["status"] == "completed" and final["steps"] == 120
+    assert final["hostnames"] == ["ddpkit-node1"] and final["world_size"] == 2
+    assert 0 <= last_step - final["resumed_from_step"] <= 20, (last_step, final)
+    if nodes == "1:2":
+        assert "keeps its global batch of 256 samples as 2 ranks x 64 x grad_accum 2" in log, log[-3000:]
+    print(f"node lost at step {last_step}, resumed from {final['resumed_from_step']} on node1; "
+          f"kill -> end of job {t_end - t_kill:.0f} s")
+
+
 def test_cancel_leaves_no_process_on_either_node(cluster, jobs, tmp_path):
     handle = submit(cluster, jobs, tmp_path, "--set", "train.max_steps=100000",
                     "--set", "train.epochs=1000")

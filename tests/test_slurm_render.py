@@ -67,12 +67,14 @@ def test_bash_n_and_shellcheck_clean_for_every_example_and_mode(tmp_path):
         for launcher, container in MODES:
             for gpu_flag in ("gpus-per-node", "gres"):
                 # (ephemeral: every example in every mode, even where its checkpoints would
-                # not survive; durability has its own tests)
+                # not survive; durability has its own tests; the gres ones with a spare node:
+                # the step restarts inside the allocation)
                 own = load_job(str(example)).script or load_job(str(example)).module
+                spare = ["slurm.spare_nodes=1"] if gpu_flag == "gres" else []
                 job = load_job(str(example), [f"slurm.launcher={launcher}",
                                               f"slurm.container={container}",
                                               f"slurm.gpu_flag={gpu_flag}", "slurm.requeue=true",
-                                              "restarts=1"] + ([] if own else ["checkpoint.ephemeral=true"]))
+                                              "restarts=1", *spare] + ([] if own else ["checkpoint.ephemeral=true"]))
                 path = tmp_path / f"{example.stem}-{launcher}-{container}-{gpu_flag}.sbatch"
                 path.write_text(render_slurm(job, source=str(example)))
                 files.append(path)
@@ -607,3 +609,25 @@ def test_a_container_mount_may_be_a_single_path(tmp_path, container, mount, full
     flat = script.replace(" \\\n  ", " ")
     assert (f"container_mounts+=,{full}" if container == "pyxis" else f"--bind {full} ") in flat
     assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+
+
+def test_spare_nodes_are_allocated_and_the_step_restarts_inside_the_allocation():
+    """`slurm.spare_nodes: 1` with restarts: nodes + 1 allocated, `--no-kill`, torchrun
+    restarting nothing (the batch shell starts each step on the nodes that answer); the loop
+    itself runs on the testbed (tests/test_slurm_e2e.py)."""
+    job = load_job(str(REPO / "examples" / "quickstart-2node.yaml"), ["slurm.spare_nodes=1", "restarts=2"])
+    script = render_slurm(job)
+    assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
+    assert "export DDPKIT_MAX_RESTARTS=0\n" in script and "export DDPKIT_NNODES=" not in script
+    assert 'srun --nodes="$step_nnodes" --nodelist="$step_nodes"' in script
+    assert "((used >= 2))" in script
+    plain = render_slurm(load_job(str(REPO / "examples" / "quickstart-2node.yaml"), ["restarts=2"]))
+    assert "--no-kill" not in plain and "#SBATCH --nodes=2\n" in plain and "step_nodes" not in plain
+
+
+def test_spare_nodes_through_submitit_are_refused_with_the_reason():
+    from deploy.slurm.submitit import problems
+
+    job = load_job(str(REPO / "examples" / "quickstart-2node.yaml"), ["slurm.spare_nodes=1", "time_limit=1h"])
+    [problem] = [p for p in problems(job) if p.path == "slurm.spare_nodes"]
+    assert "ddpkit's batch script" in problem.message and "--via sbatch" in problem.fix

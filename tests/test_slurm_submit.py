@@ -25,6 +25,7 @@ from deploy.load import parse_job
 from deploy.logs import Query
 from deploy.slurm import submit as slurm
 from deploy.slurm.directives import parse as parse_directive
+from deploy.slurm.directives import restarts_in_allocation
 from deploy.slurm.render import render_slurm
 from deploy.slurm.submitit import SlurmLaunch
 from deploy.why import state_cause
@@ -381,6 +382,11 @@ def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
     # - submitit tags its jobs; `submit` gives sbatch the submit directory on its command line
     assert theirs.pop("wckey") == "submitit"
     assert theirs.pop("chdir") == str(workdir)
+    # - ddpkit's script restarts an elastic job's step inside the allocation (--no-kill, a step
+    #   per attempt on the nodes that answer: torchrun restarts nothing, the step's node count
+    #   is set per step); submitit's is requeued by Slurm
+    in_allocation = restarts_in_allocation(job)
+    assert ours.pop("no-kill", None) == (True if in_allocation else None)
     assert ours == theirs
     # setup: ddpkit's setup block (modules, slurm.setup, venv) then its exports (env:, secrets)
     setup = lines_after(script, "set +u", "set -u")
@@ -392,11 +398,13 @@ def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
     assert words[:6] == ["srun", "--unbuffered", "--output", words[3], "--error", words[5]]
     step = list(itertools.takewhile(lambda w: w.startswith("--"), words[6:]))
     launch_words = script_launch(script)
-    assert launch_words[:2] == ["srun", "--nodes=$SLURM_JOB_NUM_NODES"]
-    assert launch_words[2:2 + len(step)] == step
+    nodes = ["--nodes=$step_nnodes", "--nodelist=$step_nodes"] if in_allocation else ["--nodes=$SLURM_JOB_NUM_NODES"]
+    assert launch_words[:len(nodes) + 1] == ["srun", *nodes]
+    launch_words = ["srun", *launch_words[len(nodes) + 1:]]
+    assert launch_words[1:1 + len(step)] == step
     # what each task runs: the container prefix and argv (the script's, with its $job_dir
     # resolved; without a container the entry point runs in submitit's interpreter)
-    argv = [launch.job_dir() if w == "$job_dir" else w for w in launch_words[2 + len(step):]]
+    argv = [launch.job_dir() if w == "$job_dir" else w for w in launch_words[1 + len(step):]]
     if job.slurm.container == "none" and not job.command:
         assert argv == ["python", "-m", "trainer.launch"]
         argv = [sys.executable, *argv[1:]]
@@ -405,6 +413,8 @@ def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
     env = launch.environment({"SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "4242",
                               "SLURM_JOB_NUM_NODES": "2"})
     exported = dict(re.findall(r"^export (DDPKIT_\w+)=(\w[^\s]*)$", script, re.M))
+    if in_allocation:  # the batch shell restarts the step; torchrun restarts nothing
+        assert exported.pop("DDPKIT_MAX_RESTARTS") == "0"
     assert exported and {k: env[k] for k in exported} == exported
     assert env["DDPKIT_MASTER_PORT"] == str(slurm_port(4242)) and env["DDPKIT_MASTER_ADDR"] == "n1"
     assert env["DDPKIT_NNODES"] == "2"

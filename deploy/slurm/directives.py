@@ -98,10 +98,20 @@ def log_file(job: JobSpec) -> str:
     return posixpath.join(job.slurm.log_dir, "%x-%j.out")
 
 
+def restarts_in_allocation(job: JobSpec) -> bool:
+    """Whether a failed job step is started again by the batch shell, inside the allocation,
+    without the nodes that stopped answering (slurm/job.sh.j2, which then asks for `--no-kill`):
+    for a job with `restarts` and somewhere to go, spare nodes or an elastic range to shrink
+    within. ddpkit's sbatch script only: `--via submitit` writes its own script (an elastic
+    job there is requeued by Slurm; spare nodes are refused)."""
+    return bool(job.restarts) and (job.slurm.spare_nodes > 0 or job.nodes.elastic)
+
+
 def of(job: JobSpec) -> tuple[Directive, ...]:
     """The `#SBATCH` options, all derived from the JobSpec, in the order the script prints them."""
     s = job.slurm
-    nodes = job.nodes.min if not job.nodes.elastic else f"{job.nodes.min}-{job.nodes.max}"
+    spare = s.spare_nodes
+    nodes = job.nodes.min + spare if not job.nodes.elastic else f"{job.nodes.min + spare}-{job.nodes.max + spare}"
     gpus = gpu_request(job)
     per_node = gpus[1] if gpus and gpus[0] == "gpus-per-node" else None
     # (name, value or None for "not asked for", the field a wrong value would come from)

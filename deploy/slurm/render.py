@@ -82,7 +82,7 @@ def check(job: JobSpec, flavor: None = None) -> list[Problem]:
     if s.container != "none":
         problems += image_forms.problems(job.image, s.container)
     problems += durability.slurm_problems(job)
-    if s.launcher == "srun" and job.restarts and not s.requeue:
+    if s.launcher == "srun" and job.restarts and not s.requeue and not directives.restarts_in_allocation(job):
         problems.append(Problem(
             "restarts", f"{job.restarts} in srun mode, but with slurm.requeue off only a lost node "
             "would requeue the job; a crashed rank ends it (srun mode has no torchrun to restart workers)",
@@ -140,9 +140,11 @@ def _mount_pairs(job: JobSpec) -> list[tuple[str, str]]:
 JOB_DIR = '"$job_dir"'
 
 
-def launch_line(request: SbatchRequest) -> str:
-    """The job step: `srun` with the task layout, the container, then the entry point."""
-    parts = ["srun", "--nodes=\"$SLURM_JOB_NUM_NODES\"", *request.step]
+def launch_line(request: SbatchRequest, in_allocation: bool = False) -> str:
+    """The job step: `srun` with the task layout, the container, then the entry point. Every
+    node of the allocation, or with restarts inside it the nodes the batch shell picked."""
+    nodes = ['--nodes="$step_nnodes"', '--nodelist="$step_nodes"'] if in_allocation else ['--nodes="$SLURM_JOB_NUM_NODES"']
+    parts = ["srun", *nodes, *request.step]
     pyxis = request.pyxis
     if pyxis is not None:
         parts += [f"--container-image={shquote(pyxis.image)}",
@@ -213,14 +215,20 @@ def _topology(job: JobSpec) -> str:
     return f"{nodes} nodes x {per_node} processes{gpus}; {mode}"
 
 
-#: DDPKIT_NNODES in the script: the allocation's node count (of an elastic range: Slurm picks it).
+#: DDPKIT_NNODES in the script: the allocation's node count (of an elastic range: Slurm picks
+#: it), or with restarts inside the allocation the step's (the batch shell sets it per step).
 NNODES = '"$SLURM_JOB_NUM_NODES"'
 
 
-def launch_exports(request: SbatchRequest) -> dict[str, str]:
+def launch_exports(request: SbatchRequest, in_allocation: bool = False) -> dict[str, str]:
     """The launch contract's `export NAME=VALUE`s known before the job runs, quoted for bash
-    (the master address and port, and the job file, are computed by the script itself)."""
-    env = replace(request.launch_env, nnodes=NNODES).to_env()
+    (the master address and port, and the job file, are computed by the script itself). With
+    restarts inside the allocation torchrun restarts nothing: a failed worker ends the step,
+    and the batch shell starts the next one on the nodes that still answer."""
+    launch_env = replace(request.launch_env, nnodes=NNODES)
+    if in_allocation:  # DDPKIT_NNODES is set per step, in the loop
+        launch_env = replace(launch_env, nnodes=None, max_restarts=0)
+    env = launch_env.to_env()
     return {name: value if value == NNODES else shquote(value) for name, value in env.items()}
 
 
@@ -228,6 +236,7 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
     """Everything the template needs, computed here so the template only lays it out."""
     request = SbatchRequest.of(job)
     s = job.slurm
+    in_allocation = directives.restarts_in_allocation(job)
     job_yaml = request.job_yaml if request.job_yaml.endswith("\n") else request.job_yaml + "\n"
     return {
         "version": __version__,
@@ -235,11 +244,13 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "job_name": job.name,
         "topology": _topology(job),
         "ignored": _ignored(job),
-        "directives": [directives.flag(name, value) for name, value in request.directives],
+        # a lost node must not end a job that restarts its step inside the allocation
+        "directives": [directives.flag(name, value) for name, value in request.directives]
+        + (["--no-kill"] if in_allocation else []),
         "log_dir": s.log_dir,
         "finished_marker": finished_marker(job),
         "setup": request.setup,
-        "launch_exports": launch_exports(request),
+        "launch_exports": launch_exports(request, in_allocation),
         "master_port": slurm_port_bash("SLURM_JOB_ID"),
         "job_file": JOB_FILE.format(job_dir="$job_dir", run_id="$job_name", job_id="$SLURM_JOB_ID"),
         "restarts": job.restarts,
@@ -251,5 +262,8 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "requeue": request.requeue,
         "signal_trap": directives.signal_option(job) is not None,
         "signal": s.signal,
-        "launch": launch_line(request),
+        "launch": launch_line(request, in_allocation),
+        "in_allocation": in_allocation,
+        "nodes_min": job.nodes.min,
+        "nodes_max": job.nodes.max,
     }

@@ -50,6 +50,11 @@ def problems(job) -> list[Problem]:
         out.append(Problem(
             "slurm.signal", f"{job.slurm.signal}: submitit always asks Slurm for SIGUSR2 before "
             "the time limit", "leave slurm.signal at USR2 or use --via sbatch"))
+    if job.slurm.spare_nodes:
+        out.append(Problem(
+            "slurm.spare_nodes", f"{job.slurm.spare_nodes}: restarting the step inside the allocation "
+            "is done by ddpkit's batch script, and submitit writes its own", "use --via sbatch, "
+            "or slurm.spare_nodes: 0"))
     return out
 
 
