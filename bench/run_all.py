@@ -38,6 +38,7 @@ SCRIPTS = [
     ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
+    ("resize", "resize.py", ["--steps", "5"], ["--steps", "3"], 420),
     ("render_speed", "render_speed.py", ["--repeats", "7", "--instructions"], ["--repeats", "7", "--instructions"], 420),
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
@@ -51,7 +52,7 @@ SCRIPTS = [
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
          "checkpoint_save": ["--repeats", "1", "--small"], "render_speed": ["--repeats", "2"],
-         "lint_speed": ["--repeats", "1"], "goodput": ["--train-s", "20", "--fault-every", "10"]}
+         "lint_speed": ["--repeats", "1"], "resize": ["--steps", "2", "--ranks", "1", "2"], "goodput": ["--train-s", "20", "--fault-every", "10"]}
 
 
 def skip_reason(name: str) -> str | None:
