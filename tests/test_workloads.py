@@ -166,6 +166,21 @@ def test_an_iterable_dataset_trains_on_two_ranks_with_uneven_shards(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_iterable_dataset_resumes_only_on_the_ranks_that_wrote_its_checkpoint(tmp_path):
+    """Each rank reads its own share of an IterableDataset, so its position is per rank: a
+    checkpoint of 2 ranks is refused on 1 with one line that says why, and nothing trains."""
+    job = write_job(tmp_path, "iterstop", {"model": "tests.user_workloads:iterable", "batch_size": 8,
+                                           "max_steps": 40, "epochs": 5}, {"every_steps": 2})
+    first = run(job, tmp_path, nproc=2, DDPKIT_STOP_AT_STEP="3")
+    assert first.returncode == 143, first.stdout[-3000:]
+    one = run(job, tmp_path, nproc=1)
+    assert one.returncode != 0, one.stdout[-3000:]
+    [why] = [line for line in one.stdout.splitlines() if line.startswith("ddpkit: checkpoint ")]
+    assert "was written by 2 ranks, this run has 1: the data position of an IterableDataset is per rank" in why
+    assert "run with 2 ranks (nodes x processes per node)" in why
+
+
+@pytest.mark.slow
 def test_an_iterable_without_max_steps_is_a_config_error(tmp_path):
     job = write_job(tmp_path, "iterbad", {"model": "tests.user_workloads:iterable"})
     result = trainer_alone(job, tmp_path)
