@@ -26,6 +26,7 @@ from trainer.attempts import (
     ERRORS_DIR,
     FAILED_WORKER,
     LAUNCH_DIR,
+    OOM_LINE,
     read_records,
     read_verdicts,
     signal_name,
@@ -52,6 +53,7 @@ CATEGORIES = {
     "unschedulable": "no node can take a pod (resources, selectors, taints)",
     "image": "the container image cannot be pulled or started",
     "mount": "a volume cannot be mounted",
+    "disk-full": "a disk or quota is full (ENOSPC, EDQUOT): a checkpoint or log could not be written",
     "failed": "the job failed, and no record says how (see the log)",
 }
 _TERM = {"SIGTERM"}  # what torchrun sends the rest of a group once one worker failed
@@ -118,15 +120,20 @@ def run_dir_causes(run_dir: Path) -> list[Cause]:
     verdicts = read_verdicts(run_dir)
     errors = read_records(run_dir / ATTEMPTS_DIR / ERRORS_DIR)
     launches = read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR)
-    failures = [dict(f, host=launch["host"]) for launch in launches for f in launch.get("failures", [])]
+    failures = [dict(f, host=launch["host"], oom_kills=launch.get("oom_kills"))
+                for launch in launches for f in launch.get("failures", [])]
     attempts = attempts_of(run_dir, [x["started"] for x in launches])
-    numbers = [a.number for a in attempts] or [0]
+    # the ranks the launchers started (nodes that wrote a record x their processes)
+    hosts = {r: x.get("host") for x in launches for r in range(int(x.get("node_rank") or 0) * int(x.get("nproc") or 1),
+                                                                (int(x.get("node_rank") or 0) + 1) * int(x.get("nproc") or 1))}
+    # a script job writes no progress record: its attempts are the ones its stacks name
+    numbers = [a.number for a in attempts] or sorted(verdicts)[-1:] or [0]
     causes = []
     for n in numbers:
         mine_errors = [e for e in errors if (attempt_at(attempts, e["time"]) or 0) == n]
         mine_failures = [f for f in failures if (attempt_at(attempts, f["time"]) or 0) == n]
         record = next((a.record for a in attempts if a.number == n), None)
-        cause = attempt_cause(n, record, verdicts.get(n), mine_errors, mine_failures)
+        cause = attempt_cause(n, record, verdicts.get(n), mine_errors, mine_failures, hosts)
         if cause.category == "failed" and not (mine_errors or mine_failures):  # no worker said: the launchers
             mine = [x for x in launches if (attempt_at(attempts, x.get("ended", 0.0)) or 0) == n]
             cause = launch_cause(mine, n) or cause
@@ -153,15 +160,22 @@ def launch_cause(launches: list[dict[str, Any]], n: int) -> Cause | None:
 
 
 def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any] | None,
-                  errors: list[dict[str, Any]], failures: list[dict[str, Any]]) -> Cause:
+                  errors: list[dict[str, Any]], failures: list[dict[str, Any]],
+                  hosts: dict[int, str] | None = None) -> Cause:
     """Why attempt `n` ended, in this order: the watchdog's verdict; a worker's own exception;
     a worker killed by a signal (not the SIGTERM torchrun sends the rest of the group); an
     exception that only says a peer went away (the consequence of the one that died); the
     first worker torchrun saw fail; the progress record's state."""
+    if verdict and verdict.get("cause") == "stopped":  # a script job's stop (trainer/guard.py)
+        return Cause("stopped", f"{verdict.get('explain')}; stacks in {verdict.get('debug_dir')}/", attempt=n)
     if verdict:
-        culprit = (verdict.get("culprits") or [None])[0]
-        return Cause("hang", f"{verdict.get('explain')}; the others: {verdict.get('others')}", culprit, None, n)
+        cause = verdict_cause(verdict)
+        cause.evidence, cause.attempt = f"{cause.evidence}; the others: {verdict.get('others')}", n
+        return cause
     own = [e for e in errors if not _PEER_GONE.search(f"{e.get('type')}: {e.get('message')}")]
+    timed_out = [e for e in own if _COLLECTIVE_TIMEOUT.search(f"{e.get('type')}: {e.get('message')}")]
+    if own and len(timed_out) == len(own):  # they waited for a rank that said nothing: the culprit
+        return timeout_cause(timed_out, failures, hosts or {}, n)
     if own:
         return exception_cause(own[0], n)
     said = {e.get("rank") for e in errors}  # ranks that left an exception (a peer's, here)
@@ -172,9 +186,9 @@ def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any]
         return failure_cause(first, n)
     state = (record or {}).get("state")
     if state == "completed":
-        return Cause("completed", f"step {record.get('step')}/{record.get('total_steps')}", attempt=n)
+        return Cause("completed", f"step {record.get('step')}/{record.get('total_steps')}{_skipped(record)}", attempt=n)
     if state == "stopped":  # the workers' stop exits (143 after SIGTERM) are no failure
-        return Cause("stopped", f"after the checkpoint of step {record.get('step')}", attempt=n)
+        return Cause("stopped", f"after the checkpoint of step {record.get('step')}{_skipped(record)}", attempt=n)
     if errors:
         return exception_cause(errors[0], n)
     if failures:
@@ -184,8 +198,43 @@ def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any]
     return Cause("failed", f"attempt record says {state!r}, and no worker failure was recorded", attempt=n)
 
 
+def timeout_cause(timed_out: list[dict[str, Any]], failures: list[dict[str, Any]], hosts: dict[int, str],
+                  n: int | None) -> Cause:
+    """Ranks whose collective timed out (`train.timeout_s`, the watchdog off): the ranks that
+    did not time out (torchrun ended them afterwards) are the ones they waited for."""
+    waited = sorted({e.get("rank") for e in timed_out if e.get("rank") is not None})
+    quiet = sorted(({f.get("rank") for f in failures} | set(hosts)) - set(waited) - {None})
+    e = timed_out[0]
+    where = (f" in {e['phase']}" if e.get("phase") else "") + (f" at step {e['step']}" if e.get("step") is not None else "")
+    said = (f"collective timeout: rank(s) {','.join(map(str, waited))} waited{where} "
+            f"({e['type']}: {str(e['message']).splitlines()[0][:200]})")
+    said += (f"; rank(s) {','.join(map(str, quiet))} never joined (no error of their own)" if quiet else
+             "; every rank waited (a deadlock)")
+    return Cause("hang", said, quiet[0] if quiet else None, hosts.get(quiet[0]) if quiet else None, n)
+
+
+def _skipped(record: dict[str, Any]) -> str:
+    """A resume that skipped unusable checkpoints (corrupt, truncated): which, and from where."""
+    resumed = record.get("resumed") or {}
+    skipped = resumed.get("skipped") or []
+    if not skipped:
+        return ""
+    start = f"resumed from step {resumed['step']}" if resumed.get("step") is not None else "started from step 0"
+    return f"; {start}, checkpoints skipped: " + ", ".join(
+        f"{Path(x['path']).name} ({x['problem']})" for x in skipped)
+
+
+#: an error that says a disk is full (ENOSPC) or a quota is reached (EDQUOT)
+_DISK_FULL = re.compile(r"No space left on device|Errno 28\b|ENOSPC|Disk quota exceeded|Errno 122\b")
+#: a collective or the store timed out (gloo's, NCCL's and c10d's words)
+_COLLECTIVE_TIMEOUT = re.compile(r"Timed out waiting \d+ms|Watchdog caught collective operation timeout|"
+                                 r"DistTimeoutError|wait timeout after \d+ms")
+
+
 def exception_cause(e: dict[str, Any], n: int | None) -> Cause:
-    category = "config" if e.get("type") == "ConfigError" else "exception"
+    said = f"{e.get('type')}: {e.get('message')}"
+    category = ("config" if e.get("type") == "ConfigError" else "disk-full" if _DISK_FULL.search(said)
+                else "exception")
     at = f" at {e['where']}" if e.get("where") else ""
     step = f", step {e['step']}" if e.get("step") is not None else ""
     phase = f", in {e['phase']}" if e.get("phase") else ""
@@ -194,6 +243,9 @@ def exception_cause(e: dict[str, Any], n: int | None) -> Cause:
 
 def failure_cause(f: dict[str, Any], n: int | None) -> Cause:
     code, sig = f.get("exitcode"), f.get("signal")
+    if sig == "SIGKILL" and f.get("oom_kills"):  # the kernel counted it in the launcher's cgroup
+        return Cause("oom", f"exit {code} (SIGKILL by the OOM killer: {f['oom_kills']} kill(s) in the "
+                     "node's memory cgroup while this attempt ran)", f.get("rank"), f.get("host"), n)
     if sig:
         return Cause("killed", f"exit {code} ({sig}: the OOM killer, kill -9 or the node's limits)"
                      if sig == "SIGKILL" else f"exit {code} ({sig})", f.get("rank"), f.get("host"), n)
@@ -215,6 +267,18 @@ _BAD_CONFIG = re.compile(r"(bad job file.*|train\.[\w.]+: .+|script .+: no such 
 _RENDEZVOUS = re.compile(r"EADDRINUSE|[Aa]ddress already in use|Name or service not known|"
                          r"Temporary failure in name resolution|nodename nor servname|"
                          r"RendezvousTimeoutError|RendezvousConnectionError|master .* did not (answer|resolve)")
+_RENDEZVOUS_WHY = re.compile(r"EADDRINUSE|[Aa]ddress already in use|Name or service not known|"
+                             r"Temporary failure in name resolution|nodename nor servname|does not resolve")
+
+
+def verdict_cause(verdict: dict[str, Any]) -> Cause:
+    """The hang watchdog's verdict (or trainer/guard.py's, for a script job): the first culprit
+    and the node its explanation names."""
+    if verdict.get("cause") == "stopped":
+        return Cause("stopped", verdict.get("explain", ""))
+    culprit = (verdict.get("culprits") or [None])[0]
+    node = re.search(rf"rank {culprit}:? on (\S+?)[ ,;:]", verdict.get("explain", "")) if culprit is not None else None
+    return Cause("hang", verdict.get("explain", ""), culprit, node.group(1) if node else None)
 
 
 def _untagged(line: str) -> tuple[str, int | None, int | None]:
@@ -237,7 +301,7 @@ def log_cause(text: str) -> Cause | None:
                 verdict = json.loads(found.group(1))
             except ValueError:
                 continue
-            return Cause("hang", verdict.get("explain", ""), (verdict.get("culprits") or [None])[0])
+            return verdict_cause(verdict)
     raised = [(j, m) for j, line in enumerate(lines) if (m := _EXCEPTION.match(line))]
     failed = [(i, int(f.group(1)), int(f.group(2))) for i, line in enumerate(lines)
               if (f := FAILED_WORKER.search(line))]
@@ -250,20 +314,24 @@ def log_cause(text: str) -> Cause | None:
             if m is not None:
                 code = next((c for i, c, _ in failed if i > j and tagged[i][1] == tagged[j][1]), None)
                 node, rank = tagged[j][1], tagged[j][2]
+                if _COLLECTIVE_TIMEOUT.search(m.group(0)) and all(_COLLECTIVE_TIMEOUT.search(x.group(0)) for _, x in own):
+                    return Cause("hang", f"collective timeout: {m.group(1)}: {m.group(2)}", None,
+                                 f"node {node}" if node is not None else None)
                 return Cause("exception", f"{m.group(1)}: {m.group(2)}" + (f" (exit {code})" if code is not None else ""),
                              rank, f"node {node}" if node is not None else None)
         i, code, local = (killed or failed)[0]
-        cause = failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": local}, None)
+        ooms = sum(1 for line in lines if OOM_LINE in line)
+        cause = failure_cause({"exitcode": code, "signal": signal_name(code), "local_rank": local,
+                               "oom_kills": ooms}, None)
         cause.node = f"node {tagged[i][1]}" if tagged[i][1] is not None else None
         return cause
     for line in lines:
         found = _BAD_CONFIG.search(line)
         if found:
             return Cause("config", found.group(1).strip())
-    for line in lines:
-        found = _RENDEZVOUS.search(line)
-        if found:
-            return Cause("rendezvous", line.strip()[:500])
+    said = [line for line in lines if _RENDEZVOUS.search(line)]
+    if said:  # the line that says why (a port, a name) over the one that only raises
+        return Cause("rendezvous", next((x for x in said if _RENDEZVOUS_WHY.search(x)), said[0]).strip()[:500])
     return None
 
 

@@ -714,3 +714,107 @@ def test_reimporting_a_tag_leaves_no_replaced_image_behind(cluster):
     finally:
         testbed._ctr("images", "rm", f"docker.io/library/{tag}")
         testbed.prune_replaced_images()
+
+
+# --------------------------------------------------------------------------------------------
+# issue 20: the fault corpus on Kubernetes (README "Why did it fail?"), five jobs submitted
+# together: a hang on each of the two most used flavors (PyTorchJob, Job), an image that is not
+# on the node, a volume the kubelet cannot mount, a pod over its memory limit.
+
+def corpus_hang_job(tmp_path: Path, name: str, flavor: str, where: str, restarts: int) -> Path:
+    """quickstart-2node at 0.45 CPU a pod (both hang jobs run at once on the 2-CPU node);
+    rank 3 (node rank 1's second worker) stops once: asleep in its forward, or stuck in its
+    DataLoader worker. Its run directory (stacks, verdict) on the hostPath volume."""
+    directory = tmp_path / name
+    directory.mkdir()
+    path = job_file(directory, name, flavor, max_steps=300, epochs=100, batch_size=32, log_every_steps=5,
+                    num_workers=1 if where == "data" else 0, model="tests.user_workloads:hang",
+                    model_args={"where": where, "rank": 3, "after": 30 if where == "forward" else 1200,
+                                "marker": "/out/hung-once"})
+    job = yaml.safe_load(path.read_text())
+    job.update(restarts=restarts, resources={**job["resources"], "cpus_per_node": 0.45})
+    job["env"] = {**job.get("env", {}), "PYTHONPATH": "/repo"}  # tests.user_workloads
+    job["volumes"].append({"name": "repo", "mount": "/repo", "host_path": str(REPO), "read_only": True})
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def small_job(tmp_path: Path, name: str, **fields) -> Path:
+    """One pod, one process, a tenth of a CPU: for faults the kubelet sees before training."""
+    path = job_file(tmp_path, name, "job")
+    job = yaml.safe_load(path.read_text())
+    job.update(nodes=1, procs_per_node=1, restarts=0, resources={"cpus_per_node": 0.1, "memory": "256Mi", "shm": "64Mi"})
+    for key, value in fields.items():
+        job[key] = value(job[key]) if callable(value) else value
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def why_at_end(cluster, handle: str, wanted: set[str], timeout: float = JOB_TIMEOUT_S) -> list[str]:
+    """`ddpkit why` once `ddpkit status` says one of `wanted` (a line that contains it), timed."""
+    deadline = time.monotonic() + timeout
+    while not any(w in (line := status_line(cluster, handle)) for w in wanted):
+        assert time.monotonic() < deadline, f"{handle}: {line!r}\n{describe(cluster, handle)}"
+        time.sleep(1)
+    started = time.monotonic()
+    proc = ddpkit("why", handle, env=cluster)
+    took = time.monotonic() - started
+    print(f"{name_of(handle)}: `why` answered {took:.1f}s after `{line}`: {proc.stdout.splitlines()[:1]}")
+    assert proc.returncode == 0 and took < 10, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
+    """(1) PyTorchJob, rank 3 stuck in a DataLoader worker, restarts 1: the watchdog names rank
+    3 on node rank 1's pod within 30 s, every rank's stacks on the volume, the container
+    restarted in place trains on and the job succeeds; `why` of the run directory says
+    completed after attempt 0's hang. (2) Job, rank 3 asleep in its forward, restarts 0: the
+    same verdict, and `ddpkit why` of the handle says hang, rank 3 and its pod. (3) an image
+    that is not on the node (pull policy Never): `image` in the kubelet's words
+    (ErrImageNeverPull). (4) a ConfigMap volume that does not exist: `mount` (the kubelet's
+    FailedMount event). (5) a 1500 MiB pod whose rank 1 allocates until the OOM killer ends it:
+    `oom`."""
+    jobs = {
+        "hang-pytorchjob": corpus_hang_job(tmp_path, "hang-pytorchjob", "pytorchjob", "data", restarts=1),
+        "hang-job": corpus_hang_job(tmp_path, "hang-job", "job", "forward", restarts=0),
+        "no-image": small_job(tmp_path, "no-image", image="ddpkit:no-such-tag", image_pull_policy="Never"),
+        "bad-mount": small_job(tmp_path, "bad-mount", volumes=lambda v: [*v, {"name": "cfg", "mount": "/cfg",
+                                                                             "config_map": "no-such-config"}]),
+        "oom": small_job(tmp_path, "oom", procs_per_node=2, resources={"cpus_per_node": 0.2, "memory": "1500Mi", "shm": "64Mi"},
+                         train=lambda t: {**t, "model": "tests.user_workloads:faulty", "max_steps": 200,
+                                          "model_args": {"fault": "oom", "rank": 1, "after": 3}},
+                         env={"OMP_NUM_THREADS": "1", "PYTHONPATH": "/repo"},
+                         volumes=lambda v: [*v, {"name": "repo", "mount": "/repo", "host_path": str(REPO),
+                                                 "read_only": True}]),
+    }
+    for name in jobs:
+        ddpkit("cancel", f"k8s://default/{'pytorchjob' if name == 'hang-pytorchjob' else 'job'}/{name}",
+               "--wait", "0", env=cluster)  # an earlier run's
+    submitted = {name: submit(cluster, handles, path) for name, path in jobs.items()}
+
+    why = why_at_end(cluster, submitted["no-image"], {"ErrImageNeverPull"}, timeout=120)
+    assert why[0].startswith("image: ") and "ErrImageNeverPull" in why[0] and "ddpkit:no-such-tag" in why[0], why
+    why = why_at_end(cluster, submitted["bad-mount"], {"FailedMount"}, timeout=120)
+    assert why[0].startswith("mount: ") and 'configmap "no-such-config" not found' in why[0], why
+    why = why_at_end(cluster, submitted["oom"], {"FAILED"}, timeout=300)
+    assert why[0].startswith("oom: "), why + [describe(cluster, submitted["oom"])]
+
+    for name, flavor in (("hang-job", "job"), ("hang-pytorchjob", "pytorchjob")):
+        handle = submitted[name]
+        why = why_at_end(cluster, handle, {"FAILED"} if flavor == "job" else {"SUCCEEDED"})
+        run_dir = tmp_path / name / "out" / name
+        debug = run_dir / "debug" / "attempt-0"
+        found = json.loads((debug / "verdict.txt").read_text().split("\n}", 1)[0] + "\n}")
+        print(f"{name}: found {found['age_s']}s after rank 3 stopped: {found['explain']}")
+        assert found["culprits"] == [3] and found["cause"] == "stuck-outside-collective", found
+        assert found["age_s"] <= 30, found
+        assert sorted(p.name for p in debug.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(4)]
+        pod = node_pods(cluster, flavor, name)[1][0]
+        host = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        assert f"rank 3 on {host} in {'data' if flavor == 'pytorchjob' else 'forward'}" in found["explain"], found
+        if flavor == "job":
+            assert why[0].startswith(f"hang: rank 3 on {host}: rank 3 on {host} in forward at step "), why
+        else:  # restarted in place: the handle says completed; the run directory keeps the hang
+            assert why[0].startswith("completed: "), why
+            lines = ddpkit("why", str(run_dir), env=cluster).stdout.splitlines()
+            assert lines[0].startswith("completed: attempt 1") and lines[1].startswith(f"  attempt 0: hang: rank 3 on {host}"), lines

@@ -63,6 +63,10 @@ class FakeCluster:
         self.calls.append(("pods", selector))
         return self._pods
 
+    def events(self, namespace, pod, reason):
+        self.calls.append(("events", pod, reason))
+        return []
+
     def log(self, namespace, pod, container, follow, tail_lines=None, previous=False):
         self.calls.append(("log", pod, container, follow) + (("previous",) if previous else ()))
         yield from self._logs.get(pod + (" previous" if previous else ""), [])

@@ -198,8 +198,18 @@ def test_why_names_the_exception_and_its_node(cluster, jobs, tmp_path):
     first = why.stdout.splitlines()[0]
     print(f"why after {took:.1f}s: {first}")
     # torch prefixes the worker's traceback with [rank3]:, the launcher's tag carries it: rank and node
-    assert first.startswith("exception: rank 3 on node 1: ValueError: injected fault on rank 3 after 5 steps"), why.stdout
+    # the run directory (the submit directory, shared) names the node's host; the log its node rank
+    assert first.startswith(f"exception: rank 3 on {NODES[1]}, attempt 0: ValueError: injected fault on rank 3 "
+                            "after 5 steps"), why.stdout
+    assert log_cause_of(cluster, handle).startswith("exception: rank 3 on node 1: ValueError: injected fault")
     assert took < 10
+
+
+def log_cause_of(cluster, handle: str) -> str:
+    """What the job's output file alone says (deploy/why.py's log reader)."""
+    from deploy.why import log_cause
+
+    return log_cause(job_log(cluster, handle)).line()
 
 
 def test_the_readme_python_api_example_submits_waits_and_reads_the_log(cluster, jobs, tmp_path, monkeypatch, capsys):
@@ -248,6 +258,10 @@ def test_preempted_job_checkpoints_requeues_resumes_and_never_reruns(cluster, jo
     assert final["steps"] == 120
     assert_trained_on_two_nodes(final)
     assert (tmp_path / "runs/quickstart-2node/checkpoints/FINISHED").exists()
+    # `why`: completed, and the preempted attempt stopped after its checkpoint (the run directory)
+    why = ddpkit("why", handle, env=cluster).stdout.splitlines()
+    assert why[0] == "completed: attempt 1: step 120/120", why
+    assert f"  attempt 0: stopped: attempt 0: after the checkpoint of step {stopped['steps']}" in why, why
 
     # started once more (requeued by hand): the FINISHED marker makes it exit at once
     subprocess.run(["scontrol", "requeue", jobid], env=cluster, check=True)
@@ -506,3 +520,99 @@ def test_your_own_torchrun_script_runs_unchanged_on_two_nodes(cluster, jobs, tmp
     files = {p.read_text().strip() for p in (tmp_path / "out").glob("params-rank*.sha256")}
     assert files == {lines[0][2]}
     assert f"{launcher} mode" in log and "train.py --epochs 1" in log
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 20: the fault corpus on Slurm (README "Why did it fail?"), four jobs at once (each node
+# advertises 4 CPUs; each job takes 1 a node): a hang in each launch mode, your own script's
+# collective timeout, and a job that outlives its time limit.
+
+
+def corpus_job(directory: Path, name: str, **fields) -> str:
+    import yaml
+
+    directory.mkdir()
+    data = yaml.safe_load(EXAMPLE.read_text())
+    data.update(name=name, restarts=0, resources={"cpus_per_node": 1, "memory": "2Gi"})
+    data["slurm"] = {**data["slurm"], "venv": sys.prefix, "requeue": False}
+    for key, value in fields.items():
+        data[key] = {**data[key], **value} if isinstance(data.get(key), dict) and isinstance(value, dict) else value
+    (directory / "job.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(directory / "job.yaml")
+
+
+def hang_train(where: str, marker: Path) -> dict:
+    """Rank 3 (node 1's second worker) stops once, asleep in its forward or stuck in its
+    DataLoader worker; restarts 0: the watchdog's verdict ends the job."""
+    return {"model": "tests.user_workloads:hang", "max_steps": 400, "epochs": 100, "batch_size": 32,
+            "threads": 1, "eval_every_epochs": 0, "plot": False, "log_every_steps": 5,
+            "num_workers": 1 if where == "data" else 0,
+            "model_args": {"where": where, "rank": 3, "after": 30 if where == "forward" else 1200,
+                           "marker": str(marker)}}
+
+
+def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
+    """Submitted together, then each checked: (1) torchrun mode, rank 3 stuck in a DataLoader
+    worker; (2) srun mode, rank 3 asleep in its forward: the watchdog names rank 3 on node 2
+    within 30 s, every rank's stacks under the run directory, `why` says hang, rank and node;
+    (3) your own torchrun script (tests/hang_script.py) whose rank 3 sleeps: rank 0's 10 s
+    process-group timeout fires, every rank's stacks are written and the launcher's verdict
+    names rank 3 on node 2; (4) a job that ignores the warning signal and outlives its 1-minute
+    limit: Slurm ends it TIMEOUT, `why` says time-limit. `why` answers within 10 s of each end."""
+    shutil.copy(REPO / "tests" / "hang_script.py", tmp_path / "hang_script.py")
+    cases = {
+        "hang-torchrun": corpus_job(tmp_path / "hang-torchrun", "hang-torchrun",
+                                    train=hang_train("data", tmp_path / "hung-data")),
+        "hang-srun": corpus_job(tmp_path / "hang-srun", "hang-srun", slurm={"launcher": "srun"},
+                                train=hang_train("forward", tmp_path / "hung-forward")),
+        "script-timeout": corpus_job(tmp_path / "script-timeout", "script-timeout", train={"plot": False},
+                                     script=str(tmp_path / "hang_script.py"), env={"HANG_RANK": "3", "TIMEOUT_S": "10"}),
+        "time-limit": corpus_job(tmp_path / "time-limit", "time-limit", nodes=1, procs_per_node=1, time_limit="1m",
+                                 command=["bash", "-c", "trap '' USR2; exec sleep 600"],
+                                 slurm={"signal_seconds": 10}, checkpoint={"ephemeral": True}),
+    }
+    handles = {}
+    for name, path in cases.items():
+        proc = ddpkit("submit", "slurm", path, cwd=Path(path).parent, env=cluster)
+        assert proc.returncode == 0, f"{name}: {proc.stderr}"
+        handles[name] = proc.stdout.strip()
+        jobs.append(handles[name])
+
+    def ended(name: str, states: set[str], timeout: float = 300) -> list[str]:
+        wait_for(cluster, handles[name], states, timeout=timeout)
+        started = time.monotonic()
+        why = ddpkit("why", handles[name], env=cluster)
+        took = time.monotonic() - started
+        print(f"{name}: why answered {took:.1f}s after the end: {why.stdout.splitlines()[:1]}")
+        assert why.returncode == 0 and took < 10, why.stderr
+        return why.stdout.splitlines()
+
+    node2 = NODES[1]
+    for name in ("hang-torchrun", "hang-srun"):
+        why = ended(name, {"FAILED"})
+        log = job_log(cluster, handles[name])
+        verdicts = [json.loads(line.split("ddpkit-hang ", 1)[1]) for line in log.splitlines() if "ddpkit-hang " in line]
+        assert verdicts, log[-3000:]
+        found = verdicts[0]
+        print(f"{name}: found {found['age_s']}s after rank 3 stopped: {found['explain']}")
+        assert found["culprits"] == [3] and found["cause"] == "stuck-outside-collective", found
+        assert found["age_s"] <= 30, found
+        assert f"rank 3 on {node2} in {'data' if name == 'hang-torchrun' else 'forward'}" in found["explain"]
+        debug = tmp_path / name / "runs" / name / "debug" / "attempt-0"
+        stacks = sorted(p.name for p in debug.glob("rank-*.txt"))
+        assert stacks == [f"rank-{r}.txt" for r in range(4)], stacks
+        assert "Thread" in (debug / "rank-3.txt").read_text()
+        assert why[0].startswith(f"hang: rank 3 on {node2}, attempt 0: rank 3 on {node2} in "), why
+
+    why = ended("script-timeout", {"FAILED"})
+    debug = tmp_path / "script-timeout" / "runs" / "script-timeout" / "debug" / "attempt-0"
+    assert sorted(p.name for p in debug.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(4)]
+    assert "time.sleep" in (debug / "rank-3.txt").read_text() or "hang_script.py\", line 20" in (debug / "rank-3.txt").read_text()
+    verdict = json.loads((debug / "verdict.txt").read_text().split("\n}", 1)[0] + "\n}")
+    assert verdict["cause"] == "collective-timeout" and verdict["culprits"] == [3], verdict
+    assert why[0].startswith(f"hang: rank 3 on {node2}, attempt 0: collective timeout on rank "), why
+    assert "hang_script.py:20 in main (outside any collective)" in why[0], why
+
+    why = ended("time-limit", {"FAILED"}, timeout=240)
+    assert job_field(cluster, handles["time-limit"], "JobState") == "TIMEOUT"
+    assert why[0].startswith("time-limit: "), why

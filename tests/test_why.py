@@ -8,9 +8,11 @@ recovers from, and a clean run. The hang is checked in tests/test_watchdog.py's 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +20,7 @@ import yaml
 
 from deploy.slurm.submit import _describe, parse_scontrol
 from deploy.why import CATEGORIES, explain, log_cause, state_cause
-from tests.conftest import cli
+from tests.conftest import cli, ddpkit, require
 from tests.trainer_util import REPO, free_port, launch_env, run
 
 WORKER = """
@@ -162,3 +164,193 @@ def test_a_launch_that_never_trains_says_why(tmp_path):
     assert lines[0].startswith("config: rank 0 on") and "attempt 1: ConfigError: checkpoint" in lines[0], lines
     assert "was written by 2 ranks, this run has 1" in lines[0]
     assert lines[1].startswith("  attempt 0: stopped: attempt 0: after the checkpoint of step"), lines
+
+
+# -- the fault corpus (README "Why did it fail?": every local row of the table) -----------------
+
+def timed_why(run_dir: Path) -> tuple[list[str], float]:
+    """`ddpkit why` as a user runs it (a fresh interpreter), and how long it took to answer."""
+    started = time.monotonic()
+    proc = ddpkit("why", str(run_dir))
+    took = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    print(f"why answered in {took:.2f}s: {proc.stdout.splitlines()[0]}")
+    assert took < 10
+    return proc.stdout.splitlines(), took
+
+
+@pytest.mark.slow
+def test_a_nan_loss_stops_the_run_naming_the_step_and_the_rank(tmp_path):
+    """Rank 1's loss turns NaN after 5 steps: the check every log_every_steps (10) stops the
+    run with FloatingPointError (DDP spreads the NaN: rank 0's loss is NaN too by then)."""
+    lines, _ = timed_why(run_faulty(tmp_path, "why-nan", fault="nan", after=5))
+    assert lines[0].startswith("exception: rank ") and "attempt 0: FloatingPointError: loss is nan at step " in lines[0], lines
+    assert "train.stop_on_nonfinite_loss" in lines[0]
+
+
+def mounted_tmpfs(path: Path, size: str) -> None:
+    require(os.geteuid() == 0, "a small tmpfs needs root (mount)")
+    path.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    require(proc.returncode == 0, f"mount -t tmpfs failed: {proc.stderr.strip()}")
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_named_with_the_file_that_did_not_fit(tmp_path):
+    """The checkpoint directory on a 16 KiB tmpfs: the first checkpoint (the cnn's, ~100 KiB)
+    fails with ENOSPC on rank 0, which `why` names as disk-full."""
+    ckpt = tmp_path / "full"
+    mounted_tmpfs(ckpt, "16k")
+    try:
+        job = {"name": "why-full", "checkpoint": {"dir": str(ckpt), "every_steps": 3, "keep": 2},
+               "train": {"model": "cnn", "max_steps": 8, "epochs": 1, "batch_size": 32, "threads": 1,
+                         "eval_every_epochs": 0, "plot": False}}
+        launch(tmp_path, job, 2)
+        lines, _ = timed_why(tmp_path / "runs" / "why-full")
+    finally:
+        subprocess.run(["umount", str(ckpt)], check=False)
+    assert lines[0].startswith("disk-full: rank 0 on") and "No space left on device" in lines[0], lines
+    assert "ckpt-000000003.pt" in lines[0] and "checkpoint.py" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_corrupt_checkpoint_is_skipped_and_named(tmp_path):
+    """Stopped at step 8 (its stop checkpoint), one byte of the newest checkpoint flipped: the
+    next start resumes from the one before and completes; `why` says so, naming the skipped
+    file and its problem."""
+    train = {"model": "cnn", "max_steps": 12, "epochs": 10, "batch_size": 32, "threads": 1,
+             "eval_every_epochs": 0, "plot": False}
+    job = {"name": "why-corrupt", "train": train, "checkpoint": {"every_steps": 4, "keep": 3}}
+    assert launch(tmp_path, job, 2, DDPKIT_STOP_AT_STEP="8").returncode == 143
+    *_, previous, newest = sorted((tmp_path / "runs" / "why-corrupt" / "checkpoints").glob("ckpt-*.pt"))
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    assert launch(tmp_path, job, 2).returncode == 0
+    lines, _ = timed_why(tmp_path / "runs" / "why-corrupt")
+    step = int(previous.stem.split("-")[1])
+    assert lines[0] == (f"completed: attempt 1: step 12/12; resumed from step {step}, checkpoints skipped: "
+                        f"{newest.name} (checksum mismatch (corrupt or truncated))"), lines
+
+
+@pytest.mark.slow
+def test_a_collective_timeout_names_the_rank_that_never_joined(tmp_path):
+    """The watchdog off, train.timeout_s 10: rank 1 sleeps in its forward, rank 0's all-reduce
+    in backward times out (gloo's words); `why` calls it a hang and names rank 1, not rank 0."""
+    job = {"name": "why-timeout", "train": {
+        "model": "tests.user_workloads:hang", "model_args": {"where": "forward", "after": 5,
+                                                             "marker": str(tmp_path / "hung")},
+        "max_steps": 40, "epochs": 10, "batch_size": 32, "threads": 1, "eval_every_epochs": 0,
+        "plot": False, "watchdog": False, "timeout_s": 10}}
+    started = time.monotonic()
+    launch(tmp_path, job, 2, DDPKIT_STOP_GRACE_S="5")
+    print(f"run ended {time.monotonic() - started:.0f}s after its start")
+    lines, _ = timed_why(tmp_path / "runs" / "why-timeout")
+    assert lines[0].startswith(f"hang: rank 1 on {socket.gethostname()}, attempt 0: collective timeout: rank(s) 0 "
+                               "waited in backward at step"), lines
+    assert "Timed out waiting" in lines[0] and "rank(s) 1 never joined" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_master_name_that_does_not_resolve_is_a_rendezvous_cause(tmp_path):
+    """Node rank 1 of a PyTorchJob (the operator's PET_* variables) whose master's name does not
+    resolve: its launcher waits train.timeout_s (10 s) for the master, then says why."""
+    job = {"name": "why-dns", "train": {"model": "cnn", "max_steps": 4, "epochs": 1, "batch_size": 32,
+                                        "threads": 1, "eval_every_epochs": 0, "plot": False, "timeout_s": 10}}
+    launch(tmp_path, job, 2, PET_NNODES="2", PET_NODE_RANK="1", PET_NPROC_PER_NODE="2",
+           PET_MASTER_ADDR="no-such-host.invalid", PET_MASTER_PORT="29500")
+    lines, _ = timed_why(tmp_path / "runs" / "why-dns")
+    assert lines[0].startswith(f"rendezvous: on {socket.gethostname()}, attempt 0: master no-such-host.invalid:29500 "
+                               "not reachable after 10s: host 'no-such-host.invalid' does not resolve (DNS)"), lines
+
+
+def memory_cgroup(tmp_name: str, limit: int) -> Path:
+    """A memory cgroup of `limit` bytes beside this process's (v1 or v2), for the launcher."""
+    require(os.geteuid() == 0, "a memory cgroup needs root")
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):  # v1
+            group = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / tmp_name
+            limit_file = "memory.limit_in_bytes"
+            break
+    else:  # v2: a child of the root, which delegates memory to its children
+        root = Path("/sys/fs/cgroup")
+        require("memory" in (root / "cgroup.subtree_control").read_text().split(),
+                "cgroup v2 without the memory controller delegated at the root")
+        group, limit_file = root / tmp_name, "memory.max"
+    try:
+        group.mkdir(exist_ok=True)
+        (group / limit_file).write_text(str(limit))
+    except OSError as e:
+        require(False, f"cannot make a memory cgroup at {group}: {e}")
+    return group
+
+
+@pytest.mark.slow
+def test_a_rank_the_oom_killer_ends_is_named_oom(tmp_path):
+    """The launcher in a 2.5 GiB memory cgroup; rank 1 allocates until the kernel's OOM killer
+    ends it (SIGKILL): the launcher counted the kill in its cgroup, so `why` says oom, not a
+    plain kill -9."""
+    group = memory_cgroup(f"ddpkit-oom-{os.getpid()}", int(2.5 * 2**30))
+    job = tmp_path / "why-oom.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "why-oom", "train": {"model": "tests.user_workloads:faulty", "model_args": {"fault": "oom", "after": 3},
+                                     "max_steps": 40, "epochs": 10, "batch_size": 32, "threads": 1,
+                                     "eval_every_epochs": 0, "plot": False}}))
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], cwd=tmp_path, env=launch_env(job, 2),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        for _ in range(50):  # the cgroup goes once its last process has
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.2)
+    assert proc.returncode != 0, out[-3000:]
+    lines, _ = timed_why(tmp_path / "runs" / "why-oom")
+    assert lines[0].startswith(f"oom: rank 1 on {socket.gethostname()}, attempt 0: exit -9 (SIGKILL by the OOM killer"), lines
+
+
+@pytest.mark.slow
+def test_a_script_job_leaves_every_ranks_stacks_and_a_verdict(tmp_path):
+    """Your own torchrun script (tests/hang_script.py: rank 1 sleeps outside any collective):
+    when its process group's 10 s timeout fires on rank 0, every rank's stacks are written
+    (rank 0's with the exception, rank 1's at torchrun's SIGTERM) and the launcher's verdict
+    names rank 1 and its line; a stop (SIGTERM to the launcher) writes them too."""
+    shutil.copy(REPO / "tests" / "hang_script.py", tmp_path / "hang.py")
+    job = {"name": "why-script", "script": "hang.py"}
+    started = time.monotonic()
+    out = launch(tmp_path, job, 2).stdout
+    print(f"collective timeout (10 s) -> run ended after {time.monotonic() - started:.0f}s")
+    run_dir = tmp_path / "runs" / "why-script"
+    debug = run_dir / "debug" / "attempt-0"
+    assert "hang.py\", line 20 in main" in (debug / "rank-1.txt").read_text()  # the sleep
+    assert "all_reduce" in (debug / "rank-0.txt").read_text() and "Timed out" in (debug / "rank-0.txt").read_text()
+    assert "ddpkit-hang " in out
+    lines, _ = timed_why(run_dir)
+    assert lines[0].startswith(f"hang: rank 1 on {socket.gethostname()}, attempt 0: collective timeout on rank 0 (RuntimeError: "), lines
+    assert f"rank 1: on {socket.gethostname()} at hang.py:20 in main (outside any collective)" in lines[0], lines
+    assert "rank 0: on" in lines[0] and "hang.py:21 in main (waiting in all_reduce)" in lines[0], lines
+
+    job = {"name": "why-script-stop", "script": "hang.py"}
+    path = tmp_path / "stop.yaml"
+    path.write_text(yaml.safe_dump(job))
+    from tests.trainer_util import start as start_launch
+
+    proc = start_launch(path, tmp_path, 2, TIMEOUT_S="600")
+    run_dir = tmp_path / "runs" / "why-script-stop"
+    (tmp_path / "asleep-rank1").unlink()  # the first run's
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "asleep-rank1").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    time.sleep(2)  # rank 1 asleep, rank 0 in the all-reduce
+    proc.send_signal(15)
+    proc.communicate(timeout=120)
+    lines, _ = timed_why(run_dir)
+    assert lines[0].startswith("stopped: attempt 0: stopped by a stop signal; where each rank was: rank 0: on "), lines
+    assert "(waiting in all_reduce)" in lines[0] and "hang.py:20 in main (outside any collective)" in lines[0], lines

@@ -158,7 +158,8 @@ def hang(cfg) -> Workload:
 
 class _Faulty(nn.Module):
     """`faulty`'s model: on rank `model_args.rank`, after `after` training forwards, `fault`:
-    `raise` (a ValueError), `kill` (SIGKILL to itself) or `exit` (os._exit(3)); with `marker`,
+    `raise` (a ValueError), `kill` (SIGKILL to itself), `exit` (os._exit(3)), `oom` (allocates until
+    the OOM killer ends it) or `nan` (its output, hence its loss, NaN); with `marker`,
     only the attempt that creates the marker file faults (a restart then trains on)."""
 
     def __init__(self, args: dict):
@@ -183,6 +184,16 @@ class _Faulty(nn.Module):
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self.fault == "exit":
                     os._exit(3)
+                if self.fault == "oom":  # allocate (and touch) until the OOM killer ends it
+                    import time
+
+                    hog = []
+                    while True:
+                        hog.append(torch.ones(16 * 2**20))  # 64 MiB
+                        time.sleep(0.01)
+                if self.fault == "nan":  # from here on: a non-finite loss on this rank
+                    self.marker = self.marker or os.devnull
+                    return self.net(x) * float("nan")
                 raise ValueError(f"injected fault on rank {os.environ.get('RANK')} after {self.after} steps")
         return self.net(x)
 

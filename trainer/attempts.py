@@ -33,6 +33,8 @@ LAUNCH_DIR = "launch"
 TAIL_LINES = 40
 #: torchrun's line for a failed worker (torch 2.x elastic/multiprocessing/api.py)
 FAILED_WORKER = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+#: the launcher's line when its memory cgroup counted OOM kills (a log says so too)
+OOM_LINE = "the OOM killer ended"
 
 
 def run_directory(output_dir: str, run_id: str) -> Path:
@@ -77,11 +79,41 @@ def record_exception(run_dir: Path, rank: int, exc: BaseException, *, step: int 
         pass
 
 
+def oom_kills(cgroup_root: str = "/sys/fs/cgroup") -> int | None:
+    """How many processes the kernel's OOM killer ended in this process's memory cgroup (a
+    container's, a Slurm job's, a pod's): `oom_kill` of cgroup v2's memory.events or v1's
+    memory.oom_control. None where neither is readable."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    places = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            places.append(Path(cgroup_root) / path.lstrip("/") / "memory.events")
+        elif "memory" in controllers.split(","):
+            places.append(Path(cgroup_root) / "memory" / path.lstrip("/") / "memory.oom_control")
+            places.append(Path(cgroup_root) / "memory" / "memory.oom_control")  # a container's own mount
+    for place in places:
+        try:
+            for line in place.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 class LaunchRecord:
-    """One node's launcher: fed torchrun's stderr line by line, written when torchrun ends."""
+    """One node's launcher: fed torchrun's stderr line by line, written when torchrun ends.
+    It also counts the OOM killer's kills in its memory cgroup meanwhile (`oom_kills`): a
+    worker that died of SIGKILL is then known to be out of memory, not kill -9."""
 
     def __init__(self, run_dir: Path | None, node_rank: int, nproc: int) -> None:
         self.run_dir, self.node_rank, self.nproc = run_dir, node_rank, nproc
+        self.ooms_before = oom_kills()
+        self.oom_kills = 0  # counted by `write`
         self.started = time.time()
         self.failures: list[dict[str, Any]] = []
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -105,6 +137,9 @@ class LaunchRecord:
                   "nproc": self.nproc, "started": self.started, "ended": time.time(),
                   "torchrun_exit": torchrun_exit, "exit": exit_code, "failures": self.failures,
                   "tail": list(self.tail), **({"refused": refused} if refused else {})}
+        ooms = oom_kills()
+        if ooms is not None and self.ooms_before is not None and ooms > self.ooms_before:
+            record["oom_kills"] = self.oom_kills = ooms - self.ooms_before
         try:
             write_json(path, record)
         except OSError:

@@ -52,10 +52,15 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_tmp(path: Path, data: bytes) -> Path:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:  # a full disk says nothing of the file: name it (and its size)
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, f"{e.strerror} (writing {len(data)} bytes)", str(tmp)) from e
     return tmp
 
 
@@ -136,13 +141,16 @@ def load(path: Path) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def newest_valid(directory: str | Path) -> Path | None:
-    """The newest checkpoint that verifies; each newer broken one is reported and skipped."""
+def newest_valid(directory: str | Path, skipped: list[dict[str, Any]] | None = None) -> Path | None:
+    """The newest checkpoint that verifies; each newer broken one is reported, skipped and
+    appended to `skipped` (`{"path", "step", "problem"}`: `ddpkit why` says so)."""
     for step, path in checkpoints(directory):
         problem = verify(path)
         if problem is None:
             return path
         log.warning("checkpoint %s (step %d) is unusable: %s; trying the previous one", path, step, problem)
+        if skipped is not None:
+            skipped.append({"path": str(path), "step": step, "problem": problem})
     return None
 
 

@@ -289,6 +289,12 @@ class TrainConfig(BaseModel):
         "RUN_DIR/debug/attempt-N/ with a verdict naming the stuck rank, and the attempt ends "
         "(exit 124: a restart, counted against `restarts`). README \"Hangs\".",
     )
+    stop_on_nonfinite_loss: bool = Field(
+        True,
+        description="Stop with FloatingPointError (naming the step and the rank) when a rank's "
+        "loss is NaN or infinite: checked every `log_every_steps` steps, where the losses are "
+        "read anyway (no extra device sync).",
+    )
     hang_floor_s: float = Field(20.0, ge=1, le=86_400, description="The watchdog's shortest deadline for a step's phases.")
     hang_factor: float = Field(10.0, ge=1, le=1000, description="The watchdog's deadline for a step's phases: this x the p99 step time of the attempt (at least `hang_floor_s`).")
     straggler_factor: float = Field(

@@ -117,6 +117,7 @@ STOP_FILE_VAR = "DDPKIT_STOP_FILE"  # a worker writes the checkpointed step here
 CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
 PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
 LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any context (run --local)
+RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.guard writes stacks
 
 #: Fault injection, for tests only: set by the test suite, read by the workers.
 STOP_AT_STEP_VAR = "DDPKIT_STOP_AT_STEP"  # act as if a stop signal came at step N

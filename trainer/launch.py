@@ -81,6 +81,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
     NNODES_VAR,
     NPROC_PER_NODE_VAR,
     PREFLIGHT_ONLY_VAR,
+    RUN_DIR_VAR,
     RUN_ID_VAR,
     STOP_FILE_VAR,
     STOP_GRACE_S_VAR,
@@ -92,6 +93,7 @@ Source = str | Callable[[Env], "str | None"]
 
 TRAINER = list(TRAINER_ENTRY)
 PREFLIGHT = ["-m", "trainer.preflight"]
+GUARD = ["-m", "trainer.guard"]  # a script job's workers: stacks on a stop, its exceptions recorded
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # Variables that describe one worker; stale copies in a node's environment are dropped.
@@ -650,6 +652,9 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     code = _exit_code(rc, saved, stopped, log)
     if record is not None:
         record.write(rc, code)
+        if record.oom_kills:
+            log(f"{attempts.OOM_LINE} {record.oom_kills} process(es) in this node's memory cgroup while "
+                "torchrun ran: a worker's SIGKILL (-9) is out of memory")
     return code
 
 
@@ -813,6 +818,8 @@ def read_job_settings(env: Env) -> JobSettings:
         job = JobSettings(sections.name, sections.train.timeout_s, sections.entry, sections.script,
                           sections.preflight, sections.torchrun_args, sections.cpus_per_node,
                           sections.train.threads, sections.train.output_dir)
+    if job.entry not in (None, TRAINER):  # your own script: under trainer.guard (stacks, exceptions)
+        job.entry = [*GUARD, *job.entry]
     if env.get(PREFLIGHT_ONLY_VAR) == "1":  # `python -m trainer.preflight` on a node
         job.entry, job.script, job.preflight = list(PREFLIGHT), None, False
     elif job.preflight:  # `preflight: true`: each worker checks, then runs the real entry
@@ -849,6 +856,9 @@ def main() -> int:
                            torchrun_args=job.torchrun_args, cpus=node_cpus(job))
     except LaunchError as e:
         return refuse(job, log, str(e))
+    run_dir = run_dir_of(job)
+    if job.entry and job.entry[:2] == GUARD and run_dir is not None:
+        plan.env[RUN_DIR_VAR] = str(run_dir.resolve())
     relay_pid = None
     tagged = plan.context in TAGGED_CONTEXTS or env.get(contract.LINE_TAGS_VAR) == "1"
     if tagged and plan.node_rank is not None and plan.mode != "direct":
@@ -892,10 +902,27 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
-        return supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc))
+        code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc))
+        if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
+            script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
+        return code
     sys.stdout.flush()
     os.execve(plan.argv[0], plan.argv, plan.env)
     return EXIT_FAILURE  # not reached
+
+
+def script_verdict(plan: NodePlan, run_dir: Path, nproc: int, code: int) -> None:
+    """Node 0's launcher of a script job that failed or was stopped: trainer.guard's verdict
+    from every rank's stacks (the other nodes' reach a shared run directory a little later)."""
+    from trainer import guard
+
+    nnodes = plan.argv[plan.argv.index("--nnodes") + 1].split(":")[-1]
+    world = int(nnodes) * nproc
+    deadline = time.monotonic() + (5.0 if int(nnodes) > 1 else 1.0)
+    while time.monotonic() < deadline and not all(
+            any((d / f"rank-{r}.txt").exists() for d in (run_dir / "debug").glob("attempt-*")) for r in range(world)):
+        time.sleep(0.2)
+    guard.write_verdict(run_dir, world, stopped="a stop signal" if code == EXIT_STOPPED_UNSAVED else None)
 
 
 if __name__ == "__main__":

@@ -217,6 +217,7 @@ class Progress:
         self.straggler: dict[str, Any] | None = None  # trainer/stragglers.py, set by the trainer
         self.ranks: list[dict[str, Any]] | None = None  # each rank's rate over the last window
         self.exporter: Exporter | None = None
+        self.resumed: dict[str, Any] | None = None  # the checkpoint resumed from, those skipped
 
     def phase_of(self, step: int) -> str:
         """The class of a step that starts at `step` (done steps): redone up to the furthest."""
@@ -260,7 +261,7 @@ class Progress:
             "eta_s": remaining / rate if rate and state == "running" else (0.0 if remaining == 0 else None),
             "restarts": self.attempt, "restarts_allowed": self.restarts_allowed,
             "wall_s": now - self.ledger.t0, "classes": _rounded(classes),
-            "straggler": self.straggler, "ranks": self.ranks,
+            "straggler": self.straggler, "ranks": self.ranks, "resumed": self.resumed,
             "run": {"started": self.run_started, "wall_s": now - self.run_started,
                     "goodput": goodput(run), "classes": _rounded(run)},
         }

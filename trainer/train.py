@@ -690,8 +690,11 @@ class Trainer:
     def resume(self) -> None:
         from trainer import checkpoint
 
-        path = checkpoint.newest_valid(self.ckpt_dir) if self.is_main else None
+        skipped: list[dict[str, Any]] = []
+        path = checkpoint.newest_valid(self.ckpt_dir, skipped) if self.is_main else None
         path = self.broadcast(None if path is None else str(path))
+        if skipped and self.progress is not None:  # `ddpkit why`: a resume that went further back
+            self.progress.resumed = {"checkpoint": path, "skipped": skipped}
         if path is None:
             return
         # Every rank reads the file when it can see it (shared storage); else rank 0 sends it.
@@ -720,6 +723,8 @@ class Trainer:
                         "not the one that was interrupted", ", train.".join(changed))
         self.resumed_from = self.step
         self.last_saved = self.step
+        if self.progress is not None:
+            self.progress.resumed = {**(self.progress.resumed or {}), "checkpoint": path, "step": self.step}
         if self.is_main:
             log.info("resumed from %s (step %d, epoch %d)", path, self.step, self.epoch)
             self.write({"event": "resumed", "step": self.step, "checkpoint": path})
@@ -1006,6 +1011,13 @@ class Trainer:
             s.losses.append(loss)
             self.write({"step": step, "epoch": epoch, "loss": loss, "lr": lr,
                         "samples_per_s": s.global_batch / dt if dt > 0 else None})
+        bad = next(((p[0], v) for p, v in zip(s.pending, values, strict=True) if not math.isfinite(v)), None)
+        if bad is not None and self.cfg.stop_on_nonfinite_loss:
+            good = [(p[0], v) for p, v in zip(s.pending, values, strict=True) if math.isfinite(v)]
+            last = f"; the last finite loss {good[-1][1]:.4g} at step {good[-1][0]}" if good else ""
+            raise FloatingPointError(
+                f"loss is {bad[1]} at step {bad[0]} on rank {self.rank}{last} (a learning rate too "
+                "high, bad input, an overflow; train.stop_on_nonfinite_loss: false trains on)")
         step, epoch, _, lr, dt = s.pending[-1]
         msg = (f"step {step}/{self.total_steps} epoch {epoch} loss {values[-1]:.4f} lr {lr:.3g} "
                f"{s.global_batch / dt if dt > 0 else 0:.0f} samples/s")

@@ -239,7 +239,16 @@ class Watchdog:
             self.fired = True
             self._dump()
             self._book({"age_s": time.time() - self.hb.since})
-            time.sleep(2 * DUMP_WAIT_S)  # the reporter reads the heartbeats and exits first
+            # the reporter reads the heartbeats and exits first; its verdict goes to this
+            # node's log too (a cluster may keep only some nodes' logs)
+            deadline = time.time() + 2 * DUMP_WAIT_S
+            while time.time() < deadline:
+                with contextlib.suppress(Exception):
+                    if store.check([self.flag + "/verdict"]):
+                        if os.environ.get("LOCAL_RANK", "0") == "0":
+                            print(PREFIX + store.get(self.flag + "/verdict").decode(), flush=True)
+                        break
+                time.sleep(0.2)
             leave()
         age = time.time() - self.hb.since
         if age > self.hb.deadline(self.floor_s, self.factor, self.timeout_s):
@@ -272,7 +281,7 @@ class Watchdog:
                     beats[r] = json.loads(store.get(self._key(r)))
         found = {"attempt": self.attempt, "reporter": self.rank, "age_s": round(age, 1),
                  **verdict(beats, now, self.world), "debug_dir": str(self.debug_dir)}
-        self._finish(found)
+        self._finish(found, store)
 
     def _store_lost(self, err: Exception) -> None:
         self._dump()
@@ -282,7 +291,7 @@ class Watchdog:
                       "others": f"rank {self.rank} in {self.hb.phase} at step {self.hb.step}",
                       "debug_dir": str(self.debug_dir)})
 
-    def _finish(self, found: dict[str, Any]) -> None:
+    def _finish(self, found: dict[str, Any], store: Any = None) -> None:
         line = (f"hang: {found['explain']}; waiting: {found['others']}. Stacks: {found['debug_dir']}/. "
                 f"Ending attempt {self.attempt} (exit {EXIT_HANG}): the group restarts if restarts are left")
         with contextlib.suppress(OSError):
@@ -290,6 +299,10 @@ class Watchdog:
             (self.debug_dir / "verdict.txt").write_text(json.dumps(found, indent=1) + "\n" + line + "\n")
         print(PREFIX + json.dumps(found), flush=True)
         print(f"ddpkit watchdog: {line}", file=sys.stderr, flush=True)
+        if store is not None:  # for the other ranks' logs (they wait for it after the flag)
+            with contextlib.suppress(Exception):
+                store.set(self.flag + "/verdict", json.dumps(found))
+                time.sleep(1.0)
         self._book(found)
         leave()
 

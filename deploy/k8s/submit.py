@@ -90,6 +90,7 @@ class Cluster(Protocol):
     def get(self, kind: str, namespace: str, name: str) -> dict: ...
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
+    def events(self, namespace: str, pod: str, reason: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool,
             tail_lines: int | None = None, previous: bool = False) -> Iterator[str]: ...
 
@@ -163,6 +164,12 @@ class KubeCluster:
 
     def pods(self, namespace: str, selector: str) -> list[dict]:
         found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
+        return self.api.sanitize_for_serialization(found).get("items", [])
+
+    def events(self, namespace: str, pod: str, reason: str) -> list[dict]:
+        """The pod's events of one `reason` (the kubelet's FailedMount, ...), oldest first."""
+        found = self._call(self.core.list_namespaced_event, namespace,
+                           field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason={reason}")
         return self.api.sanitize_for_serialization(found).get("items", [])
 
     def log(self, namespace: str, pod: str, container: str, follow: bool,
@@ -349,7 +356,27 @@ def _workload_and_pods(h: Handle, cluster: Cluster) -> tuple[Handle, dict, dict[
         pods = pods_by_rank(h.flavor, cluster.pods(h.namespace, selector))
     except ApiError:  # no permission to list pods: the workload's state alone
         pods = {}
+    for pod in pods.values():  # scheduled, its containers not created: a volume the kubelet cannot mount?
+        if creating(pod):
+            try:
+                pod[MOUNT_EVENTS] = cluster.events(h.namespace, pod["metadata"]["name"], "FailedMount")
+            except ApiError:  # no permission to list events
+                pass
     return h, obj, pods
+
+
+#: where `_workload_and_pods` keeps a creating pod's FailedMount events (not a pod field)
+MOUNT_EVENTS = "ddpkit.failedMountEvents"
+
+
+def creating(pod: dict) -> bool:
+    """Scheduled, and every container still waiting to be created (ContainerCreating)."""
+    status = pod.get("status") or {}
+    scheduled = any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in status.get("conditions") or [])
+    waiting = [((c.get("state") or {}).get("waiting") or {}).get("reason")
+               for c in status.get("initContainerStatuses", []) + status.get("containerStatuses", [])]
+    return scheduled and status.get("phase") == "Pending" and all(w in ("ContainerCreating", "PodInitializing", None)
+                                                                  for w in waiting)
 
 
 def _state_line(h: Handle, obj: dict, pods: dict[int, dict]) -> tuple[str, dict[int, dict]]:
@@ -365,7 +392,7 @@ def _state_line(h: Handle, obj: dict, pods: dict[int, dict]) -> tuple[str, dict[
 
 
 #: A container's waiting reasons that mean it will not start by itself (kubelet's words).
-STUCK_WAITING = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+STUCK_WAITING = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError",
                  "CreateContainerError", "CrashLoopBackOff", "RunContainerError"}
 
 
@@ -381,6 +408,9 @@ def pod_held_up(pod: dict) -> str | None:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in STUCK_WAITING:
             return f"waiting: {waiting['reason']}: {str(waiting.get('message') or '').strip()[:200]}".rstrip(": ")
+    mounts = pod.get(MOUNT_EVENTS) or []
+    if mounts:  # the kubelet retries a failed mount for ever: the pod stays ContainerCreating
+        return f"waiting: FailedMount: {str(mounts[-1].get('message') or '').strip()[:200]}".rstrip(": ")
     return None
 
 
@@ -428,14 +458,15 @@ def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
     if failed:
         rank, said = next(iter(failed.items()))
         state_line += f" [node rank {rank}: {said}]"
-    pod = pods.get(next(iter(failed), 0))
+    # every failed pod's log, by node rank (the watchdog's verdict is in the log of the rank
+    # that found the hang, on any node), else rank 0's
     text = ""
-    if pod is not None:
+    for pod in [pods[r] for r in failed] or [p for p in [pods.get(0)] if p is not None]:
         try:
-            text = "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
-                                       False, tail_lines=TAIL_LINES))
+            text += "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
+                                        False, tail_lines=TAIL_LINES))
         except ApiError:
-            text = ""
+            continue
     return explain(state_line, text)
 
 

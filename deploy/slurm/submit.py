@@ -334,7 +334,26 @@ def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
     if info is None:
         return explain(_describe_ended(accounted(handle, runner=runner)), "")
     text = tail_of_file(_log_path(info)) if info.get("StdOut") else ""
-    return explain(_describe(info), text)
+    return explain(_describe(info), text, run_dir(info))
+
+
+def run_dir(info: dict[str, str]) -> Path | None:
+    """The job's run directory (trainer/attempts.py), where this host can read it (a shared file
+    system, the usual case on Slurm): `<train.output_dir>/<job name>` of the job file the batch
+    script kept beside its output file, relative to the job's working directory."""
+    import yaml
+
+    if not info.get("StdOut") or not info.get("JobName"):
+        return None
+    log = _log_path(info)
+    job_file = log.parent / f"{info['JobName']}-{info.get('JobId', '')}.job.yaml"
+    try:
+        job = yaml.safe_load(job_file.read_text()) or {}
+        output = Path(str((job.get("train") or {}).get("output_dir") or "runs"))
+    except (OSError, ValueError, AttributeError):
+        return None
+    found = (output if output.is_absolute() else Path(info.get("WorkDir", ".")) / output) / info["JobName"]
+    return found if found.is_dir() else None
 
 
 def _waited(info: dict[str, str]) -> float | None:

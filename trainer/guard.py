@@ -1,0 +1,194 @@
+"""Stacks and a verdict for your own torchrun script (`script:` or `module:` jobs), which has no
+heartbeats for the hang watchdog: `python -m trainer.guard SCRIPT ARGS` (or `-m MODULE ARGS`)
+runs the script as `python SCRIPT ARGS` would (as `__main__`, its folder first on `sys.path`),
+after two hooks, stdlib only:
+
+- a stop signal (SIGTERM: torchrun ending the group after a rank failed, or a stop reaching the
+  workers) writes the rank's Python stacks, every thread (`faulthandler`, chained: the signal
+  then does what it did before), to `RUN_DIR/debug/attempt-N/rank-R.txt`;
+- an uncaught exception writes the same file (its traceback first) and the exception record
+  `ddpkit why` reads (trainer/attempts.py `record_exception`), then Python prints it as always.
+
+The launcher (trainer/launch.py) runs every worker of a script job this way, and after torchrun
+ended with a failure it calls `write_verdict`: when a rank's exception is a collective timeout
+(or the launcher was stopped), the stacks say which rank waited in a collective and which was
+elsewhere, the one that held the others up: `verdict.txt` beside the stacks, and a
+`ddpkit-hang {json}` line, as the watchdog writes them. A rank that left no stacks at all
+(SIGSTOPped, SIGKILLed) is named for that. `RUN_DIR` comes from `DDPKIT_RUN_DIR`; without it
+the script runs unguarded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import re
+import runpy
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exception
+from trainer.contract import RUN_DIR_VAR
+
+PREFIX = "ddpkit-hang "
+#: A frame in these is a rank waiting for the others (a collective, DDP's all-reduce in backward).
+_COLLECTIVE_FILES = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/")
+#: How gloo, NCCL and c10d say a collective (or the store) timed out.
+_TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout|Watchdog caught collective operation timeout|DistTimeoutError")
+_FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)')
+
+
+def debug_dir(run_dir: Path, attempt: int) -> Path:
+    return run_dir / "debug" / f"attempt-{attempt}"
+
+
+def _header(rank: int, attempt: int, why: str) -> str:
+    return (f"rank {rank} on {socket.gethostname()} (pid {os.getpid()}), attempt {attempt}, {why}; "
+            f"main thread 0x{threading.main_thread().ident or 0:016x}\n\n")
+
+
+def install(run_dir: Path) -> None:
+    """The two hooks (module docstring), for this worker."""
+    rank = int(os.environ.get("RANK", "0") or 0)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    where = debug_dir(run_dir, attempt)
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        stacks = open(where / f"rank-{rank}.txt", "w")  # noqa: SIM115  (kept open: the signal handler writes to it)
+        stacks.write(_header(rank, attempt, "stacks at SIGTERM (most recent call first)"))
+        stacks.flush()
+    except OSError as e:
+        print(f"ddpkit guard: no stacks for rank {rank}: {e}", file=sys.stderr)
+        return
+    faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(signal.SIGTERM)
+            stacks.seek(0)
+            stacks.truncate()
+            stacks.write(_header(rank, attempt, f"an uncaught {kind.__name__}"))
+            stacks.write("".join(traceback.format_exception(kind, exc, tb)) + "\n")
+            stacks.flush()
+            faulthandler.dump_traceback(stacks, all_threads=True)
+            stacks.flush()
+        record_exception(run_dir, rank, exc, step=None, phase=None)
+        previous(kind, exc, tb)
+
+    sys.excepthook = hook
+
+
+def main(argv: list[str]) -> None:
+    if not argv:
+        raise SystemExit("usage: python -m trainer.guard SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    if os.environ.get(RUN_DIR_VAR):
+        install(Path(os.environ[RUN_DIR_VAR]))
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = os.path.abspath(argv[0])
+    sys.argv = argv
+    sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` has it (here: the guard's folder)
+    runpy.run_path(script, run_name="__main__")
+
+
+# -- the launcher's side: a verdict from the stacks -----------------------------------------------
+
+def _main_stack(text: str) -> list[tuple[str, int, str]]:
+    """The main thread's frames (file, line, function), innermost first, from a stacks file:
+    an exception's traceback where there is one (the dump after it shows only the hook), else
+    faulthandler's block of the main thread."""
+    lines = text.splitlines()
+    if "Traceback (most recent call last):" in text:
+        frames = []
+        for line in lines:
+            found = re.match(r'^\s*File "(.+)", line (\d+), in (\S+)', line)
+            if found:
+                frames.insert(0, (found.group(1), int(found.group(2)), found.group(3)))
+        return frames
+    ident = re.search(r"main thread (0x[0-9a-f]+)", text)
+    start = next((i for i, line in enumerate(lines)
+                  if ident and line.split(" (")[0].endswith(ident.group(1))), None)
+    frames = []
+    for line in lines[start + 1:] if start is not None else []:
+        found = _FRAME.match(line)
+        if not found:
+            break
+        frames.append((found.group(1), int(found.group(2)), found.group(3)))
+    return frames
+
+
+def where_is(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
+    """(waiting in a collective, the innermost frame outside torch and the standard library)."""
+    waiting = any(_COLLECTIVE_FILES.search(f) for f, _, _ in frames)
+    own = next(((f, n, fn) for f, n, fn in frames if "/torch/" not in f and "/lib/python3" not in f
+                and not f.endswith("trainer/guard.py")), frames[0] if frames else None)
+    said = f"{os.path.basename(own[0])}:{own[1]} in {own[2]}" if own else "?"
+    if waiting:
+        op = next((fn for f, _, fn in frames if _COLLECTIVE_FILES.search(f)), "?")
+        said += f" (waiting in {op})"
+    else:
+        said += " (outside any collective)"
+    return waiting, said
+
+
+def write_verdict(run_dir: Path, world: int, stopped: str | None = None) -> dict[str, Any] | None:
+    """After torchrun ended with a failure (or was stopped: `stopped` names the signal): for each
+    attempt with stacks and no verdict yet, the verdict when a rank's exception is a collective
+    timeout or the stop came from outside. None when there is nothing to say."""
+    errors = read_records(run_dir / ATTEMPTS_DIR / ERRORS_DIR)
+    found = None
+    for directory in sorted((run_dir / "debug").glob("attempt-*")):
+        if (directory / "verdict.txt").exists():
+            continue
+        attempt = int(directory.name.split("-", 1)[1])
+        mine = [e for e in errors if int(e.get("restart", 0)) == attempt]
+        timed_out = [e for e in mine if _TIMEOUT.search(f"{e.get('type')}: {e.get('message')}")]
+        if not timed_out and not stopped:
+            continue
+        places = {}
+        for r in range(world):
+            path = directory / f"rank-{r}.txt"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            if 'File "' in text:
+                waits, said = where_is(_main_stack(text))
+                host = re.match(r"rank \d+ on (\S+)", text)
+                places[r] = (waits, f"on {host.group(1)} at {said}" if host else said)
+            else:
+                places[r] = None
+        waiting = sorted(r for r, p in places.items() if p and p[0])
+        elsewhere = sorted(r for r, p in places.items() if p and not p[0])
+        silent = sorted(r for r, p in places.items() if p is None)
+        parts = [f"rank {r}: {places[r][1]}" for r in elsewhere]
+        parts += [f"rank {r}: no stacks (frozen or killed: SIGSTOP, SIGKILL, a node gone)" for r in silent]
+        others = ", ".join(f"rank {r}: {places[r][1]}" for r in waiting) or "none"
+        if stopped:
+            cause, culprits = "stopped", []
+            explain = f"stopped by {stopped}; where each rank was: " + "; ".join(
+                [f"rank {r}: {p[1]}" if p else f"rank {r}: no stacks" for r, p in sorted(places.items())])
+        else:
+            e = timed_out[0]
+            cause, culprits = "collective-timeout", (elsewhere + silent) or waiting
+            explain = (f"collective timeout on rank {e.get('rank')} ({e.get('type')}: "
+                       f"{str(e.get('message')).splitlines()[0][:200]}); "
+                       + ("; ".join(parts) if parts else "every rank waited in a collective (a deadlock)"))
+        found = {"attempt": attempt, "reporter": "launcher", "cause": cause, "culprits": culprits,
+                 "explain": explain, "others": others, "debug_dir": str(directory), "time": time.time()}
+        with contextlib.suppress(OSError):
+            (directory / "verdict.txt").write_text(json.dumps(found, indent=1) + "\n")
+        print(PREFIX + json.dumps(found), file=sys.stderr, flush=True)
+    return found
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
