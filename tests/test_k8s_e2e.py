@@ -412,14 +412,17 @@ def test_a_broken_manifest_is_refused_by_the_server_or_webhook(cluster, flavor):
 
 
 def test_kind_e2e_script_runs_against_the_testbed(cluster, image, tmp_path):
+    """The script's own path (render, lint against the served CRDs, strict apply, wait, logs,
+    cancel) for one flavor: every flavor's training on the testbed is
+    test_flavor_trains_across_pods_and_cancel_leaves_nothing's (the four took 331 s here)."""
     env = dict(cluster, PATH=f"{Path(sys.executable).parent}{os.pathsep}{cluster['PATH']}",
-               CLUSTER="existing", IMAGE=IMAGE, OUT=str(tmp_path), TIMEOUT_S="600",
+               CLUSTER="existing", IMAGE=IMAGE, OUT=str(tmp_path), TIMEOUT_S="600", FLAVORS="pytorchjob",
                EXTRA_SETS="--set resources.cpus_per_node=0.7 --set resources.memory=2Gi "
                           "--set train.plot=false")
     proc = subprocess.run(["bash", str(REPO / "k8s" / "kind" / "e2e.sh")], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=4 * JOB_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "every flavor succeeded: job pytorchjob jobset trainjob" in proc.stderr
+    assert "every flavor succeeded: pytorchjob" in proc.stderr
 
 
 @pytest.mark.parametrize("flavor", ["pytorchjob", "job"])

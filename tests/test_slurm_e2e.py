@@ -536,6 +536,9 @@ def corpus_job(directory: Path, name: str, **fields) -> str:
     data.update(name=name, restarts=0, resources={"cpus_per_node": 1, "memory": "2Gi"})
     data["slurm"] = {**data["slurm"], "venv": sys.prefix, "requeue": False}
     for key, value in fields.items():
+        if value is None:
+            data.pop(key, None)
+            continue
         data[key] = {**data[key], **value} if isinstance(data.get(key), dict) and isinstance(value, dict) else value
     (directory / "job.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
     return str(directory / "job.yaml")
@@ -552,7 +555,7 @@ def hang_train(where: str, marker: Path) -> dict:
 
 
 def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
-    """Submitted together, then each checked: (1) torchrun mode, rank 3 stuck in a DataLoader
+    """Submitted together (the last starts when a node has a CPU free), then each checked: (1) torchrun mode, rank 3 stuck in a DataLoader
     worker; (2) srun mode, rank 3 asleep in its forward: the watchdog names rank 3 on node 2
     within 30 s, every rank's stacks under the run directory, `why` says hang, rank and node;
     (3) your own torchrun script (tests/hang_script.py) whose rank 3 sleeps: rank 0's 10 s
@@ -560,16 +563,17 @@ def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
     names rank 3 on node 2; (4) a job that ignores the warning signal and outlives its 1-minute
     limit: Slurm ends it TIMEOUT, `why` says time-limit. `why` answers within 10 s of each end."""
     shutil.copy(REPO / "tests" / "hang_script.py", tmp_path / "hang_script.py")
-    cases = {
-        "hang-torchrun": corpus_job(tmp_path / "hang-torchrun", "hang-torchrun",
-                                    train=hang_train("data", tmp_path / "hung-data")),
-        "hang-srun": corpus_job(tmp_path / "hang-srun", "hang-srun", slurm={"launcher": "srun"},
-                                train=hang_train("forward", tmp_path / "hung-forward")),
-        "script-timeout": corpus_job(tmp_path / "script-timeout", "script-timeout", train={"plot": False},
-                                     script=str(tmp_path / "hang_script.py"), env={"HANG_RANK": "3", "TIMEOUT_S": "10"}),
+    cases = {  # in this order: the last one waits for a node's 4th CPU (srun mode takes 2)
         "time-limit": corpus_job(tmp_path / "time-limit", "time-limit", nodes=1, procs_per_node=1, time_limit="1m",
                                  command=["bash", "-c", "trap '' USR2; exec sleep 600"],
                                  slurm={"signal_seconds": 10}, checkpoint={"ephemeral": True}),
+        "hang-torchrun": corpus_job(tmp_path / "hang-torchrun", "hang-torchrun",
+                                    train=hang_train("data", tmp_path / "hung-data")),
+        "hang-srun": corpus_job(tmp_path / "hang-srun", "hang-srun", slurm={"launcher": "srun"},
+                                resources={"cpus_per_node": 2, "memory": "2Gi"},
+                                train=hang_train("forward", tmp_path / "hung-forward")),
+        "script-timeout": corpus_job(tmp_path / "script-timeout", "script-timeout", train=None, checkpoint=None,
+                                     script=str(tmp_path / "hang_script.py"), env={"HANG_RANK": "3", "TIMEOUT_S": "10"}),
     }
     handles = {}
     for name, path in cases.items():
