@@ -30,13 +30,13 @@ TESTS = {
     "slurm": (["tests/test_slurm_e2e.py::test_the_fault_corpus_on_slurm",
                "tests/test_slurm_e2e.py::test_why_names_the_exception_and_its_node",
                "tests/test_slurm_e2e.py::test_preempted_job_checkpoints_requeues_resumes_and_never_reruns",
-               "tests/test_slurm_e2e.py::test_a_lost_node_requeues_and_resumes_or_ends_the_job_as_restarts_say"],
+               "tests/test_slurm_e2e.py::test_a_lost_node_requeues_and_resumes_or_ends_the_job_as_restarts_say[0-ddpkit-node2]"],
               {"DDPKIT_SLURM_E2E": "1"}),
     "k8s": (["tests/test_k8s_e2e.py::test_the_fault_corpus_on_kubernetes",
              "tests/test_k8s_e2e.py::test_status_says_why_pods_wait_in_the_schedulers_words"],
             {"DDPKIT_K8S_E2E": "1"}),
 }
-_WHY = re.compile(r"(?:(\S+): )?`?why`? answered (?:in )?([\d.]+)s")
+_WHY = re.compile(r"(?:(\S+): )?(?:`?why`? answered (?:in )?|why after )([\d.]+)s")
 _FOUND = re.compile(r"(?:(\S+): )?(?:verdict after|found) ([\d.]+) ?s")
 
 

@@ -317,7 +317,7 @@ def test_status_says_why_pods_wait_in_the_schedulers_words(cluster, image, handl
 @pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
 def test_pod_deleted_mid_run_comes_back_and_resumes(cluster, image, handles, tmp_path, flavor):
     name = f"e2e-kill-{flavor}"
-    handle = submit(cluster, handles, job_file(tmp_path, name, flavor, max_steps=200, epochs=100))
+    handle = submit(cluster, handles, job_file(tmp_path, name, flavor, max_steps=100, epochs=100))
     out = tmp_path / "out"
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while max(metric_steps(out), default=0) < 50:  # past the checkpoints at steps 20 and 40
@@ -329,7 +329,7 @@ def test_pod_deleted_mid_run_comes_back_and_resumes(cluster, image, handles, tmp
     kubectl(cluster, "delete", "pod", victim["metadata"]["name"], "--wait=false")
     wait_for(cluster, handle, {"SUCCEEDED"})
     final = summaries(logs(cluster, handle, 0))[-1]
-    assert final["steps"] == 200
+    assert final["steps"] == 100
     assert final["resumed_from_step"] and final["resumed_from_step"] >= 40, final
     assert final["params_identical"] is True
     now = {p["metadata"]["uid"] for p in pods(cluster, name)}
@@ -725,17 +725,18 @@ def test_reimporting_a_tag_leaves_no_replaced_image_behind(cluster):
 # on the node, a volume the kubelet cannot mount, a pod over its memory limit.
 
 def corpus_hang_job(tmp_path: Path, name: str, flavor: str, where: str, restarts: int) -> Path:
-    """quickstart-2node at 0.45 CPU a pod (both hang jobs run at once on the 2-CPU node);
+    """quickstart-2node at 0.4 CPU a pod (both hang jobs and the small ones fit the 2-CPU node at once);
     rank 3 (node rank 1's second worker) stops once: asleep in its forward, or stuck in its
     DataLoader worker. Its run directory (stacks, verdict) on the hostPath volume."""
     directory = tmp_path / name
     directory.mkdir()
-    path = job_file(directory, name, flavor, max_steps=300, epochs=100, batch_size=32, log_every_steps=5,
+    path = job_file(directory, name, flavor, max_steps=60, epochs=100, batch_size=32, log_every_steps=5,
                     num_workers=1 if where == "data" else 0, model="tests.user_workloads:hang",
                     model_args={"where": where, "rank": 3, "after": 30 if where == "forward" else 1200,
                                 "marker": "/out/hung-once"})
     job = yaml.safe_load(path.read_text())
-    job.update(restarts=restarts, resources={**job["resources"], "cpus_per_node": 0.45})
+    job.update(restarts=restarts, resources={**job["resources"], "cpus_per_node": 0.4})
+    job.pop("slurm", None)  # quickstart's requeue needs restarts >= 1
     job["env"] = {**job.get("env", {}), "PYTHONPATH": "/repo"}  # tests.user_workloads
     job["volumes"].append({"name": "repo", "mount": "/repo", "host_path": str(REPO), "read_only": True})
     path.write_text(yaml.safe_dump(job, sort_keys=False))
@@ -747,6 +748,7 @@ def small_job(tmp_path: Path, name: str, **fields) -> Path:
     path = job_file(tmp_path, name, "job")
     job = yaml.safe_load(path.read_text())
     job.update(nodes=1, procs_per_node=1, restarts=0, resources={"cpus_per_node": 0.1, "memory": "256Mi", "shm": "64Mi"})
+    job.pop("slurm", None)  # quickstart's requeue needs restarts >= 1
     for key, value in fields.items():
         job[key] = value(job[key]) if callable(value) else value
     path.write_text(yaml.safe_dump(job, sort_keys=False))
@@ -799,6 +801,8 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
     assert why[0].startswith("image: ") and "ErrImageNeverPull" in why[0] and "ddpkit:no-such-tag" in why[0], why
     why = why_at_end(cluster, submitted["bad-mount"], {"FailedMount"}, timeout=120)
     assert why[0].startswith("mount: ") and 'configmap "no-such-config" not found' in why[0], why
+    for name in ("no-image", "bad-mount"):  # their CPU for the OOM pod
+        ddpkit("cancel", submitted[name], "--wait", "0", env=cluster)
     why = why_at_end(cluster, submitted["oom"], {"FAILED"}, timeout=300)
     assert why[0].startswith("oom: "), why + [describe(cluster, submitted["oom"])]
 
@@ -812,8 +816,8 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
         assert found["culprits"] == [3] and found["cause"] == "stuck-outside-collective", found
         assert found["age_s"] <= 30, found
         assert sorted(p.name for p in debug.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(4)]
-        pod = node_pods(cluster, flavor, name)[1][0]
-        host = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        # node rank 1's pod (the Job's failed pods' peers are deleted): its hostname
+        host = {"job": f"{name}-1", "pytorchjob": f"{name}-worker-0"}[flavor]
         assert f"rank 3 on {host} in {'data' if flavor == 'pytorchjob' else 'forward'}" in found["explain"], found
         if flavor == "job":
             assert why[0].startswith(f"hang: rank 3 on {host}: rank 3 on {host} in forward at step "), why
