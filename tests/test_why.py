@@ -157,12 +157,14 @@ def test_a_launch_that_never_trains_says_why(tmp_path):
     line = why(tmp_path / "runs" / "port")[0]
     assert line.startswith(f"rendezvous: on {host}, attempt 0: ") and "EADDRINUSE" in line, line
 
-    job = {"name": "resized", "train": train, "checkpoint": {"every_steps": 3, "keep": 2}}
+    # an IterableDataset's position is per rank: its checkpoint resumes on the same world size only
+    job = {"name": "resized", "checkpoint": {"every_steps": 2, "keep": 2},
+           "train": {**train, "model": "tests.user_workloads:iterable", "batch_size": 8, "max_steps": 40, "epochs": 5}}
     assert launch(tmp_path, job, 2, DDPKIT_STOP_AT_STEP="3").returncode == 143
     launch(tmp_path, job, 1)
     lines = why(tmp_path / "runs" / "resized")
     assert lines[0].startswith("config: rank 0 on") and "attempt 1: ConfigError: checkpoint" in lines[0], lines
-    assert "was written by 2 ranks, this run has 1" in lines[0]
+    assert "was written by 2 ranks, this run has 1: the data position of an IterableDataset is per rank" in lines[0]
     assert lines[1].startswith("  attempt 0: stopped: attempt 0: after the checkpoint of step"), lines
 
 

@@ -245,8 +245,9 @@ class Watchdog:
             while time.time() < deadline:
                 with contextlib.suppress(Exception):
                     if store.check([self.flag + "/verdict"]):
-                        if os.environ.get("LOCAL_RANK", "0") == "0":
-                            print(PREFIX + store.get(self.flag + "/verdict").decode(), flush=True)
+                        found = json.loads(store.get(self.flag + "/verdict"))
+                        if os.environ.get("LOCAL_RANK", "0") == "0" and found.get("host") != socket.gethostname():
+                            print(PREFIX + json.dumps(found), flush=True)  # once a node, not the reporter's
                         break
                 time.sleep(0.2)
             leave()
@@ -279,7 +280,7 @@ class Watchdog:
             with contextlib.suppress(Exception):  # a rank that never published: missing
                 if r != self.rank and store.check([self._key(r)]):
                     beats[r] = json.loads(store.get(self._key(r)))
-        found = {"attempt": self.attempt, "reporter": self.rank, "age_s": round(age, 1),
+        found = {"attempt": self.attempt, "reporter": self.rank, "host": socket.gethostname(), "age_s": round(age, 1),
                  **verdict(beats, now, self.world), "debug_dir": str(self.debug_dir)}
         self._finish(found, store)
 
