@@ -317,7 +317,7 @@ def test_status_says_why_pods_wait_in_the_schedulers_words(cluster, image, handl
 @pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
 def test_pod_deleted_mid_run_comes_back_and_resumes(cluster, image, handles, tmp_path, flavor):
     name = f"e2e-kill-{flavor}"
-    handle = submit(cluster, handles, job_file(tmp_path, name, flavor, max_steps=100, epochs=100))
+    handle = submit(cluster, handles, job_file(tmp_path, name, flavor, max_steps=200, epochs=100))
     out = tmp_path / "out"
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while max(metric_steps(out), default=0) < 50:  # past the checkpoints at steps 20 and 40
@@ -329,7 +329,7 @@ def test_pod_deleted_mid_run_comes_back_and_resumes(cluster, image, handles, tmp
     kubectl(cluster, "delete", "pod", victim["metadata"]["name"], "--wait=false")
     wait_for(cluster, handle, {"SUCCEEDED"})
     final = summaries(logs(cluster, handle, 0))[-1]
-    assert final["steps"] == 100
+    assert final["steps"] == 200
     assert final["resumed_from_step"] and final["resumed_from_step"] >= 40, final
     assert final["params_identical"] is True
     now = {p["metadata"]["uid"] for p in pods(cluster, name)}
