@@ -7,11 +7,13 @@ The figures come from the tests' own output (`-s`): `why answered in X s` / `why
 after the end`, `verdict after A s` / `found A s after rank 3 stopped`. Nothing is timed twice.
 
     python bench/fault_corpus.py [--targets local slurm k8s]   # root for the testbeds
+    python bench/fault_corpus.py --targets local --tests tests/test_watchdog.py --merge   # a rerun
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -21,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import REPO, Result  # noqa: E402
+from bench_common import REPO, Result, results_dir  # noqa: E402
 
 COLLECTIVE_TIMEOUT_S = 600  # train.timeout_s's default: when a hang would end without the watchdog
 #: target -> (pytest node ids, the environment that lets them run)
@@ -40,8 +42,9 @@ _WHY = re.compile(r"(?:(\S+): )?(?:`?why`? answered (?:in )?|why after )([\d.]+)
 _FOUND = re.compile(r"(?:(\S+): )?(?:verdict after|found) ([\d.]+) ?s")
 
 
-def run(target: str, out_dir: Path) -> list[dict]:
+def run(target: str, out_dir: Path, only: list[str] | None = None) -> list[dict]:
     ids, env = TESTS[target]
+    ids = only or ids
     xml = out_dir / f"{target}.xml"
     cmd = [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-m", "slow or not slow",
            f"--junitxml={xml}", "-o", "junit_logging=system-out", *ids]
@@ -63,10 +66,21 @@ def run(target: str, out_dir: Path) -> list[dict]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--targets", nargs="+", choices=list(TESTS), default=list(TESTS))
+    p.add_argument("--tests", nargs="+", metavar="NODEID", help="run these of one target instead of all")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the previous result's rows of the tests not run now (a rerun of some)")
     args = p.parse_args()
+    if args.tests and len(args.targets) != 1:
+        p.error("--tests needs exactly one --targets")
     result = Result("fault_corpus", "Fault corpus: `ddpkit why` right on every kind, and how fast")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [row for target in args.targets for row in run(target, Path(tmp))]
+        rows = [row for target in args.targets for row in run(target, Path(tmp), args.tests)]
+    previous = results_dir() / "fault_corpus.json"
+    if args.merge and previous.exists():
+        now = {(r["target"], r["test"]) for r in rows}
+        kept = [r for r in json.loads(previous.read_text())["data"]["rows"] if (r["target"], r["test"]) not in now]
+        rows = kept + rows
+        result.note(f"{len(kept)} rows kept from the previous run; {len(now)} rerun now")
     ran = [r for r in rows if r["result"] != "skipped"]
     right = [r for r in ran if r["result"] == "passed"]
     result.table("Each test (a kind or a batch of kinds): result, its `why` answer times, hang detection",

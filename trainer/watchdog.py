@@ -300,11 +300,11 @@ class Watchdog:
             (self.debug_dir / "verdict.txt").write_text(json.dumps(found, indent=1) + "\n" + line + "\n")
         print(PREFIX + json.dumps(found), flush=True)
         print(f"ddpkit watchdog: {line}", file=sys.stderr, flush=True)
-        if store is not None:  # for the other ranks' logs (they wait for it after the flag)
+        self._book(found)  # first: the others leave once they read the verdict below
+        if store is not None:  # for the other nodes' logs (they wait for it after the flag)
             with contextlib.suppress(Exception):
                 store.set(self.flag + "/verdict", json.dumps(found))
                 time.sleep(1.0)
-        self._book(found)
         leave()
 
     def _book(self, found: dict[str, Any]) -> None:
