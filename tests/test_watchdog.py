@@ -139,8 +139,8 @@ def test_a_sigstopped_rank_is_named_frozen_with_its_process_state(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     found = check_run(out, run_dir, "frozen")
     assert "process state T (stopped)" in found["explain"], found
-    # wherever SIGSTOP found it: a step's phases or the bookkeeping after one (log)
-    assert any(f"in {phase} at step" in found["explain"] for phase in ("data", "forward", "backward", "optimizer", "vote", "log"))
+    # wherever SIGSTOP found it: a step's phases, the bookkeeping after one (log), a checkpoint
+    assert any(f"in {phase} at step" in found["explain"] for phase in ("data", "forward", "backward", "optimizer", "vote", "log", "checkpoint"))
     print(f"SIGSTOP -> run finished in {time.monotonic() - stopped_at:.0f} s")
 
 
