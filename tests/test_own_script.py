@@ -146,7 +146,7 @@ def test_a_module_runs_in_srun_mode_as_the_slurm_tasks(tmp_path):
         for r in (0, 1)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    assert "mode srun: -m ownpkg.train --epochs 1" in outs[0]
+    assert "mode srun: -m trainer.guard -m ownpkg.train --epochs 1" in outs[0]  # under the guard (stacks)
     sums = checksums("".join(outs))
     assert sorted(sums) == [0, 1] and len(set(sums.values())) == 1
     assert Path(tmp_path / "out" / "params-rank1.sha256").read_text().strip() == sums[0]
