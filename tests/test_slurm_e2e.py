@@ -318,10 +318,11 @@ def test_a_lost_node_requeues_and_resumes_or_ends_the_job_as_restarts_say(cluste
     assert (tmp_path / "runs/quickstart-2node/checkpoints/FINISHED").exists()
 
 
-@pytest.mark.parametrize("nodes,spare", [("1", 1), ("1:2", 0)])
+@pytest.mark.parametrize("nodes,spare", [("1", 1), ("1:2", 1)])
 def test_a_lost_node_restarts_the_step_inside_the_allocation_without_it(cluster, jobs, tmp_path, nodes, spare):
     """`--no-kill` with somewhere to go: a spare node (1 node + 1 spare: the step runs on
-    node2, node1 holds the batch shell), or an elastic range (1:2 nodes, the step on both).
+    node2, node1 holds the batch shell), or an elastic range (1:2 nodes and a spare: Slurm
+    allocates the range's low end, 1 + 1 = 2 nodes here, and the step runs on both).
     node2 is lost without warning (slurmd and every process SIGKILLed). The batch shell
     probes the step's nodes, leaves node2 out, and starts the step again on node1 inside the
     same allocation, from the newest checkpoint (no requeue, no wait for the node to come
@@ -340,7 +341,9 @@ def test_a_lost_node_restarts_the_step_inside_the_allocation_without_it(cluster,
         testbed.start_node("ddpkit-node2")
     assert job_field(cluster, handle, "Restarts") == "0"  # never requeued
     log = job_log(cluster, handle)
+    assert "(job " in log and ", restart 0) on 2 nodes" in log, log[:500]
     assert "node ddpkit-node2 does not answer: leaving it out" in log, log[-3000:]
+    assert "node ddpkit-node1 does not answer" not in log, log[-3000:]
     assert "starting it again inside the allocation (restart 1 of 1)" in log, log[-3000:]
     assert "job step on ddpkit-node1 (1 node(s))" in log, log[-3000:]
     [final] = summaries(log)  # the step on the lost node never wrote one

@@ -619,7 +619,7 @@ def test_spare_nodes_are_allocated_and_the_step_restarts_inside_the_allocation()
     script = render_slurm(job)
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
     assert "export DDPKIT_MAX_RESTARTS=0\n" in script and "export DDPKIT_NNODES=" not in script
-    assert 'srun --nodes="$step_nnodes" --nodelist="$step_nodes"' in script
+    assert 'srun --nodes="$step_nnodes" --nodelist="$step_nodes" --ntasks="$step_ntasks"' in script
     assert "((used >= 2))" in script
     plain = render_slurm(load_job(str(REPO / "examples" / "quickstart-2node.yaml"), ["restarts=2"]))
     assert "--no-kill" not in plain and "#SBATCH --nodes=2\n" in plain and "step_nodes" not in plain

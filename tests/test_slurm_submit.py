@@ -398,7 +398,9 @@ def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
     assert words[:6] == ["srun", "--unbuffered", "--output", words[3], "--error", words[5]]
     step = list(itertools.takewhile(lambda w: w.startswith("--"), words[6:]))
     launch_words = script_launch(script)
-    nodes = ["--nodes=$step_nnodes", "--nodelist=$step_nodes"] if in_allocation else ["--nodes=$SLURM_JOB_NUM_NODES"]
+    nodes = (["--nodes=$step_nnodes", "--nodelist=$step_nodes", "--ntasks=$step_ntasks", "--overlap"]
+             if in_allocation
+             else ["--nodes=$SLURM_JOB_NUM_NODES"])
     assert launch_words[:len(nodes) + 1] == ["srun", *nodes]
     launch_words = ["srun", *launch_words[len(nodes) + 1:]]
     assert launch_words[1:1 + len(step)] == step

@@ -143,7 +143,12 @@ JOB_DIR = '"$job_dir"'
 def launch_line(request: SbatchRequest, in_allocation: bool = False) -> str:
     """The job step: `srun` with the task layout, the container, then the entry point. Every
     node of the allocation, or with restarts inside it the nodes the batch shell picked."""
-    nodes = ['--nodes="$step_nnodes"', '--nodelist="$step_nodes"'] if in_allocation else ['--nodes="$SLURM_JOB_NUM_NODES"']
+    # (a step on fewer nodes than the allocation also names its task count: srun would take
+    # the allocation's SLURM_NTASKS and refuse "More processors requested than permitted")
+    # the resources of a step that lost a node stay held until slurmctld declares the node
+    # DOWN: the next one shares them (--overlap) instead of waiting on "Requested nodes are busy")
+    nodes = (['--nodes="$step_nnodes"', '--nodelist="$step_nodes"', '--ntasks="$step_ntasks"', "--overlap"]
+             if in_allocation else ['--nodes="$SLURM_JOB_NUM_NODES"'])
     parts = ["srun", *nodes, *request.step]
     pyxis = request.pyxis
     if pyxis is not None:
@@ -266,4 +271,7 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "in_allocation": in_allocation,
         "nodes_min": job.nodes.min,
         "nodes_max": job.nodes.max,
+        "tasks_per_node": directives.tasks_per_node(job),
+        # the built-in trainer writes FINISHED at its end (a job's own script or command does not)
+        "trainer_finishes": bool(finished_marker(job)) and not (job.script or job.module or job.command),
     }
