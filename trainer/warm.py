@@ -18,7 +18,9 @@ state that a crash may have left half-updated; bit-exact resume is only argued f
 process that loads the checkpoint. A forked worker is such a fresh process: the template did no
 tensor work (import only: no threads, no OpenMP pool, no process group; `serve` checks the
 thread count), and each child resets what a fork would share (RNGs, signals, streams,
-environment, working directory) before it runs the entry exactly as `python -m` would.
+environment, working directory) before it runs the entry exactly as `python -m` would. (The
+built-in workloads are made from fixed seeds, so the template builds the job's data set and
+initial model once too, on one thread, and each worker takes its copy-on-write copy.)
 
 The protocol, one unix-socket connection per worker (the socket lives in the launcher's
 private temporary directory, `DDPKIT_WARM_SOCKET`):
@@ -138,7 +140,8 @@ def client(entry: list[str]) -> int:
     status = int(reply[0]["status"])
     if os.WIFSIGNALED(status):  # end as the worker did: torchrun reports the signal
         sig = os.WTERMSIG(status)
-        signal.signal(sig, signal.SIG_DFL)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
         os.kill(os.getpid(), sig)
         return 128 + sig
     return os.waitstatus_to_exitcode(status)
@@ -153,12 +156,12 @@ def _connect(path: str) -> socket.socket | None:
         try:
             sock.connect(path)
             return sock
-        except (FileNotFoundError, ConnectionRefusedError):
+        except FileNotFoundError:  # not bound yet
             sock.close()
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.02)
-        except OSError:
+        except OSError:  # refused: the template is gone
             sock.close()
             return None
 
@@ -378,9 +381,9 @@ def _reset_process() -> None:
     random.seed()
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
-    if "torch" in sys.modules:  # the state a fresh `import torch` has (its fixed default seed)
+    if "torch" in sys.modules:  # a fresh `import torch` seeds its generator at random too
         torch = sys.modules["torch"]
-        torch.random.default_generator.manual_seed(torch.initial_seed())
+        torch.random.default_generator.seed()
         if DEFAULT_THREADS:
             torch.set_num_threads(DEFAULT_THREADS[0])
 
