@@ -125,6 +125,7 @@ def restart_run(work: Path, nproc: int, kills: int, warm: bool, train_s: float, 
     import yaml
 
     name = f"rs-{'warm' if warm else 'cold'}-{nproc}"
+    work.mkdir(parents=True, exist_ok=True)
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "checkpoint": {"every_steps": 20, "keep": 2}, "train": {
         "max_steps": 100000, "epochs": 1000, "threads": 1, "eval_every_epochs": 0, "plot": False,

@@ -43,6 +43,19 @@ reads its peer's old address and dials a dead process ("Gloo connectFullMesh fai
 Connection refused"; NCCL reads an old unique id the same way: pytorch/pytorch#135712). With
 sharing off, every round picks a new port and rank 0 hosts a new, empty store: torch's own
 opt-out, set here unless the node's environment sets it.
+
+Warm restarts (trainer/warm.py has the design and the measurements that chose it): in torchrun
+mode the shim also starts the node's template process, which imports torch and the trainer
+(and builds a built-in workload) once, and torchrun runs `python -m trainer.warm ENTRY`, a
+standard-library client that has the template fork the worker and then stands in for it (its
+exit code or signal, stop signals forwarded, and a client that dies takes its worker with it).
+A restart by torchrun then costs a fork, not `import torch` and `import torch._dynamo` again.
+`train.warm_restarts` (default true) applies to the built-in trainer and preflight; a `script`
+or `module` job starts cold unless the node sets `DDPKIT_WARM=1` (its imports and whether they
+survive a fork are its own); `DDPKIT_WARM=0` starts every worker cold. The srun-per-GPU mode
+execs the trainer cold as before: Slurm starts every task itself and restarts only by a requeue
+or a new job step, where all processes are new (and may be on other nodes); a template there
+would pay the same import once per step. Likewise a worker already under torchrun.
 """
 
 from __future__ import annotations
