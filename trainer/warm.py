@@ -118,6 +118,8 @@ def client(entry: list[str]) -> int:
         reply, why = None, str(e)
     else:
         why = "it closed the connection"
+    if reply is not None and "cold" in reply[0]:
+        return _cold(entry, reply[0]["cold"])
     if reply is None or "pid" not in reply[0]:
         return _cold(entry, f"the template at {path} did not start the worker ({why})")
     pid = int(reply[0]["pid"])
@@ -186,18 +188,19 @@ def serve(path: str) -> int:
     t = time.time()
     import importlib
 
+    # numpy's OpenBLAS (torch imports numpy) starts a thread pool at import when it may use more
+    # than one thread, and a process with threads must not fork: one thread here. A forked
+    # worker's numpy BLAS stays single-threaded (the trainer uses numpy for RNG state only;
+    # torch's threads are set per rank as before); a node that sets it keeps its own (and cold
+    # workers, if it is above 1).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for name in PRELOAD:
         importlib.import_module(name)
     built = _prebuild()
-    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    unsafe = _fork_unsafe()
     print(f"ddpkit warm: template {os.getpid()} ready in {time.time() - t:.2f}s ({built})"
-          + (f"; {threads} threads: forking is unsafe, the workers start cold" if threads > 1 else ""),
+          + (f"; {unsafe}: forking is unsafe, the workers start cold" if unsafe else ""),
           file=sys.stderr, flush=True)
-    if threads > 1:  # a library started a thread at import: a fork would copy its locks mid-use
-        listener.close()
-        os.unlink(path)
-        sys.stdin.read()
-        return 0
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(0, selectors.EVENT_READ, "stdin")
@@ -214,6 +217,11 @@ def serve(path: str) -> int:
                     return 0
             elif what == "accept":
                 conn, _ = listener.accept()
+                if unsafe:  # the client execs its worker cold at once
+                    with contextlib.suppress(OSError):
+                        _send(conn, {"cold": f"the template found {unsafe}"})
+                    conn.close()
+                    continue
                 pidfd = _fork_worker(conn, listener, sel, workers)
                 if pidfd is None:
                     conn.close()
@@ -242,6 +250,19 @@ def serve(path: str) -> int:
                     with contextlib.suppress(OSError):
                         _send(conn, {"status": status})
                 conn.close()
+
+
+def _fork_unsafe() -> str | None:
+    """Why forking this process would not be safe (None: it is): another thread (a library
+    that started one at import holds locks a child would copy mid-use), or CUDA initialized
+    (a forked child cannot use it)."""
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+    if threads > 1:
+        return f"{threads} threads"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA initialized"
+    return None
 
 
 def _prebuild() -> str:
