@@ -27,11 +27,12 @@ private temporary directory, `DDPKIT_WARM_SOCKET`):
 
     client -> template   one JSON request (argv, env, cwd, the client's start time), length
                          first, with the client's stdin, stdout and stderr (SCM_RIGHTS)
-    template -> client   {"pid": N} once forked, then {"status": S} (os.waitpid's status)
+    template -> client   {"pid": N} once forked, then {"status": S} (os.waitpid's status);
+                         or {"cold": WHY} from a template that may not fork (`_fork_unsafe`)
 
 The client (`python -m trainer.warm ENTRY...`, standard library only, ~30 ms) is the worker
-torchrun sees: it forwards SIGTERM, SIGINT, SIGHUP and SIGUSR2 to the forked worker and ends
-as the worker ended (its exit code, or killed by the same signal), so torchrun's failure
+torchrun sees: it forwards SIGTERM, SIGINT, SIGHUP, SIGQUIT and SIGUSR2 to the forked worker
+and ends as the worker ended (its exit code, or killed by the same signal), so torchrun's failure
 reports, the stop exit codes (143/137) and `ddpkit why` read as before. If the client dies
 (torchrun's SIGKILL after its shutdown timeout, a kill -9), the template sees the connection
 close before it sent the status and SIGKILLs the worker. If the template dies, its workers get
@@ -54,8 +55,9 @@ import time
 
 from trainer.contract import WARM_SOCKET_VAR
 
-#: The signals a client passes on to its worker (torchrun's and the launcher's stop signals).
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR2)
+#: The signals a client passes on to its worker (those torchrun passes on to its workers: the
+#: launcher's `--signals-to-handle`); the template ignores them.
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
 #: How long a client waits for the template's socket to appear before it starts cold.
 CONNECT_WAIT_S = 10.0
 #: What the template imports once (the built-in trainer's imports, `torch._dynamo` included:
