@@ -174,6 +174,28 @@ def test_the_template_ignores_stop_signals_and_ends_with_its_stdin(tmp_path):
     assert proc.returncode != 0
 
 
+@pytest.mark.slow
+def test_a_template_that_may_not_fork_has_every_worker_start_cold(tmp_path):
+    """A node that asks numpy's OpenBLAS for 2 threads: its pool starts at import, so the
+    template has a second thread and must not fork; each client is told so and execs its
+    worker cold at once."""
+    sock = tmp_path / "t.sock"
+    template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock)],
+                                env=env_for(OPENBLAS_NUM_THREADS="2"), stdin=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        line = template.stderr.readline()
+        assert "2 threads: forking is unsafe, the workers start cold" in line, line
+        (tmp_path / "echo.py").write_text(ECHO)
+        proc = client(sock, tmp_path / "echo.py", "5")
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 5 and json.loads(out)["pid"] == proc.pid
+        assert "ddpkit warm: the template found 2 threads; starting the worker cold" in err
+    finally:
+        template.stdin.close()
+        template.wait(timeout=30)
+
+
 # -- the launcher's choice ---------------------------------------------------------------------
 def test_the_built_in_trainer_starts_warm_and_a_script_cold_unless_asked():
     trainer, script = JobSettings(), JobSettings(entry=["train.py"], script="train.py")

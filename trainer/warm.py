@@ -2,13 +2,14 @@
 workers; torchrun starts a tiny client per worker instead of a fresh `python -m trainer.train`.
 
 Why (bench/launch_time.py `--kills`, README "Faults, restarts and preflight"): a cold restart
-of 2 local `cnn` ranks spent most of its time importing, not training. After the kill, the new
-worker's interpreter was up 0.7-2.2 s later (torchrun noticing, stopping the other rank, the
-next rendezvous round, Python's start), `import torch` took 3.7-6.0 s more and the first
-optimizer's `import torch._dynamo` 3.3-5.8 s (both ranks at once on 2 cores), against
-0.03-0.8 s for the process group, 0.5-0.8 s for the data set and model, 0.1-0.3 s for the
-checkpoint and DDP and 0.2 s for the first step. Those imports are the same in every attempt,
-so the template does them once per node, and a restart costs a fork.
+of 2 local `cnn` ranks spent most of its time importing, not training. Medians of 6 kills on
+the 2-core machine at load 2-3, seconds after the kill: the new workers' interpreters were up
+at 0.6 (torchrun noticing, stopping the other rank, the next rendezvous round, Python's start),
+`import torch` was done at 3.2, the process group at 3.7, the data set and model at 4.0, the
+first optimizer (it imports `torch._dynamo`) at 6.0, the checkpoint and DDP at 6.3, the first
+step at 6.4. 4.6 of those 6.4 s are imports that every attempt repeats: the template does them
+once per node, and a restart costs a fork (1.06 s from the kill to the first step, median of 8,
+against 11.1 s cold in the same run at load 3-6).
 
 Two ways were weighed: a template that forks each worker (this module), and a resident worker
 that survives its peer's death and re-forms its process group on a fresh store. The resident
@@ -219,8 +220,11 @@ def serve(path: str) -> int:
                     return 0
             elif what == "accept":
                 conn, _ = listener.accept()
-                if unsafe:  # the client execs its worker cold at once
-                    with contextlib.suppress(OSError):
+                if unsafe:  # the client execs its worker cold at once (after its request is read)
+                    with contextlib.suppress(OSError, ValueError):
+                        conn.settimeout(10)
+                        for fd in (_recv(conn, 3) or (None, []))[1]:
+                            os.close(fd)
                         _send(conn, {"cold": f"the template found {unsafe}"})
                     conn.close()
                     continue
