@@ -189,6 +189,7 @@ def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, faul
             "rc": proc.returncode, "status": summary.get("status"), "steps": final, "wall_s": wall,
             "median_step_s": median_dt, "faults": len(kills), "lost": lost,
             "goodput": useful / wall, "goodput_step_sum": useful_sum / wall, "goodput_after_start": useful / max(1e-9, wall - first + median_dt),
+            "goodput_after_start_step_sum": useful_sum / max(1e-9, wall - first + median_dt),
             "first_step_s": first, "restart_s": restart_s}
 
 
@@ -226,7 +227,8 @@ def main() -> int:
                          fmt(statistics.mean(lost), ".1f") if lost else "-", max(lost) if lost else "-",
                          fmt(statistics.median(r["restart_s"]), ".1f") if r["restart_s"] else "-",
                          fmt(r["goodput"], ".3f"), fmt(r["goodput_after_start"], ".3f"),
-                         fmt(r["goodput_step_sum"], ".3f"), fmt(r["ledger_goodput"], ".3f"),
+                         fmt(r["goodput_step_sum"], ".3f"), fmt(r["goodput_after_start_step_sum"], ".3f"),
+                         fmt(r["ledger_goodput"], ".3f"),
                          fmt(r["ledger_goodput"] / r["goodput_step_sum"] if r["ledger_goodput"] else None, ".3f")])
             print(rows[-1], flush=True)
         for every in args.intervals if args.baseline else []:
@@ -239,10 +241,11 @@ def main() -> int:
     res.table(f"cnn, {args.nproc} ranks (gloo, 1 thread each), {max_steps} steps; goodput = steps x median "
               "step time / wall time", ["ckpt every", "kills", "status", "steps", "faults", "wall s", "ms/step",
                                         "lost/fault", "max lost", "kill->step s", "goodput", "after start",
-                                        "step sum", "ledger", "ledger/step sum"], rows)
+                                        "step sum", "step sum after start", "ledger", "ledger/step sum"], rows)
     for every in args.intervals if args.warm else []:
         this, base = data[f"warm-every{every}-faults"], data[f"cold-every{every}-faults"]
         ratios.append([every, fmt(this["goodput_after_start"], ".3f"), fmt(base["goodput_after_start"], ".3f"),
+                       fmt(this["goodput_after_start_step_sum"], ".3f"), fmt(base["goodput_after_start_step_sum"], ".3f"),
                        fmt(this["goodput"] / base["goodput"], ".2f"),
                        fmt(this["goodput_after_start"] / base["goodput_after_start"], ".2f"),
                        Stats(this["restart_s"]).fmt(".2f"), Stats(base["restart_s"]).fmt(".2f")])
@@ -252,6 +255,7 @@ def main() -> int:
     if args.warm:
         res.table("warm restarts (a template forks the workers) vs cold (fresh `python -m trainer.train`), "
                   "same run, interleaved", ["ckpt every", "after start, warm", "after start, cold",
+                                            "step sum after start, warm", "step sum after start, cold",
                                             "goodput warm / cold", "after start warm / cold",
                                             "kill->step s, warm", "kill->step s, cold"], ratios)
     res.doc["data"] = {"max_steps": max_steps, "calibration": calib, "runs": data, "args": vars(args)}
