@@ -60,9 +60,7 @@ def template(tmp_path_factory):
     sock = tmp_path_factory.mktemp("warm") / "t.sock"
     proc = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock)], env=env_for(),
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    line = proc.stderr.readline()  # "ddpkit warm: template N ready in ...": the imports are done
-    assert "ready" in line and "unsafe" not in line, line
-    yield proc, sock
+    yield proc, sock  # it imports when the first client connects (the first test's)
     if proc.poll() is None:
         proc.stdin.close()
         proc.wait(timeout=30)
@@ -98,8 +96,10 @@ def test_a_forked_worker_is_what_python_script_would_be(template, tmp_path):
     (tmp_path / "here").mkdir()
     a = client(sock, tmp_path / "echo.py", "3", cwd=tmp_path / "here", X="hello")
     b = client(sock, tmp_path / "echo.py", "0", cwd=tmp_path / "here", X="other")
-    out_a, err_a = a.communicate(timeout=60)
-    out_b, _ = b.communicate(timeout=60)
+    out_a, err_a = a.communicate(timeout=120)
+    out_b, _ = b.communicate(timeout=120)
+    line = proc.stderr.readline()  # "ddpkit warm: template N ready in ...": imported on demand
+    assert "ready" in line and "unsafe" not in line, line
     assert a.returncode == 3 and b.returncode == 0, err_a
     ra, rb = json.loads(out_a), json.loads(out_b)
     assert ra["ppid"] == rb["ppid"] == proc.pid and ra["pid"] != a.pid
@@ -161,8 +161,8 @@ def test_the_template_ignores_stop_signals_and_ends_with_its_stdin(tmp_path):
     sock = tmp_path / "t.sock"
     template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock)], env=env_for(),
                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert "ready" in template.stderr.readline()
     proc, worker = sleeper(tmp_path, sock)
+    assert "ready" in template.stderr.readline()
     template.send_signal(signal.SIGTERM)
     template.send_signal(signal.SIGUSR2)
     time.sleep(0.5)
@@ -184,11 +184,11 @@ def test_a_template_that_may_not_fork_has_every_worker_start_cold(tmp_path):
                                 env=env_for(OPENBLAS_NUM_THREADS="2"), stdin=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
     try:
-        line = template.stderr.readline()
-        assert "2 threads: forking is unsafe, the workers start cold" in line, line
         (tmp_path / "echo.py").write_text(ECHO)
         proc = client(sock, tmp_path / "echo.py", "5")
         out, err = proc.communicate(timeout=120)
+        line = template.stderr.readline()
+        assert "2 threads: forking is unsafe, the workers start cold" in line, line
         assert proc.returncode == 5 and json.loads(out)["pid"] == proc.pid
         assert "ddpkit warm: the template found 2 threads; starting the worker cold" in err
     finally:
@@ -230,3 +230,14 @@ def test_a_bad_warm_setting_stops_the_launcher_with_one_line(tmp_path):
     assert result.returncode == 2
     [line] = result.stderr.strip().splitlines()
     assert line == "ddpkit launch: DDPKIT_WARM='sometimes' must be 0 (cold restarts) or 1 (warm restarts)"
+
+
+def test_a_template_no_worker_asked_for_ends_with_its_stdin_without_importing(tmp_path):
+    """The imports wait for the first client: a launcher that ends first (torchrun failed to
+    start, a refused plan) leaves a template that just exits."""
+    template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(tmp_path / "t.sock")],
+                                env=env_for(), stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: (tmp_path / "t.sock").exists(), 30, "the socket")
+    template.stdin.close()
+    assert template.wait(timeout=30) == 0
+    assert template.stderr.read() == ""  # no "ready" line: nothing was imported

@@ -39,7 +39,7 @@ reports, the stop exit codes (143/137) and `ddpkit why` read as before. If the c
 close before it sent the status and SIGKILLs the worker. If the template dies, its workers get
 SIGKILL (PR_SET_PDEATHSIG), and a client that finds no template starts the worker cold.
 
-The template ignores the stop signals (Slurm signals every process of a step; the workers get
+The template imports when the first client connects (`serve`), and ignores the stop signals (Slurm signals every process of a step; the workers get
 theirs through their clients) and ends when the launcher closes its stdin or dies.
 """
 
@@ -180,7 +180,13 @@ def _cold(entry: list[str], why: str) -> int:
 
 # -- the template --------------------------------------------------------------------------------
 def serve(path: str) -> int:
-    """Listen on `path`, import `PRELOAD`, then fork a worker per request until stdin closes."""
+    """Listen on `path`; once the first client connects, import `PRELOAD`; then fork a worker
+    per request until stdin closes.
+
+    The imports wait for the first client: until then the node starts as on the cold path
+    (torchrun imports torch and joins the rendezvous alone; on a 2-core machine a template
+    importing beside it made a second node miss an elastic group's 5-s last call), and the
+    first attempt's workers wait for one import instead of each paying its own."""
     import selectors
 
     for signum in FORWARDED:
@@ -188,6 +194,12 @@ def serve(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)
+    with selectors.DefaultSelector() as first:
+        first.register(listener, selectors.EVENT_READ, "accept")
+        first.register(0, selectors.EVENT_READ, "stdin")
+        while not any(key.data == "accept" for key, _ in first.select()):
+            if not os.read(0, 4096):  # the launcher is done before any worker was asked for
+                return 0
     t = time.time()
     import importlib
 
