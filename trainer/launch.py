@@ -46,7 +46,7 @@ opt-out, set here unless the node's environment sets it.
 
 Warm restarts (trainer/warm.py has the design and the measurements that chose it): in torchrun
 mode the shim also starts the node's template process, which imports torch and the trainer
-(and builds a built-in workload) once, and torchrun runs `python -m trainer.warm ENTRY`, a
+(and builds a built-in workload) once, when the first worker is asked for, and torchrun runs `python -m trainer.warm ENTRY`, a
 standard-library client that has the template fork the worker and then stands in for it (its
 exit code or signal, stop signals forwarded, and a client that dies takes its worker with it).
 A restart by torchrun then costs a fork, not `import torch` and `import torch._dynamo` again.
