@@ -16,7 +16,11 @@ checkpoint. Printed per checkpoint interval:
   seconds from a kill to the first step of the next attempt;
 - the same run without faults, for comparison.
 
-    python bench/goodput.py [--fault-every 60] [--train-s 240] [--intervals 20 100]
+    python bench/goodput.py [--fault-every 60] [--train-s 240] [--intervals 20 100] [--warm]
+
+`--warm` runs each fault run twice, interleaved: on the cold path (`DDPKIT_WARM=0`: torchrun
+starts `python -m trainer.train` afresh) and on the warm path (`DDPKIT_WARM=1`: the workers are
+forked from the node's template, trainer/warm.py), and adds their ratios.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import Result, fmt  # noqa: E402
+from bench_common import Result, Stats, fmt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from trainer.progress import attempt_files, read_record  # noqa: E402
@@ -55,20 +59,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def worker_pids(job_file: Path) -> dict[int, int]:
-    """{rank: pid} of the live trainer processes started for `job_file` (from /proc; the path
-    is this run's own, so a concurrent run of this bench or of the tests is never hit)."""
-    found: dict[int, int] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+def worker_pids(job_file: Path, under: int) -> dict[int, int]:
+    """{rank: pid} of the live processes that compute the ranks of `job_file` below the launcher
+    `under` (from /proc; the path is this run's own, so a concurrent run of this bench or of the
+    tests is never hit): on the warm path the workers the template forked (named
+    `ddpkit-rank<R>`, trainer/warm.py), else the `trainer.train` processes torchrun started."""
+    children: dict[int, list[int]] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
         try:
+            children.setdefault(int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(p))
+        except (OSError, IndexError, ValueError):
+            continue
+    below, todo = [], [under]
+    while todo:
+        below.append(todo.pop())
+        todo += children.get(below[-1], [])
+    found: dict[int, int] = {}
+    forked: dict[int, int] = {}
+    for pid in below:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if comm.startswith("ddpkit-rank") and comm[11:].isdigit():
+                forked[int(comm[11:])] = pid
+                continue
             if b"trainer.train" not in Path(f"/proc/{pid}/cmdline").read_bytes():
                 continue
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if env.get(b"DDPKIT_JOB_FILE") == str(job_file).encode() and b"RANK" in env:
+        if env.get(b"DDPKIT_JOB_FILE") == str(job_file).encode() and b"RANK" in env and b"DDPKIT_WARM_SOCKET" not in env:
             found[int(env[b"RANK"])] = int(pid)
-    return found
+    return forked or found
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -93,7 +114,7 @@ def ledger_of(run_dir: Path) -> dict | None:
 
 
 def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, fault_every: float | None,
-             tree: Path = REPO) -> dict:
+             tree: Path = REPO, warm: bool | None = None) -> dict:
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {**TRAIN, "max_steps": max_steps},
                                    "checkpoint": {"every_steps": every, "keep": 2}}))
@@ -101,6 +122,8 @@ def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, faul
     env.update({"PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "DDPKIT_JOB_FILE": str(job),
                 "DDPKIT_NPROC_PER_NODE": str(nproc), "DDPKIT_MASTER_PORT": str(free_port()),
                 "DDPKIT_MAX_RESTARTS": "1000"})
+    if warm is not None:  # trainer/warm.py: DDPKIT_WARM=1 forks the workers from a template
+        env["DDPKIT_WARM"] = "1" if warm else "0"
     run_dir = work / "runs" / name
     kills: list[float] = []
     t0 = time.monotonic()
@@ -123,7 +146,7 @@ def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, faul
                     first_steps.append(attempt_started - t0)
             if (fault_every and attempt_started is not None and time.monotonic() - attempt_started >= fault_every
                     and not any(r.get("summary") for r in recs)):
-                pids = worker_pids(job)
+                pids = worker_pids(job, proc.pid)
                 rank = len(kills) % 2 if len(kills) % 2 in pids else next(iter(pids), None)
                 if rank is not None:
                     os.kill(pids[rank], signal.SIGKILL)
@@ -166,6 +189,7 @@ def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, faul
             "rc": proc.returncode, "status": summary.get("status"), "steps": final, "wall_s": wall,
             "median_step_s": median_dt, "faults": len(kills), "lost": lost,
             "goodput": useful / wall, "goodput_step_sum": useful_sum / wall, "goodput_after_start": useful / max(1e-9, wall - first + median_dt),
+            "goodput_after_start_step_sum": useful_sum / max(1e-9, wall - first + median_dt),
             "first_step_s": first, "restart_s": restart_s}
 
 
@@ -175,6 +199,9 @@ def main() -> int:
     ap.add_argument("--train-s", type=float, default=240.0, help="fault-free training time to aim for")
     ap.add_argument("--intervals", type=int, nargs="+", default=[20, 100], help="checkpoint intervals (steps)")
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--warm", action="store_true", help="run every fault run on the cold path (DDPKIT_WARM=0) "
+                    "and on the warm path (DDPKIT_WARM=1, trainer/warm.py), interleaved, with warm / cold "
+                    "ratios (the fault-free runs are skipped)")
     ap.add_argument("--baseline", type=Path, help="an earlier source tree (e.g. `git archive COMMIT | tar -x "
                     "-C DIR`): its trainer runs the same fault runs, interleaved with this one's, and the "
                     "table gets this / baseline ratios (the fault-free runs are skipped)")
@@ -186,19 +213,22 @@ def main() -> int:
         max_steps = max(50, int(args.train_s / calib["median_step_s"]))
         print(f"calibration: {calib['median_step_s'] * 1000:.0f} ms/step -> max_steps {max_steps}", flush=True)
         rows, data, ratios = [], {}, []
-        trees = [("this", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
-        runs = [("faults", args.fault_every)] + ([] if args.baseline else [("none", None)])
-        for every, (label, fault), (tag, tree) in itertools.product(args.intervals, runs, trees):
-            r = run_once(work, f"c{every}-{label}-{tag}", every, max_steps, args.nproc, fault, tree)
+        trees = [("this", REPO, None)] + ([("baseline", args.baseline.resolve(), None)] if args.baseline else [])
+        if args.warm:
+            trees = [("cold", REPO, False), ("warm", REPO, True)]
+        runs = [("faults", args.fault_every)] + ([] if args.baseline or args.warm else [("none", None)])
+        for every, (label, fault), (tag, tree, warm) in itertools.product(args.intervals, runs, trees):
+            r = run_once(work, f"c{every}-{label}-{tag}", every, max_steps, args.nproc, fault, tree, warm)
             data[f"{tag}-every{every}-{label}"] = r
             lost = r["lost"]
-            rows.append([every if tag == "this" else f"{every} (baseline)",
+            rows.append([every if tag == "this" else f"{every} ({tag})",
                          label if fault is None else f"every {fault:.0f} s", r["status"], r["steps"],
                          r["faults"], fmt(r["wall_s"], ".0f"), fmt(r["median_step_s"] * 1000, ".0f"),
                          fmt(statistics.mean(lost), ".1f") if lost else "-", max(lost) if lost else "-",
                          fmt(statistics.median(r["restart_s"]), ".1f") if r["restart_s"] else "-",
                          fmt(r["goodput"], ".3f"), fmt(r["goodput_after_start"], ".3f"),
-                         fmt(r["goodput_step_sum"], ".3f"), fmt(r["ledger_goodput"], ".3f"),
+                         fmt(r["goodput_step_sum"], ".3f"), fmt(r["goodput_after_start_step_sum"], ".3f"),
+                         fmt(r["ledger_goodput"], ".3f"),
                          fmt(r["ledger_goodput"] / r["goodput_step_sum"] if r["ledger_goodput"] else None, ".3f")])
             print(rows[-1], flush=True)
         for every in args.intervals if args.baseline else []:
@@ -211,10 +241,23 @@ def main() -> int:
     res.table(f"cnn, {args.nproc} ranks (gloo, 1 thread each), {max_steps} steps; goodput = steps x median "
               "step time / wall time", ["ckpt every", "kills", "status", "steps", "faults", "wall s", "ms/step",
                                         "lost/fault", "max lost", "kill->step s", "goodput", "after start",
-                                        "step sum", "ledger", "ledger/step sum"], rows)
+                                        "step sum", "step sum after start", "ledger", "ledger/step sum"], rows)
+    for every in args.intervals if args.warm else []:
+        this, base = data[f"warm-every{every}-faults"], data[f"cold-every{every}-faults"]
+        ratios.append([every, fmt(this["goodput_after_start"], ".3f"), fmt(base["goodput_after_start"], ".3f"),
+                       fmt(this["goodput_after_start_step_sum"], ".3f"), fmt(base["goodput_after_start_step_sum"], ".3f"),
+                       fmt(this["goodput"] / base["goodput"], ".2f"),
+                       fmt(this["goodput_after_start"] / base["goodput_after_start"], ".2f"),
+                       Stats(this["restart_s"]).fmt(".2f"), Stats(base["restart_s"]).fmt(".2f")])
     if args.baseline:
         res.table(f"this tree / baseline ({args.baseline}), same run, interleaved", ["ckpt every", "goodput",
                   "after start", "kill->step"], ratios)
+    if args.warm:
+        res.table("warm restarts (a template forks the workers) vs cold (fresh `python -m trainer.train`), "
+                  "same run, interleaved", ["ckpt every", "after start, warm", "after start, cold",
+                                            "step sum after start, warm", "step sum after start, cold",
+                                            "goodput warm / cold", "after start warm / cold",
+                                            "kill->step s, warm", "kill->step s, cold"], ratios)
     res.doc["data"] = {"max_steps": max_steps, "calibration": calib, "runs": data, "args": vars(args)}
     res.text(f"A worker is SIGKILLed after every {args.fault_every:.0f} s of training; torchrun restarts "
              "the group, which resumes from the newest checkpoint. `after start` leaves out the first "

@@ -11,15 +11,27 @@ slowed the data set generation it was meant to overlap by more than it saved.) T
 besides torch, and of the node shim, shows the import costs that are ours alone.
 
     python bench/launch_time.py [--repeats 3] [--nproc 2]
+
+With `--kills N`, it measures a restart instead (result `restart_time`): kill -> the next
+attempt's first step, torchrun restarting the group on the cold path (`python -m trainer.train`
+afresh) and on the warm path (a fork of the node's pre-imported template, trainer/warm.py),
+N kills per run, the two paths interleaved, with each launch mark after the kill:
+
+    python bench/launch_time.py --kills 6 [--rounds 1] [--train-s 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -72,6 +84,132 @@ def importtime(code: str) -> list[tuple[str, float]]:
     return sorted(tops.items(), key=lambda kv: -kv[1])
 
 
+# -- kill -> next first step: the restart, cold vs warm ---------------------------------------
+FIRST_STEP_LINE = re.compile(r"first step ([\d.]+)s after launch \((.*)\)")
+RESTART_MARKS = ["worker started", "forked", "job read", "torch imported", "process group", "workload built",
+                 "optimizer+loader", "DDP", "first step"]
+
+
+def worker_pid(launcher: int, rank: int) -> int | None:
+    """The pid of the process that computes rank `rank` below process `launcher`: a forked
+    worker of the warm path (named `ddpkit-rank<R>`, trainer/warm.py), else the `trainer.train`
+    process torchrun started (its environment says the rank)."""
+    children: dict[int, list[int]] = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            children.setdefault(int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1]), []).append(int(p))
+    todo, found = [launcher], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo += children.get(p, [])
+    for pid in found:
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == f"ddpkit-rank{rank}":
+                return pid
+    for pid in found:
+        with contextlib.suppress(OSError):
+            if b"trainer.train" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in env and not any(e.startswith(b"DDPKIT_WARM_SOCKET=") for e in env):
+                return pid
+    return None
+
+
+def restart_run(work: Path, nproc: int, kills: int, warm: bool, train_s: float, tree: Path = REPO) -> dict:
+    """One launch with `kills` restarts: after each attempt's first step and `train_s` seconds of
+    training, SIGKILL the worker process of rank 1, then rank 0, in turn; the seconds from each
+    kill to the next attempt's first step (rank 0's `first step ... after launch (marks)` line),
+    and where they went (the marks, seconds after the kill)."""
+    import yaml
+
+    name = f"rs-{'warm' if warm else 'cold'}-{nproc}"
+    work.mkdir(parents=True, exist_ok=True)
+    job = work / f"{name}.yaml"
+    job.write_text(yaml.safe_dump({"name": name, "checkpoint": {"every_steps": 20, "keep": 2}, "train": {
+        "max_steps": 100000, "epochs": 1000, "threads": 1, "eval_every_epochs": 0, "plot": False,
+        "data_samples": 4096, "lr": 0.05, "momentum": 0.9}}))
+    t0 = time.time()
+    env = {**base_env(1), "PYTHONPATH": str(tree), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
+           "DDPKIT_MASTER_PORT": str(free_port()), "DDPKIT_LAUNCH_T0": repr(t0),
+           "DDPKIT_MAX_RESTARTS": str(kills), "DDPKIT_WARM": "1" if warm else "0"}
+    proc = subprocess.Popen([sys.executable, "-m", "trainer.launch"], cwd=work, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    firsts: list[tuple[float, dict[str, float]]] = []  # (first step, marks), absolute times
+    tail: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            tail.append(line)
+            found = FIRST_STEP_LINE.search(line)
+            if found:
+                marks = {k.strip(): t0 + float(v.rstrip("s")) for k, v in
+                         (part.rsplit(" ", 1) for part in found.group(2).split(", "))}
+                firsts.append((t0 + float(found.group(1)), marks))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    killed: list[float] = []
+    deadline = time.monotonic() + 120 + kills * (train_s + 60)
+    while len(killed) < kills and proc.poll() is None and time.monotonic() < deadline:
+        if len(firsts) > len(killed) and time.time() - firsts[-1][0] >= train_s:
+            pid = worker_pid(proc.pid, 1 - len(killed) % 2 if nproc > 1 else 0)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(time.time())
+        time.sleep(0.05)
+    while len(firsts) <= len(killed) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=300)
+    reader.join(timeout=10)
+    restarts = []
+    for kill, (first, marks) in zip(killed, firsts[1:], strict=False):
+        restarts.append({"kill_to_first_step_s": first - kill,
+                         "marks": {k: round(v - kill, 3) for k, v in marks.items() if v >= kill - 1}})
+    if len(restarts) < kills:
+        print("".join(tail[-40:]), file=sys.stderr)
+    return {"warm": warm, "restarts": restarts, "first_start_s": firsts[0][0] - t0 if firsts else None,
+            "rc": proc.returncode}
+
+
+def restart_main(args: argparse.Namespace) -> int:
+    """`--kills N`: kill -> next first step, the cold path and the warm path side by side."""
+    r = Result("restart_time", "Kill to the next first step: cold vs warm restarts")
+    runs: dict[str, list[dict]] = {"cold": [], "warm": []}
+    with tempfile.TemporaryDirectory(prefix="ddpkit-restart-") as tmp:
+        for i in range(args.rounds):
+            for path in ("cold", "warm"):
+                run = restart_run(Path(tmp) / f"{path}-{i}", args.nproc, args.kills, path == "warm", args.train_s)
+                runs[path].append(run)
+                print(f"  round {i + 1}/{args.rounds} {path}: kill -> first step "
+                      + ", ".join(f"{x['kill_to_first_step_s']:.2f}" for x in run["restarts"]) + " s", flush=True)
+    every = {p: [x for run in runs[p] for x in run["restarts"]] for p in runs}
+    k2f = {p: Stats([x["kill_to_first_step_s"] for x in every[p]]) for p in runs}
+    r.text(f"{args.nproc} local ranks (`python -m trainer.launch`, torchrun `--max-restarts`), the `cnn` "
+           f"workload (data_samples 4096, 1 thread per rank, checkpoint every 20 steps): after each "
+           f"attempt's first step and {args.train_s:.0f} s of training, the worker process of rank 1, "
+           "then rank 0, is SIGKILLed; seconds from the kill to the next attempt's first step (rank 0's "
+           f"launch marks). {args.rounds} round(s) of {args.kills} kills per path, the paths interleaved. "
+           "Cold: torchrun starts `python -m trainer.train` afresh (`DDPKIT_WARM=0`); warm: a client "
+           "asks the node's template process, which imported torch and the trainer once, to fork the "
+           "worker (trainer/warm.py).")
+    r.table("kill -> next first step, seconds, median (min-max, n)", ["path", "kill -> first step"],
+            [[p, k2f[p].fmt(".2f")] for p in runs] + [["warm / cold", fmt(ratio(k2f["warm"]["median"],
+                                                                                  k2f["cold"]["median"]), ".2f")]])
+    rows = []
+    for mark in RESTART_MARKS:
+        cells = [Stats([x["marks"][mark] for x in every[p] if mark in x["marks"]]) for p in runs]
+        if any(c["median"] is not None for c in cells):
+            rows.append([mark, *(c.fmt(".2f") for c in cells)])
+    r.table("where a restart goes: each mark, seconds after the kill, median (min-max, n)",
+            ["mark", "cold", "warm"], rows)
+    r.doc["data"] = {"runs": runs, "args": {k: str(v) for k, v in vars(args).items()}}
+    r.save()
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=3)
@@ -80,7 +218,13 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, help="an earlier source tree (`git archive COMMIT | tar -x -C "
                    "DIR`): its trainer is launched too, interleaved, and compared as a ratio")
     p.add_argument("--data-samples", type=int, help="train.data_samples of the cnn job (default: all 16384)")
+    p.add_argument("--kills", type=int, help="instead: kill -> next first step, cold vs warm restarts, "
+                   "KILLS kills per run (restart_time)")
+    p.add_argument("--rounds", type=int, default=1, help="with --kills: runs per path, interleaved")
+    p.add_argument("--train-s", type=float, default=3.0, help="with --kills: seconds of training between kills")
     args = p.parse_args()
+    if args.kills:
+        return restart_main(args)
     r = Result("launch_time", "Where launch to first step goes (ours vs the textbook loop)")
     ours, textbook, baseline = [], [], []
     with tempfile.TemporaryDirectory(prefix="ddpkit-bench-") as tmp:

@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import REPORT_DIR, describe  # noqa: E402
 
 # Sections in reading order; anything else follows alphabetically.
-ORDER = ["trainer_vs_textbook", "dp_vs_ddp", "step_profile", "launch_time", "checkpoint_save",
-         "launch_targets", "resize", "docker", "slurm_testbed", "k8s_testbed", "goodput", "fault_corpus", "render_speed",
-         "lint_speed", "gpu"]
+ORDER = ["trainer_vs_textbook", "dp_vs_ddp", "step_profile", "launch_time", "restart_time", "checkpoint_save",
+         "launch_targets", "resize", "docker", "slurm_testbed", "k8s_testbed", "goodput", "fault_corpus",
+         "render_speed", "lint_speed", "gpu"]
 
 
 def draw(chart: dict, out_dir: Path) -> Path:

@@ -37,6 +37,8 @@ SCRIPTS = [
     ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "30", "--repeats", "2"], 300),
     ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
+    # kill -> next first step, cold vs warm restarts (trainer/warm.py): ~4 min here
+    ("restart_time", "launch_time.py", ["--kills", "6"], ["--kills", "5"], 600),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
     ("resize", "resize.py", ["--steps", "5"], ["--steps", "3"], 420),
     ("render_speed", "render_speed.py", ["--repeats", "7", "--instructions"], ["--repeats", "7", "--instructions"], 420),
@@ -44,15 +46,17 @@ SCRIPTS = [
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
-    # one checkpoint interval (a fault run, a fault-free run and a calibration: ~3 min here);
-    # `python bench/goodput.py` alone runs two intervals with a kill every 60 s (~15 min)
-    ("goodput", "goodput.py", ["--train-s", "60", "--fault-every", "30", "--intervals", "20"],
-     ["--train-s", "45", "--fault-every", "20", "--intervals", "20"], 600),
+    # one checkpoint interval (a fault run on the cold path, one on the warm path and a
+    # calibration: ~4 min here); `python bench/goodput.py --warm` alone kills every 60 s (~15 min)
+    ("goodput", "goodput.py", ["--train-s", "60", "--fault-every", "30", "--intervals", "20", "--warm"],
+     ["--train-s", "45", "--fault-every", "20", "--intervals", "20", "--warm"], 600),
 ]
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
+         "restart_time": ["--kills", "2"],
          "checkpoint_save": ["--repeats", "1", "--small"], "render_speed": ["--repeats", "2"],
-         "lint_speed": ["--repeats", "1"], "resize": ["--steps", "2", "--ranks", "1", "2"], "goodput": ["--train-s", "20", "--fault-every", "10"]}
+         "lint_speed": ["--repeats", "1"], "resize": ["--steps", "2", "--ranks", "1", "2"],
+         "goodput": ["--train-s", "20", "--fault-every", "10", "--warm"]}
 
 
 def skip_reason(name: str) -> str | None:

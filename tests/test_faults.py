@@ -8,6 +8,7 @@ SIGTERM to every rank, damaged files in the checkpoint directory.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -76,9 +77,19 @@ def logged_steps(run_dir: Path) -> list[int]:
         return []
 
 
-def ddpkit_run(job: Path, cwd: Path, *sets: str) -> subprocess.Popen:
+def forked_worker(rank: int, under: int) -> int | None:
+    """The pid of rank `rank`'s worker forked by the warm path's template below process `under`
+    (trainer/warm.py names it `ddpkit-rank<R>`); None while there is none."""
+    for pid in descendants(under):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_text().strip() == f"ddpkit-rank{rank}":
+                return pid
+    return None
+
+
+def ddpkit_run(job: Path, cwd: Path, *sets: str, **extra: str) -> subprocess.Popen:
     args = [sys.executable, "-m", "deploy", "run", str(job), "--local", *(a for s in sets for a in ("--set", s))]
-    env = {**launch_env(job), "PYTHONPATH": str(REPO)}
+    env = {**launch_env(job, **extra), "PYTHONPATH": str(REPO)}
     return subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -97,11 +108,14 @@ def write_ddpkit_job(tmp: Path, name: str, train: dict, every: int, restarts: in
 def test_kill_9_of_one_rank_restarts_the_group_and_resumes_bit_for_bit(tmp_path):
     """`ddpkit run --local` with restarts=1: SIGKILL one rank mid-epoch; the group restarts
     (a fresh worker store: trainer.launch docstring), resumes from the newest checkpoint and ends
-    with the uninterrupted run's parameters; at most one checkpoint interval is lost."""
+    with the uninterrupted run's parameters; at most one checkpoint interval is lost. The killed
+    run takes the warm path (the default: its workers are forked from the node's template,
+    trainer/warm.py, and the restart is forked from the same template, without importing torch
+    again), the uninterrupted one the cold path (`DDPKIT_WARM=0`): the two end bit for bit equal."""
     train = {"max_steps": 60, "epochs": 2, "data_samples": 4096, "lr": 0.05, "momentum": 0.9}
     every = 10
     # The time limits only bound a hang: at load 25 on 2 cores a start alone takes a minute.
-    whole = ddpkit_run(write_ddpkit_job(tmp_path, "whole", train, every, 0), tmp_path)
+    whole = ddpkit_run(write_ddpkit_job(tmp_path, "whole", train, every, 0), tmp_path, DDPKIT_WARM="0")
     out, _ = whole.communicate(timeout=600)
     assert whole.returncode == 0, out[-3000:]
 
@@ -110,8 +124,8 @@ def test_kill_9_of_one_rank_restarts_the_group_and_resumes_bit_for_bit(tmp_path)
     proc = ddpkit_run(job, tmp_path)
     try:
         wait_for(lambda: len(logged_steps(run_dir)) >= 25, 480, "25 training steps")
-        wait_for(lambda: 1 in worker_pids("killed", proc.pid), 60, "rank 1's process")
-        os.kill(worker_pids("killed", proc.pid)[1], signal.SIGKILL)
+        wait_for(lambda: forked_worker(1, proc.pid), 60, "rank 1's forked worker")
+        os.kill(forked_worker(1, proc.pid), signal.SIGKILL)  # the process that computes rank 1
         out, _ = proc.communicate(timeout=600)
     finally:
         proc.kill()
@@ -131,6 +145,13 @@ def test_kill_9_of_one_rank_restarts_the_group_and_resumes_bit_for_bit(tmp_path)
     assert b["status"] == "completed" and b["steps"] == a["steps"] == 60
     assert b["resumed_from_step"] == resumed_at
     assert b["final_params_sha256"] == a["final_params_sha256"] is not None
+    # Warm, both attempts from one template: the one the node's launcher started.
+    starts = [json.loads(p.read_text())["start"] for p in sorted((run_dir / "attempts").glob("attempt-*.json"))]
+    [launch] = [json.loads(p.read_text()) for p in (run_dir / "attempts" / "launch").glob("*.json")]
+    assert starts == [{"warm": True, "template_pid": launch["template_pid"]}] * 2, (starts, launch)
+    assert "forked" in b["launch_marks"]
+    whole_starts = [json.loads(p.read_text())["start"] for p in (tmp_path / "runs" / "whole" / "attempts").glob("attempt-*.json")]
+    assert whole_starts == [{"warm": False}]
 
 
 # -- checkpoints cut off mid-save, damaged checkpoints ---------------------------------------

@@ -157,6 +157,7 @@ def test_elastic_node_counts_pass_through():
     (None, "No such file or directory"),
     ("name: x\ntrain: {lr: -1}\n", "train.lr: Input should be greater than 0"),
     ("name: x\ncheckpoint: {keep: 0, every: 5}\n", "checkpoint.keep: Input should be greater than or equal to 1 (and 1 more)"),
+    ("name: x\ntrain: {warm_restarts: sometimes}\n", "train.warm_restarts: Input should be a valid boolean"),
 ])
 def test_a_bad_job_file_stops_the_launcher_with_one_line(tmp_path, content, message):
     job = tmp_path / "job.yaml"

@@ -117,6 +117,7 @@ class LaunchRecord:
         self.started = time.time()
         self.failures: list[dict[str, Any]] = []
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self.template_pid: int | None = None  # the warm path's template (trainer/warm.py)
 
     def feed(self, line: str) -> None:
         self.tail.append(line.rstrip("\n")[:1000])
@@ -136,7 +137,8 @@ class LaunchRecord:
         record = {"host": socket.gethostname(), "pid": os.getpid(), "node_rank": self.node_rank,
                   "nproc": self.nproc, "started": self.started, "ended": time.time(),
                   "torchrun_exit": torchrun_exit, "exit": exit_code, "failures": self.failures,
-                  "tail": list(self.tail), **({"refused": refused} if refused else {})}
+                  "tail": list(self.tail), **({"refused": refused} if refused else {}),
+                  **({"template_pid": self.template_pid} if self.template_pid else {})}
         ooms = oom_kills()
         if ooms is not None and self.ooms_before is not None and ooms > self.ooms_before:
             record["oom_kills"] = self.oom_kills = ooms - self.ooms_before

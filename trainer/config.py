@@ -267,6 +267,14 @@ class TrainConfig(BaseModel):
         None, ge=1, le=1024,
         description="CPU threads per rank (`torch.set_num_threads`, and `OMP_NUM_THREADS` for the ranks: it wins over one in `env`); default: the job's OMP_NUM_THREADS, else CPUs / local ranks.",
     )
+    warm_restarts: bool = Field(
+        True,
+        description="The built-in trainer's workers are forked from a per-node template process "
+        "that imported torch and the trainer once, so a restarted group skips those imports "
+        "(trainer/warm.py); false: each worker is a fresh `python -m trainer.train`. "
+        "`DDPKIT_WARM=0`/`1` on a node overrides it (1 also forks a `script` or `module` job's "
+        "workers, which otherwise start cold).",
+    )
     eval_every_epochs: int = Field(
         1, ge=0, description="Evaluate on the held-out set every N epochs and at the end (0: never)."
     )

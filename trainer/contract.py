@@ -118,6 +118,8 @@ CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
 PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
 LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any context (run --local)
 RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.guard writes stacks
+WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
+WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
 
 #: Fault injection, for tests only: set by the test suite, read by the workers.
 STOP_AT_STEP_VAR = "DDPKIT_STOP_AT_STEP"  # act as if a stop signal came at step N

@@ -11,6 +11,8 @@ import contextlib
 import datetime
 import logging
 import os
+import socket
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -26,6 +28,10 @@ WORKER_ENV = {
     "master_addr": "MASTER_ADDR",
     "master_port": "MASTER_PORT",
 }
+
+
+#: How long a rank other than 0 polls for rank 0's store before it leaves it to torch (`wait_for_store`).
+STORE_POLL_S = 30.0
 
 
 class DistEnvError(ConfigError):
@@ -131,6 +137,10 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
         logging.getLogger("ddpkit.trainer").info(
             "joining the process group: %d ranks, %s, master %s:%s", denv.world_size, backend,
             denv.master_addr, denv.master_port)
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    if not denv.is_main and not agent_store:
+        # bounded: past it, torch's own (slower) retries go on for the whole timeout_s
+        wait_for_store(denv.master_addr, denv.master_port, min(timeout_s, STORE_POLL_S))
     # env:// (the default) reads the six variables; under torchrun it also joins the agent's
     # store (TORCHELASTIC_USE_AGENT_STORE) instead of binding MASTER_PORT a second time.
     dist.init_process_group(
@@ -145,7 +155,6 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
     # machine), a failed rank for torchrun and Slurm alike. So after a clean run rank 0 leaves
     # only once every rank said its group is gone; after an error nobody waits (a dead peer
     # would hold a restart up).
-    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     store = None if agent_store else dist.distributed_c10d._get_default_store()
     try:
         yield
@@ -157,6 +166,24 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
         dist.destroy_process_group()
     if store is not None:
         _leave_together(store, denv, timeout_s=min(timeout_s, 60))
+
+
+def wait_for_store(host: str, port: int, timeout_s: float, poll_s: float = 0.01) -> bool:
+    """Until rank 0's store accepts a TCP connection (True), at most `timeout_s` (False).
+
+    A TCPStore client that finds nobody listening yet retries after about half a second (torch
+    2.13: 0.56 s when the store came up 0.05 s later), and on a restart every rank starts at
+    the same moment, so rank 0's store is rarely up first: polling every `poll_s` makes the
+    group form as soon as it is (the store closes the probe's connection as a client's)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(5.0, deadline - time.monotonic()))).close()
+            return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
 
 
 def _leave_together(store, denv: DistEnv, timeout_s: float) -> None:

@@ -43,6 +43,19 @@ reads its peer's old address and dials a dead process ("Gloo connectFullMesh fai
 Connection refused"; NCCL reads an old unique id the same way: pytorch/pytorch#135712). With
 sharing off, every round picks a new port and rank 0 hosts a new, empty store: torch's own
 opt-out, set here unless the node's environment sets it.
+
+Warm restarts (trainer/warm.py has the design and the measurements that chose it): in torchrun
+mode the shim also starts the node's template process, which imports torch and the trainer
+(and builds a built-in workload) once, when the first worker is asked for, and torchrun runs `python -m trainer.warm ENTRY`, a
+standard-library client that has the template fork the worker and then stands in for it (its
+exit code or signal, stop signals forwarded, and a client that dies takes its worker with it).
+A restart by torchrun then costs a fork, not `import torch` and `import torch._dynamo` again.
+`train.warm_restarts` (default true) applies to the built-in trainer and preflight; a `script`
+or `module` job starts cold unless the node sets `DDPKIT_WARM=1` (its imports and whether they
+survive a fork are its own); `DDPKIT_WARM=0` starts every worker cold. The srun-per-GPU mode
+execs the trainer cold as before: Slurm starts every task itself and restarts only by a requeue
+or a new job step, where all processes are new (and may be on other nodes); a template there
+would pay the same import once per step. Likewise a worker already under torchrun.
 """
 
 from __future__ import annotations
@@ -86,6 +99,8 @@ from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
     STOP_FILE_VAR,
     STOP_GRACE_S_VAR,
     TORCHRUN_T0_VAR,
+    WARM_SOCKET_VAR,
+    WARM_VAR,
 )
 
 Env = Mapping[str, str]
@@ -94,6 +109,7 @@ Source = str | Callable[[Env], "str | None"]
 TRAINER = list(TRAINER_ENTRY)
 PREFLIGHT = ["-m", "trainer.preflight"]
 GUARD = ["-m", "trainer.guard"]  # a script job's workers: stacks on a stop, its exceptions recorded
+WARM_CLIENT = ["-m", "trainer.warm"]  # the worker torchrun starts on the warm path (trainer/warm.py)
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 # Variables that describe one worker; stale copies in a node's environment are dropped.
@@ -346,6 +362,7 @@ class NodePlan:
     node_rank: int | None = 0  # None: not known on this node (elastic: c10d assigns ranks)
     wait_for: tuple[str, int] | None = None
     notes: list[str] = field(default_factory=list)
+    warm: bool = False  # torchrun starts trainer.warm clients; a template forks the workers
 
 
 def _resolve(env: Env, sources: tuple[Source, ...], what: str, notes: list[str]) -> str | None:
@@ -393,13 +410,16 @@ def detect_context(env: Env) -> Context:
 
 
 def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = None, timeout_s: int = 600,
-                entry: list[str] | None = None, torchrun_args: list[str] = (), cpus: CPUs | None = None) -> NodePlan:
+                entry: list[str] | None = None, torchrun_args: list[str] = (), cpus: CPUs | None = None,
+                warm: bool = False) -> NodePlan:
     """Pure: the environment of a node in, the command and environment to start out.
 
     `entry` is what each worker runs after `python` (torchrun takes the same words): the
     trainer (`-m trainer.train`, the default), or the job's own `script ARGS` / `-m module ARGS`.
     `torchrun_args` (the job's `torchrun_args`) go before it, after the launcher's own options.
-    With `cpus`, the workers get `OMP_NUM_THREADS` from `threads_per_rank`.
+    With `cpus`, the workers get `OMP_NUM_THREADS` from `threads_per_rank`. With `warm`, torchrun
+    runs `-m trainer.warm ENTRY` (a client of the node's template process: trainer/warm.py);
+    the modes without torchrun start cold.
     """
     entry = list(entry or TRAINER)
     ctx = detect_context(env)
@@ -429,11 +449,15 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
         "--shutdown-timeout", str(grace),
         *torchrun_args,
+        *(WARM_CLIENT if warm else []),
         *entry,
     ]  # fmt: skip
+    if warm:
+        notes.append("warm restarts: the workers are forked from a template process that imports torch "
+                     f"once ({WARM_VAR}=0: each worker starts cold)")
     return NodePlan(
         ctx.name, "torchrun", argv, out, node_rank=node_rank,
-        wait_for=(addr, port) if is_host is False else None, notes=notes,
+        wait_for=(addr, port) if is_host is False else None, notes=notes, warm=warm,
     )
 
 
@@ -600,18 +624,38 @@ def wait_for_master(host: str, port: int, timeout_s: float, log: Callable[[str],
         delay = min(delay * 2, 5.0)
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM if the shim dies (even by SIGKILL); elsewhere nothing."""
+def _die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Linux: the child gets `signum` if the shim dies (even by SIGKILL); elsewhere nothing."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
+def start_template(sock: str, env: dict[str, str]) -> subprocess.Popen:
+    """The node's template process (trainer/warm.py): it binds `sock` at once, imports torch
+    and the trainer, then forks a worker per client; it ends when its stdin closes, and with
+    SIGKILL if the shim dies. Its own session: a terminal's Ctrl-C is not its business."""
+    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock], env=env,
+                            stdin=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: _die_with_parent(signal.SIGKILL))
+
+
+def end_template(template: subprocess.Popen) -> None:
+    """Close the template's stdin (it kills any worker left and exits); bounded wait."""
+    with contextlib.suppress(OSError):
+        template.stdin.close()
+    try:
+        template.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        template.kill()
+        template.wait()
+
+
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
-              record: attempts.LaunchRecord | None = None) -> int:
+              record: attempts.LaunchRecord | None = None, warm: bool = False) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
     `EXIT_STOPPED` (143): a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was
@@ -619,12 +663,21 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     then. `EXIT_STOPPED_UNSAVED` (137): this shim got a stop signal and no checkpoint was written.
     With a `record`, torchrun's stderr passes through this process: the failed workers it
     reports and its last lines are written to the run directory (trainer/attempts.py).
+    With `warm`, the node's template process (`start_template`) runs beside torchrun, its socket
+    in the same private directory.
     """
     import tempfile
 
     stop_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     stop_file = os.path.join(stop_dir, "stopped")
     env = {**env, STOP_FILE_VAR: stop_file, TORCHRUN_T0_VAR: repr(time.time())}  # a launch mark
+    template = None
+    if warm:
+        sock = os.path.join(stop_dir, "warm.sock")
+        template = start_template(sock, env)
+        env[WARM_SOCKET_VAR] = sock
+        if record is not None:
+            record.template_pid = template.pid
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
                             stderr=subprocess.PIPE if record else None)
@@ -639,6 +692,10 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
     rc = proc.wait()
+    if template is not None:
+        end_template(template)
+        with contextlib.suppress(OSError):
+            os.unlink(env[WARM_SOCKET_VAR])
     if relay is not None:
         relay.join(timeout=5)
     try:
@@ -801,6 +858,7 @@ class JobSettings:
     cpus_per_node: float | None = None
     threads: int | None = None
     output_dir: str | None = None  # the trainer's `train.output_dir`: the run directory's parent
+    warm_restarts: bool = True  # `train.warm_restarts` (applies to the built-in trainer)
 
 
 def read_job_settings(env: Env) -> JobSettings:
@@ -817,7 +875,7 @@ def read_job_settings(env: Env) -> JobSettings:
             raise LaunchError(f"bad job file {env[JOB_FILE_VAR]}: {error_line(e)}") from None
         job = JobSettings(sections.name, sections.train.timeout_s, sections.entry, sections.script,
                           sections.preflight, sections.torchrun_args, sections.cpus_per_node,
-                          sections.train.threads, sections.train.output_dir)
+                          sections.train.threads, sections.train.output_dir, sections.train.warm_restarts)
     if job.entry not in (None, TRAINER):  # your own script: under trainer.guard (stacks, exceptions)
         job.entry = [*GUARD, *job.entry]
     if env.get(PREFLIGHT_ONLY_VAR) == "1":  # `python -m trainer.preflight` on a node
@@ -825,6 +883,20 @@ def read_job_settings(env: Env) -> JobSettings:
     elif job.preflight:  # `preflight: true`: each worker checks, then runs the real entry
         job.entry = [*PREFLIGHT, "--then", *(job.entry or TRAINER)]
     return job
+
+
+def warm_start(env: Env, job: JobSettings) -> bool:
+    """Whether torchrun's workers are forked from a template (trainer/warm.py): `DDPKIT_WARM`
+    ("0" or "1") where the node sets it, else `train.warm_restarts` for ddpkit's own entries
+    (the trainer, preflight); a `script` or `module` job starts cold (its imports and its
+    fork-safety are its own). LaunchError on another value."""
+    value = env.get(WARM_VAR, "")
+    if value not in ("", "0", "1"):
+        raise LaunchError(f"{WARM_VAR}={value!r} must be 0 (cold restarts) or 1 (warm restarts)")
+    if value:
+        return value == "1"
+    entry = job.entry or TRAINER
+    return job.warm_restarts and entry[:2] in (TRAINER, PREFLIGHT)
 
 
 def node_cpus(job: JobSettings) -> CPUs:
@@ -853,7 +925,7 @@ def main() -> int:
                       "is relative to the working directory)")
     try:
         plan = plan_launch(env, run_id=job.run_id, timeout_s=job.timeout_s, entry=job.entry,
-                           torchrun_args=job.torchrun_args, cpus=node_cpus(job))
+                           torchrun_args=job.torchrun_args, cpus=node_cpus(job), warm=warm_start(env, job))
     except LaunchError as e:
         return refuse(job, log, str(e))
     run_dir = run_dir_of(job)
@@ -902,7 +974,8 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
-        code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc))
+        code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc),
+                         warm=plan.warm)
         if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
             script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
         return code

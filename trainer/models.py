@@ -10,6 +10,7 @@ The workload API (docs/WORKLOADS.md has a worked example, examples/own_workload/
 from __future__ import annotations
 
 import importlib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -149,8 +150,34 @@ def gpt_workload(cfg: TrainConfig) -> Workload:
 BUILTIN = {"cnn": cnn_workload, "gpt": gpt_workload}  # keys: trainer.config.BUILTIN_MODELS
 
 
+#: Built-in workloads made before a fork by the node's template process (trainer/warm.py), by
+#: `workload_key`: a forked worker takes its own copy-on-write copy instead of building one.
+PREBUILT: dict[str, Workload] = {}
+
+
+def workload_key(cfg: TrainConfig) -> str | None:
+    """What a built-in workload is a function of (it is made from fixed seeds, so equal keys
+    give equal tensors); None for a user's workload (its function may do anything)."""
+    if cfg.model not in BUILTIN:
+        return None
+    return json.dumps([cfg.model, cfg.model_args, cfg.data, cfg.data_samples, cfg.eval_every_epochs > 0],
+                      sort_keys=True)
+
+
+def prebuild(cfg: TrainConfig) -> str | None:
+    """Build `cfg`'s built-in workload into `PREBUILT` (the template, before it forks); its name."""
+    key = workload_key(cfg)
+    if key is not None:
+        PREBUILT[key] = build_workload(cfg)
+        return cfg.model
+    return None
+
+
 def build_workload(cfg: TrainConfig) -> Workload:
     """Build the workload named by `train.model` (`cnn`, `gpt` or `package.module:function`)."""
+    key = workload_key(cfg)
+    if key is not None and key in PREBUILT:
+        return PREBUILT.pop(key)
     if cfg.model in BUILTIN:
         if cfg.data != "synthetic":
             raise ConfigError(f"train.data: {cfg.model!r} has only the 'synthetic' data set")

@@ -212,7 +212,11 @@ class Progress:
         self.restarts_allowed = restarts_allowed
         self.recent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of recent steps
         self.written = self.printed = 0.0
-        self.host, self.pid, self.agent_pid = socket.gethostname(), os.getpid(), os.getppid()
+        from trainer.warm import FORKED
+
+        # A forked worker's parent is the template (trainer/warm.py): its client's is the agent.
+        self.host, self.pid, self.agent_pid = socket.gethostname(), os.getpid(), int(FORKED.get("agent") or os.getppid())
+        self.start = {"warm": True, "template_pid": int(FORKED["template"])} if FORKED else {"warm": False}
         self.loss: float | None = None  # the last logged step's (the trainer sets it)
         self.straggler: dict[str, Any] | None = None  # trainer/stragglers.py, set by the trainer
         self.ranks: list[dict[str, Any]] | None = None  # each rank's rate over the last window
@@ -254,7 +258,7 @@ class Progress:
         remaining = max(0, self.total_steps - step)
         return {
             "attempt": self.attempt, "state": state, "host": self.host, "pid": self.pid,
-            "agent_pid": self.agent_pid, "started": self.ledger.t0, "updated": now,
+            "agent_pid": self.agent_pid, "start": self.start, "started": self.ledger.t0, "updated": now,
             "step": step, "furthest_step": max(step, self.furthest), "total_steps": self.total_steps,
             "epoch": epoch, "epochs": self.epochs, "loss": self.loss,
             "samples_per_s": rate * self.global_batch if rate else None,

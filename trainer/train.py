@@ -1264,6 +1264,10 @@ def run(job: Any, denv: Any, t0: float) -> int:
     # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the
     # time to the first step goes, node shim and torchrun included.
     marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
+    from trainer.warm import FORKED
+
+    if FORKED:  # forked from the node's template (trainer/warm.py): torch was imported there
+        marks = {"worker started": WORKER_T0, "forked": FORKED["forked"], **marks}
     if os.environ.get(TORCHRUN_T0_VAR):
         marks = {"torchrun started": float(os.environ[TORCHRUN_T0_VAR]), **marks}
     # The attempt's ledger: from the launch (a restart by torchrun: from this worker's start),
