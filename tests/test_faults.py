@@ -34,22 +34,30 @@ pytestmark = pytest.mark.slow
 
 
 def worker_pids(run_id: str, under: int) -> dict[int, int]:
-    """{rank: pid} of the live `trainer.train` processes below process `under` whose
-    DDPKIT_RUN_ID is `run_id`. Only below `under`: other sessions on a shared machine run these
-    same tests, with the same run ids, at the same time (a kill of their rank is a flake in
-    both runs: theirs dies, ours never restarts)."""
+    """{rank: pid} of the live processes that compute the ranks of run `run_id` below process
+    `under`: on the warm path (trainer/warm.py) the workers the template forked, named
+    `ddpkit-rank<R>` (the `trainer.warm` clients torchrun started only stand in for them: a
+    SIGSTOP or a CPU quota on a client does nothing to the rank), else the `trainer.train`
+    processes whose DDPKIT_RUN_ID is `run_id`. Only below `under`: other sessions on a shared
+    machine run these same tests, with the same run ids, at the same time (a kill of their rank
+    is a flake in both runs: theirs dies, ours never restarts)."""
     found: dict[int, int] = {}
+    forked: dict[int, int] = {}
     for pid in map(str, descendants(under)):
         try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if comm.startswith("ddpkit-rank") and comm[len("ddpkit-rank"):].isdigit():
+                forked[int(comm[len("ddpkit-rank"):])] = int(pid)
+                continue
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if b"trainer.train" not in cmd:
                 continue
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        if env.get(b"DDPKIT_RUN_ID") == run_id.encode() and b"RANK" in env:
+        if env.get(b"DDPKIT_RUN_ID") == run_id.encode() and b"RANK" in env and b"DDPKIT_WARM_SOCKET" not in env:
             found[int(env[b"RANK"])] = int(pid)
-    return found
+    return forked or found
 
 
 def descendants(pid: int) -> list[int]:

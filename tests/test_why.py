@@ -53,6 +53,34 @@ def test_real_torchrun_output_names_the_signal_or_the_exception(tmp_path):
     assert raised.category == "exception" and "ValueError: boom on rank 0" in raised.evidence, raised
 
 
+SAME_SECOND = """
+import os, time
+if int(os.environ["RANK"]) == 1:
+    os._exit(3)
+time.sleep(0.05)  # rank 0 "notices" its peer is gone and raises, as gloo makes it do
+raise RuntimeError("Connection reset by peer")
+"""
+
+
+@pytest.mark.slow
+def test_every_worker_torchrun_saw_fail_is_recorded_not_only_its_first(tmp_path):
+    """torchrun's `failed (exitcode ...)` line names one worker, by whole-second timestamps: rank
+    0 raising because rank 1 died can be named instead of rank 1. Its failure table lists both."""
+    from trainer.attempts import LaunchRecord
+
+    script = tmp_path / "worker.py"
+    script.write_text(SAME_SECOND)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(free_port()), str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env={k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK"))})
+    assert proc.returncode != 0, proc.stderr[-2000:]
+    record = LaunchRecord(None, node_rank=1, nproc=2)
+    for line in proc.stderr.splitlines(keepends=True):
+        record.feed(line)
+    assert sorted((f["rank"], f["exitcode"]) for f in record.failures) == [(2, 1), (3, 3)], \
+        (record.failures, proc.stderr[-3000:])
+
 def test_the_scheduler_words_win_for_what_only_it_knows():
     line = ("JobId=7 JobName=demo JobState=NODE_FAIL Reason=NodeDown Dependency=(null) Requeue=0 "
             "Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:01:02 TimeLimit=00:10:00")

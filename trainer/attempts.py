@@ -33,6 +33,12 @@ LAUNCH_DIR = "launch"
 TAIL_LINES = 40
 #: torchrun's line for a failed worker (torch 2.x elastic/multiprocessing/api.py)
 FAILED_WORKER = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
+#: the rank and exit lines of each entry of torchrun's failure table (ChildFailedError, printed
+#: when it ends): the line above names only the failure with the smallest timestamp, and those
+#: are whole seconds, so a rank whose peer's death made it raise in the same second can be named
+#: instead of the rank that died; the table lists every worker that failed.
+TABLE_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: (\d+)\)")
+TABLE_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
 #: the launcher's line when its memory cgroup counted OOM kills (a log says so too)
 OOM_LINE = "the OOM killer ended"
 
@@ -117,16 +123,31 @@ class LaunchRecord:
         self.started = time.time()
         self.failures: list[dict[str, Any]] = []
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        self._table_local: int | None = None  # the failure table's entry being read (`feed`)
         self.template_pid: int | None = None  # the warm path's template (trainer/warm.py)
 
     def feed(self, line: str) -> None:
         self.tail.append(line.rstrip("\n")[:1000])
         found = FAILED_WORKER.search(line)
         if found:
-            code, local = int(found.group(1)), int(found.group(2))
-            self.failures.append({"time": time.time(), "local_rank": local,
-                                  "rank": self.node_rank * self.nproc + local, "exitcode": code,
-                                  "signal": signal_name(code), "pid": int(found.group(3))})
+            self.failed(int(found.group(2)), int(found.group(1)), int(found.group(3)))
+            return
+        found = TABLE_RANK.search(line)
+        if found:
+            self._table_local = int(found.group(2))
+            return
+        found = TABLE_EXIT.search(line)
+        if found and self._table_local is not None:
+            self.failed(self._table_local, int(found.group(1)), int(found.group(2)))
+            self._table_local = None
+
+    def failed(self, local: int, code: int, pid: int) -> None:
+        """A worker torchrun saw fail (once per process: the first line and the table both name it)."""
+        if any(f["pid"] == pid and f["local_rank"] == local for f in self.failures):
+            return
+        self.failures.append({"time": time.time(), "local_rank": local,
+                              "rank": self.node_rank * self.nproc + local, "exitcode": code,
+                              "signal": signal_name(code), "pid": pid})
 
     def write(self, torchrun_exit: int | None, exit_code: int, refused: str | None = None) -> Path | None:
         """The record; `refused`: why the launcher itself ended before torchrun (or its
