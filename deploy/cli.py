@@ -182,6 +182,12 @@ def cmd_image(args: argparse.Namespace) -> int:
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
+    if args.nodes is not None:
+        if args.kind != "k8s" or args.action != "up":
+            raise UserError("--nodes: only `testbed k8s up` takes a node count (the Slurm testbed has 2 nodes)")
+        if not 1 <= args.nodes <= 16:
+            raise UserError(f"--nodes {args.nodes}: give 1 to 16 kubelets")
+        os.environ["DDPKIT_K8S_TESTBED_NODES"] = str(args.nodes)
     return load_module(f"deploy.testbed.{args.kind}", f"the {args.kind} testbed").main(args.action)
 
 
@@ -348,10 +354,13 @@ def _tool_commands(sub) -> None:
                  "sudo ddpkit testbed slurm up")
     p.add_argument("kind", choices=["slurm", "docker", "k8s"], metavar="KIND",
                    help="slurm (2-node cluster), docker (dockerd + a debootstrap base image) or "
-                        "k8s (a one-node Kubernetes with the Kubeflow and JobSet controllers)")
+                        "k8s (an N-node Kubernetes with the Kubeflow and JobSet controllers)")
     p.add_argument("action", choices=["up", "down", "status", "env"], metavar="ACTION",
                    help="up, down, status, or env (prints the lines that point clients at it: "
                         "PATH, and KUBECONFIG for k8s)")
+    p.add_argument("--nodes", type=int, metavar="N",
+                   help="k8s up: how many kubelets, each in its own network namespace (default 2; "
+                        "a cluster up with another count is rebuilt)")
 
 
 def main(argv: list[str] | None = None) -> int:

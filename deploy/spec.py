@@ -493,6 +493,12 @@ class K8sSection(Strict):
     annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations on every pod.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Pod tolerations.")
+    node_lost_after: Seconds | None = Field(
+        60, description="How long a pod stays bound to a node that stopped answering (taints "
+        "`node.kubernetes.io/unreachable` and `not-ready`, NoExecute) before Kubernetes evicts it: "
+        "the tolerations' tolerationSeconds (the API server's default is 300 s). `null`: the "
+        "cluster's default. A pod on a dead node is only replaced once its node is deleted or "
+        "tainted `node.kubernetes.io/out-of-service` (README \"A node dies\").")
     priority_class: K8sName | None = Field(None, description="Pod priorityClassName.")
     service_account: K8sName | None = Field(None, description="Pod serviceAccountName.")
     image_pull_secrets: list[K8sName] = Field(default_factory=list, description="Secret names for pulling the image.")

@@ -107,7 +107,7 @@ def job_file(tmp_path: Path, name: str, flavor: str, **train) -> Path:
                resources={"cpus_per_node": 0.7, "memory": "2Gi", "shm": "256Mi"},
                volumes=[{"name": "out", "mount": "/out", "host_path": str(out)}])
     job["train"].update(output_dir="/out", plot=False, **train)
-    job["k8s"] = {"flavor": flavor}
+    job["k8s"] = {"flavor": flavor, "one_pod_per_node": True}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
@@ -247,6 +247,8 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     if flavor == "trainjob":  # Trainer -> JobSet -> Job -> Pod
         assert all(p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name for p in found)
 
+    nodes = [p["spec"]["nodeName"] for p in found]
+    assert len(set(nodes)) == len(nodes) == 2, nodes  # one pod per node (k8s.one_pod_per_node)
     log0 = logs(cluster, handle, 0)
     [summary] = summaries(log0)
     assert_trained_on_two_pods(summary, {p["spec"].get("hostname") or p["metadata"]["name"] for p in found})
@@ -268,19 +270,6 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     wait_no_leftovers(cluster, flavor, name)
 
 
-def free_cpus(cluster) -> float:
-    """The testbed node's allocatable CPUs less what its running pods request."""
-    from deploy.units import quantity
-
-    node = json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"][0]
-    allocatable = float(quantity(node["status"]["allocatable"]["cpu"]))
-    pods_now = json.loads(kubectl(cluster, "get", "pods", "-A", "-o", "json").stdout)["items"]
-    requested = sum(float(quantity(c.get("resources", {}).get("requests", {}).get("cpu", "0")) or 0)
-                    for p in pods_now if p["status"].get("phase") in ("Pending", "Running")
-                    and p["spec"].get("nodeName") for c in p["spec"]["containers"])
-    return allocatable - requested
-
-
 def wait_for_line(cluster, handle: str, wanted: str, timeout: float = 180) -> str:
     deadline = time.monotonic() + timeout
     while wanted not in (line := status_line(cluster, handle)):
@@ -289,28 +278,59 @@ def wait_for_line(cluster, handle: str, wanted: str, timeout: float = 180) -> st
     return line
 
 
-def test_status_says_why_pods_wait_in_the_schedulers_words(cluster, image, handles, tmp_path):
-    """A PyTorchJob whose pods ask more CPU than the node has stays PENDING with the real
-    scheduler's reason; one whose two pods fit only one at a time says that one of its two
-    pods is not scheduled (the master starts and would wait out its rendezvous)."""
-    free = free_cpus(cluster)
+def node_count(cluster) -> int:
+    return len(json.loads(kubectl(cluster, "get", "nodes", "-o", "json").stdout)["items"])
 
-    def sized(name: str, cpus: float) -> Path:
-        path = job_file(tmp_path, name, "pytorchjob")
-        job = yaml.safe_load(path.read_text())
-        job["resources"]["cpus_per_node"] = round(cpus, 2)
-        path.write_text(yaml.safe_dump(job, sort_keys=False))
-        return path
 
-    big = submit(cluster, handles, sized("e2e-too-big", 2 * free + 1))
-    line = wait_for_line(cluster, big, "not scheduled")
-    assert line.startswith("PENDING (not scheduled: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu"), line
-    why = ddpkit("why", big, env=cluster).stdout.splitlines()
-    assert why[0].startswith("unschedulable: not scheduled: Unschedulable: 0/1 nodes are available"), why
-    half = submit(cluster, handles, sized("e2e-one-fits", 0.6 * free))
-    line = wait_for_line(cluster, half, "1 of 2 pods not scheduled")
-    assert "Unschedulable: 0/1 nodes are available: 1 Insufficient cpu" in line, line
-    for handle in (big, half):
+def gpu_job(tmp_path: Path, name: str, nodes: int) -> Path:
+    """A GPU-shaped PyTorchJob, as a user renders it for a real cluster: `nodes` x 8 GPUs (the
+    testbed's nodes advertise 8 nvidia.com/gpu each, for the scheduler only: the pods that land
+    find no CUDA and train on CPU until cancelled)."""
+    path = job_file(tmp_path, name, "pytorchjob")
+    job = yaml.safe_load(path.read_text())
+    job.update(nodes=nodes, gpus_per_node=8)
+    job.pop("procs_per_node", None)
+    job["resources"] = {"cpus_per_node": 0.1, "memory": "1Gi", "shm": "256Mi"}
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def placed(cluster, name: str, want: int, timeout: float = 120) -> list[dict]:
+    """The job's pods once `want` of them are bound to a node."""
+    deadline = time.monotonic() + timeout
+    while len(bound := [p for p in pods(cluster, name) if p["spec"].get("nodeName")]) < want:
+        assert time.monotonic() < deadline, f"{name}: {len(bound)} of {want} pods placed"
+        time.sleep(1)
+    return bound
+
+
+def test_gpu_requests_are_judged_by_the_scheduler_and_status_says_why_pods_wait(cluster, image, handles, tmp_path):
+    """GPUs as the scheduler sees them: a 2 x 8-GPU job gets one pod per node with its GPUs; a
+    second one waits whole, PENDING in the scheduler's words; and a job that only partly fits
+    says how many of its pods are not scheduled (its master would wait out its rendezvous)."""
+    n = node_count(cluster)
+    require(n >= 2, f"the testbed has {n} node(s); GPU placement across nodes needs 2")
+    first = submit(cluster, handles, gpu_job(tmp_path, "e2e-gpu-a", nodes=n))
+    bound = placed(cluster, "e2e-gpu-a", n)
+    assert len({p["spec"]["nodeName"] for p in bound}) == n, [p["spec"]["nodeName"] for p in bound]
+    for p in bound:
+        [trainer] = [c for c in p["spec"]["containers"] if c["name"] == "pytorch"]
+        assert trainer["resources"]["limits"]["nvidia.com/gpu"] == "8", trainer["resources"]
+    second = submit(cluster, handles, gpu_job(tmp_path, "e2e-gpu-b", nodes=n))
+    line = wait_for_line(cluster, second, "not scheduled")
+    assert line.startswith(f"PENDING (not scheduled: Unschedulable: 0/{n} nodes are available: "
+                           f"{n} Insufficient nvidia.com/gpu"), line
+    why = ddpkit("why", second, env=cluster).stdout.splitlines()
+    assert why[0].startswith(f"unschedulable: not scheduled: Unschedulable: 0/{n} nodes are available"), why
+    for handle in (first, second):
+        assert ddpkit("cancel", handle, env=cluster, timeout=360).returncode == 0
+    # one node's GPUs taken by a one-node job: a two-node job gets one pod placed, not both
+    one = submit(cluster, handles, gpu_job(tmp_path, "e2e-gpu-one", nodes=n - 1))
+    placed(cluster, "e2e-gpu-one", n - 1)
+    half = submit(cluster, handles, gpu_job(tmp_path, "e2e-gpu-half", nodes=n))
+    line = wait_for_line(cluster, half, f"1 of {n} pods not scheduled")
+    assert "Insufficient nvidia.com/gpu" in line, line
+    for handle in (one, half):
         assert ddpkit("cancel", handle, env=cluster, timeout=360).returncode == 0
 
 

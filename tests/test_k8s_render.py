@@ -184,8 +184,25 @@ def test_scheduling_fields_reach_the_pod(flavor):
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert pod["priorityClassName"] == "high" and pod["serviceAccountName"] == "trainer"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
-    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}] + [
+        {"key": f"node.kubernetes.io/{taint}", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+        for taint in ("unreachable", "not-ready")]
     assert pod["schedulerName"] == "volcano"
+
+
+def test_a_lost_node_evicts_after_node_lost_after_unless_the_job_tolerates_it_itself():
+    """k8s.node_lost_after is the tolerationSeconds of the lost node's NoExecute taints; a job's
+    own toleration for one of them wins; null leaves the cluster's default (300 s)."""
+    def tolerations(**k8s):
+        return pods(objects(job(k8s=k8s), "job"))[0]["spec"].get("tolerations")
+
+    assert [(t["key"], t["tolerationSeconds"]) for t in tolerations(node_lost_after="2m")] == [
+        ("node.kubernetes.io/unreachable", 120), ("node.kubernetes.io/not-ready", 120)]
+    own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+           "toleration_seconds": 5}
+    assert [(t["key"], t["tolerationSeconds"]) for t in tolerations(tolerations=[own])] == [
+        ("node.kubernetes.io/unreachable", 5), ("node.kubernetes.io/not-ready", 60)]
+    assert tolerations(node_lost_after=None) is None
 
 
 def test_trainjob_patches_scheduling_fields_into_the_runtime():

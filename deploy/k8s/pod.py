@@ -230,8 +230,20 @@ def topology_spread(job: JobSpec) -> list[dict]:
 # The pod template
 
 
+#: the taints the node lifecycle controller puts on a node that stopped answering (NoExecute)
+NODE_LOST_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
 def tolerations(job: JobSpec) -> list[dict]:
-    return [tol.as_k8s() for tol in job.k8s.tolerations]
+    """The job's tolerations, then `k8s.node_lost_after` as the NoExecute tolerations of a lost
+    node's taints (those the job's own do not name)."""
+    own = [tol.as_k8s() for tol in job.k8s.tolerations]
+    if job.k8s.node_lost_after is None:
+        return own
+    named = {t.get("key") for t in own}
+    return own + [{"key": key, "operator": "Exists", "effect": "NoExecute",
+                   "tolerationSeconds": job.k8s.node_lost_after}
+                  for key in NODE_LOST_TAINTS if key not in named]
 
 
 def pod_metadata(job: JobSpec) -> dict:
@@ -253,7 +265,7 @@ def pod_template(job: JobSpec, main: dict, *, restart_policy: str, subdomain: st
         spec["schedulerName"] = k8s.scheduler_name
     if k8s.node_selector:
         spec["nodeSelector"] = dict(k8s.node_selector)
-    if k8s.tolerations:
+    if tolerations(job):
         spec["tolerations"] = tolerations(job)
     if k8s.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
@@ -302,6 +314,8 @@ def job_field(job: JobSpec, path: str) -> str | None:
         return (f"k8s.extra_resources.{name}" if name in job.k8s.extra_resources else
                 {job.gpu_resource: "gpus_per_node", "cpu": "resources.cpus_per_node"}.get(name, "resources.memory"))
     indexed = _INDEXED.fullmatch(tail)
+    if indexed and top == "tolerations" and int(indexed[2]) >= len(job.k8s.tolerations):
+        return "k8s.node_lost_after"  # the lost node's tolerations come after the job's own
     if indexed and top == "tolerations":
         snake = re.sub(r"[A-Z]", lambda c: "_" + c[0].lower(), indexed[3] or "")
         return f"k8s.tolerations.{indexed[2]}" + (f".{snake}" if snake else "")

@@ -1,4 +1,4 @@
-"""`ddpkit testbed k8s up|down|status|env`: a real one-node Kubernetes cluster on this machine.
+"""`ddpkit testbed k8s up|down|status|env`: a real N-node Kubernetes cluster (default 2) on this machine.
 
 The Go binaries come from `k8s/testbed/build.sh` (compiled once from the upstream Go modules,
 cached by version in /var/cache/ddpkit/k8s); `k8s/testbed/cluster.sh` starts them as host
@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
@@ -48,7 +49,8 @@ PAUSE_IMAGE = "ddpkit-pause:3.10"
 BUSYBOX_IMAGE = "ddpkit-busybox:3"
 #: images imported from Docker by `up` when Docker has them (ddpkit's default training image)
 DEFAULT_IMAGES = ["ddpkit:0.1"]
-NODE = "ddpkit-k8s-node"
+#: the kubelets' node names are NODE_PREFIX + its index (k8s/testbed/cluster.sh `node_name`)
+NODE_PREFIX = "ddpkit-k8s-node-"
 WEBHOOK_HOST = {
     # (service namespace, service name) -> (host, port, our CA as caBundle?)
     ("kubeflow", "training-operator"): ("training-operator.kubeflow.svc", 19443, False),
@@ -170,15 +172,23 @@ def status(*, quiet: bool = False) -> bool:
 # images without a registry
 
 
-def _ctr(*args: str, **kw) -> subprocess.CompletedProcess:
-    address = os.environ.get("DDPKIT_K8S_CTR_ADDRESS",
-                             str(testbed_dir() / "containerd" / "containerd.sock"))
+def node_sockets() -> list[str]:
+    """Each node's containerd socket, node 0 first (each node has its own image store)."""
+    found = sorted(testbed_dir().glob("node*/containerd/containerd.sock"),
+                   key=lambda p: int(p.parent.parent.name[4:]) if p.parent.parent.name[4:].isdigit() else 0)
+    return [str(p) for p in found]
+
+
+def _ctr(*args: str, address: str | None = None, **kw) -> subprocess.CompletedProcess:
+    """`ctr` against one node's containerd: `address`, else DDPKIT_K8S_CTR_ADDRESS (cluster.sh
+    sets it per node), else node 0's."""
+    address = address or os.environ.get("DDPKIT_K8S_CTR_ADDRESS") or (node_sockets() or [""])[0]
     return subprocess.run([str(bin_dir() / "ctr"), "--address", address, "-n", "k8s.io", *args],
                           capture_output=True, **kw)
 
 
-def containerd_images() -> set[str]:
-    out = _ctr("images", "ls", "-q", text=True)
+def containerd_images(address: str | None = None) -> set[str]:
+    out = _ctr("images", "ls", "-q", text=True, address=address)
     return set(out.stdout.split()) if out.returncode == 0 else set()
 
 
@@ -240,7 +250,7 @@ def _import(archive: bytes) -> None:
     prune_replaced_images()
 
 
-def prune_replaced_images() -> list[str]:
+def prune_replaced_images(address: str | None = None) -> list[str]:
     """Remove the ID references (`sha256:<config digest>`) of images that no tag names any
     more; return them. containerd's CRI plugin keeps one per image it has seen, so re-importing
     a rebuilt tag left the old image behind under its ID, and the kubelet's image GC, which
@@ -248,12 +258,12 @@ def prune_replaced_images() -> list[str]:
     image per rebuild (6.9 GB after a day of test-image rebuilds, 2.7 GB once pruned). An ID
     reference whose manifest a tag still names is kept; a running container keeps its
     snapshots either way."""
-    rows = [line.split()[:3] for line in _ctr("images", "ls", text=True).stdout.splitlines()[1:]]
+    rows = [line.split()[:3] for line in _ctr("images", "ls", text=True, address=address).stdout.splitlines()[1:]]
     named = {row[2] for row in rows if len(row) == 3 and not row[0].startswith("sha256:")}
     stale = [row[0] for row in rows if len(row) == 3 and row[0].startswith("sha256:")
              and row[2] not in named]
     if stale:
-        _ctr("images", "rm", *stale)
+        _ctr("images", "rm", *stale, address=address)
     return stale
 
 
@@ -300,29 +310,38 @@ def _docker_image_id(tag: str) -> str:
 
 
 def load_image(tag: str) -> None:
-    """Import a Docker image into the cluster's containerd (`kind load docker-image`); skipped
-    when the same image (by Docker's ID) was imported before."""
+    """Import a Docker image into every node's containerd (`kind load docker-image`), timed per
+    node; a node that imported the same image (by Docker's ID) before is skipped."""
     image_id = _docker_image_id(tag)
     if not image_id:
         raise RuntimeFailure(f"Docker has no image {tag!r}: build it first (ddpkit image build)")
-    stamps = Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / "loaded"
-    stamp = stamps / hashlib.sha256(tag.encode()).hexdigest()
-    if stamp.exists() and stamp.read_text() == image_id and _normalized(tag) in containerd_images():
+    sockets = node_sockets()
+    if not sockets:
+        raise RuntimeFailure("the Kubernetes testbed has no node: sudo ddpkit testbed k8s up")
+    for address in sockets:
+        _load_into(tag, image_id, address)
+
+
+def _load_into(tag: str, image_id: str, address: str) -> None:
+    node = Path(address).parent.parent.name  # node<i>
+    stamp = (Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / node
+             / "loaded" / hashlib.sha256(tag.encode()).hexdigest())
+    if stamp.exists() and stamp.read_text() == image_id and _normalized(tag) in containerd_images(address):
         return
     from deploy.image import docker_binary, docker_env
 
-    print(f"testbed: loading {tag} into the cluster's containerd", file=sys.stderr)
+    t0 = time.monotonic()
     save = subprocess.Popen([docker_binary(), "save", tag], stdout=subprocess.PIPE, env=docker_env())
-    address = str(testbed_dir() / "containerd" / "containerd.sock")
     imported = subprocess.run([str(bin_dir() / "ctr"), "--address", address, "-n", "k8s.io",
                                "images", "import", "-"], stdin=save.stdout, capture_output=True,
                               text=True)
     save.wait()
     if save.returncode != 0 or imported.returncode != 0:
-        raise RuntimeFailure(f"loading {tag} failed: {imported.stderr.strip()}")
-    prune_replaced_images()
-    stamps.mkdir(parents=True, exist_ok=True)
+        raise RuntimeFailure(f"loading {tag} into {node} failed: {imported.stderr.strip()}")
+    prune_replaced_images(address)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(image_id)
+    print(f"testbed: loaded {tag} into {node}'s containerd in {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
 
 # --------------------------------------------------------------------------------------------

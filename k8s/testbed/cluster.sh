@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh up|down|status - a REAL one-node Kubernetes cluster as host processes.
+# cluster.sh up|down|status - a REAL N-node Kubernetes cluster as host processes.
 #
 # Built from upstream sources by build.sh (cached by version in $CACHE): etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet + containerd 2 (runc and the CNI plugins
@@ -9,16 +9,23 @@
 #   etcd                   127.0.0.1:$ETCD_PORT (plain http, loopback only)
 #   kube-apiserver         https://127.0.0.1:$API_PORT, own CA, Node,RBAC, webhooks admission
 #   kube-controller-mgr    127.0.0.1:10357   kube-scheduler 127.0.0.1:10359
-#   containerd             $DIR/containerd/containerd.sock (root: $IMAGES, kept across down)
-#   kubelet                node $NODE at $GW (bridge $BRIDGE), 10250; healthz 127.0.0.1:10248
+#   node i (0..NODES-1)    network namespace ddpk8s-n<i>, address $NET.<11+i> on the bridge
+#                          $BRIDGE (host end $GW), pods on $PREFIX.<16+i>.0/24 behind its own
+#                          pod bridge; its containerd ($DIR/node<i>/containerd/containerd.sock,
+#                          images in $IMAGES/node<i>, kept across down) and its kubelet
+#                          (node ddpkit-k8s-node-<i>, 10250 on its address, cgroup root
+#                          /ddpkit-k8s-n<i>), labelled with a zone and a rack and advertising
+#                          $GPUS nvidia.com/gpu through the node status API (no GPU exists:
+#                          the scheduler counts them, nothing else)
 #   CoreDNS                $GW:53: cluster.local only, no upstream (no forward plugin)
 #   training-operator      webhook https://training-operator.kubeflow.svc:19443 (its own
 #                          rotator's cert; the name is a line in /etc/hosts -> 127.0.0.1)
 #   JobSet                 webhook https://127.0.0.1:19444 (our CA)
 #   Trainer                webhook https://127.0.0.1:19445 (our CA)
 #
-# Pods get addresses on $NET.0/24 on the bridge $BRIDGE, which exists only on this machine;
-# no default route inside pods and no masquerading, so nothing a pod sends can leave it.
+# Pods get addresses on their node's /24 and one route, to $PREFIX.0.0/16 (the other nodes'
+# pods through the node namespaces' routes, and $GW): no default route inside pods or node
+# namespaces and no masquerading, so nothing a pod sends can leave the machine.
 # Services are headless (no kube-proxy): ClusterIPs exist but route nowhere.
 #
 # Called by `ddpkit testbed k8s up|down|status` (deploy/testbed/k8s.py), which sets
@@ -26,7 +33,9 @@
 # Knobs: DDPKIT_K8S_CACHE (/var/cache/ddpkit/k8s: build.sh's output)
 #        DDPKIT_K8S_TESTBED_DIR (/var/lib/ddpkit-k8s-testbed: state and logs, removed by down)
 #        DDPKIT_K8S_TESTBED_IMAGES (/var/lib/ddpkit-k8s-images: containerd's image store, kept)
-#        DDPKIT_K8S_TESTBED_NET (10.252.0: the pod /24; services on the next /24)
+#        DDPKIT_K8S_TESTBED_NET (10.252.0: the nodes' /24; services on the next /24, pods
+#          on <16+i>)
+#        DDPKIT_K8S_TESTBED_NODES (2: kubelets, 1 to 16), DDPKIT_K8S_TESTBED_GPUS (8 per node)
 #        DDPKIT_K8S_TESTBED_KEEP_LOGS=DIR (down: copy the logs there first)
 set -Eeuo pipefail
 
@@ -35,22 +44,40 @@ BIN=$CACHE/bin
 DIR=${DDPKIT_K8S_TESTBED_DIR:-/var/lib/ddpkit-k8s-testbed}
 IMAGES=${DDPKIT_K8S_TESTBED_IMAGES:-/var/lib/ddpkit-k8s-images}
 NET=${DDPKIT_K8S_TESTBED_NET:-10.252.0}
-SVC_NET=${NET%.*}.$((${NET##*.} + 1))
+PREFIX=${NET%.*}
+SVC_NET=$PREFIX.$((${NET##*.} + 1))
 GW=$NET.1
 BRIDGE=ddpk8s0
-NODE=ddpkit-k8s-node
+POD_BRIDGE=ddpkpods0 # inside each node's namespace
 ETCD_PORT=12379
 API_PORT=16643
-SOCK=$DIR/containerd/containerd.sock
 CGROOT=ddpkit-k8s
+GPUS=${DDPKIT_K8S_TESTBED_GPUS:-8}
+# a cluster that is up keeps the node count it was made with
+if [ -f "$DIR/nodes" ]; then NODES=$(cat "$DIR/nodes"); else NODES=${DDPKIT_K8S_TESTBED_NODES:-2}; fi
 MARK="# ddpkit-k8s-testbed"
 TO_HOST=training-operator.kubeflow.svc
 PYTHON=${DDPKIT_PYTHON:-python3}
 export PATH="$BIN:$PATH"
 KUBECTL=$BIN/kubectl
+node_name() { echo "ddpkit-k8s-node-$1"; }
+node_ip() { echo "$NET.$((11 + $1))"; }
+pod_net() { echo "$PREFIX.$((${NET##*.} + 16 + $1))"; }
+netns() { echo "ddpk8s-n$1"; }
+sock() { echo "$DIR/node$1/containerd/containerd.sock"; }
+in_node() { # i cmd...: run in node i's network namespace (only that: mounts and cgroups stay the host's)
+  local i=$1
+  shift
+  nsenter --net="/run/netns/$(netns "$i")" "$@"
+}
+nodes() { seq 0 $((NODES - 1)); }
 # processes in start order; down stops them in reverse
-DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd coredns kubelet
-  training-operator jobset trainer)
+daemons() {
+  local i
+  echo etcd kube-apiserver kube-controller-manager kube-scheduler coredns
+  for i in $(nodes); do echo "containerd-$i kubelet-$i"; done
+  echo training-operator jobset trainer
+}
 
 log() { echo "testbed: $*"; }
 fail() { echo "testbed: error: $*" >&2; exit 1; }
@@ -65,16 +92,22 @@ pid_ok() { # pidfile holds "PID COMM"; alive with that comm and not a zombie?
 }
 
 healthy() {
-  local d
-  for d in "${DAEMONS[@]}"; do pid_ok "$d" || return 1; done
+  local d i
+  [ -f "$DIR/nodes" ] || return 1
+  for d in $(daemons); do pid_ok "$d" || return 1; done
   [ "$(timeout 10 "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" get --raw /readyz 2>/dev/null)" = ok ] || return 1
-  timeout 10 "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" get node "$NODE" \
+  for i in $(nodes); do node_ready "$i" || return 1; done
+}
+
+node_ready() {
+  timeout 10 "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" get node "$(node_name "$1")" \
     -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null | grep -qx True
 }
 
 stale() {
   [ -d "$DIR" ] && return 0
   ip link show "$BRIDGE" >/dev/null 2>&1 && return 0
+  ip netns list 2>/dev/null | grep -q '^ddpk8s-n' && return 0
   grep -q "$MARK" /etc/hosts && return 0
   iptables -S FORWARD 2>/dev/null | grep -q ddpkit-k8s-testbed && return 0
   return 1
@@ -139,7 +172,7 @@ kind: Config
 clusters:
 - name: ddpkit-testbed
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$GW:$API_PORT
     certificate-authority: $DIR/pki/ca.crt
 users:
 - name: $1
@@ -163,14 +196,17 @@ make_pki() {
   local specs=(
     "apiserver|kube-apiserver||DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$GW,IP:$SVC_NET.1"
     "apiserver-kubelet-client|kube-apiserver-kubelet-client|system:masters|"
-    "kubelet-serving|system:node:$NODE|system:nodes|DNS:$NODE,IP:$GW"
     "webhook-serving|ddpkit-testbed-webhooks||IP:127.0.0.1"
     "admin|ddpkit-admin|system:masters|"
     "kube-controller-manager|system:kube-controller-manager||"
     "kube-scheduler|system:kube-scheduler||"
-    "kubelet|system:node:$NODE|system:nodes|"
     "coredns|ddpkit-coredns||"
   )
+  local i
+  for i in $(nodes); do # each kubelet: a serving certificate for its address, a client one for its node
+    specs+=("kubelet-serving-$i|system:node:$(node_name "$i")|system:nodes|DNS:$(node_name "$i"),IP:$(node_ip "$i")"
+      "kubelet-$i|system:node:$(node_name "$i")|system:nodes|")
+  done
   local spec name cn o san
   for spec in "${specs[@]}"; do
     IFS='|' read -r name cn o san <<<"$spec"
@@ -181,7 +217,7 @@ make_pki() {
     [ -s "$DIR/pki/${spec%%|*}.crt" ] || up_failed "could not make the certificate ${spec%%|*}"
   done
   local n
-  for n in admin kube-controller-manager kube-scheduler kubelet coredns; do
+  for n in admin kube-controller-manager kube-scheduler coredns $(for i in $(nodes); do echo "kubelet-$i"; done); do
     kubeconfig "$n"
   done
 }
@@ -190,9 +226,26 @@ make_pki() {
 # host set-up that down undoes
 
 host_setup() {
+  # inotify limits are per user, not per namespace: every kubelet and containerd takes instances
+  # (kind's advice for several nodes: 512 instances; raised only, never lowered, left after down)
+  (($(cat /proc/sys/fs/inotify/max_user_instances) >= 512)) || sysctl -qw fs.inotify.max_user_instances=512
   ip link add "$BRIDGE" type bridge
   ip addr add "$GW/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
+  local i j
+  for i in $(nodes); do # node i: a network namespace on the bridge, routing its pods' /24
+    ip netns add "$(netns "$i")"
+    ip link add "ddpk8s-v$i" type veth peer name eth0 netns "$(netns "$i")"
+    ip link set "ddpk8s-v$i" master "$BRIDGE" up
+    in_node "$i" ip addr add "$(node_ip "$i")/24" dev eth0
+    in_node "$i" ip link set eth0 up
+    in_node "$i" ip link set lo up
+    in_node "$i" sysctl -qw net.ipv4.ip_forward=1
+    ip route add "$(pod_net "$i").0/24" via "$(node_ip "$i")" dev "$BRIDGE" # CoreDNS's answers
+    for j in $(nodes); do
+      [ "$i" = "$j" ] || in_node "$i" ip route add "$(pod_net "$j").0/24" via "$(node_ip "$j")" dev eth0
+    done
+  done
   # pods on the bridge talk to each other even where br_netfilter sends bridged frames
   # through a FORWARD chain with policy DROP (dockerd sets that)
   iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed
@@ -202,50 +255,56 @@ host_setup() {
   } >/etc/hosts.ddpkit-k8s.tmp
   cat /etc/hosts.ddpkit-k8s.tmp >/etc/hosts # in place: /etc/hosts may be a bind mount
   rm -f /etc/hosts.ddpkit-k8s.tmp
-  # cgroup v1 (hybrid) host: the kubelet's cgroupRoot must exist in every controller
+  # cgroup v1 (hybrid) host: each kubelet's cgroupRoot must exist in every controller
   local c
   for c in /sys/fs/cgroup/*/; do
     [ -d "$c" ] && [ ! -L "${c%/}" ] || continue
-    mkdir -p "$c$CGROOT"
-    if [ -f "$c/cpuset.cpus" ]; then
-      cat "$c/cpuset.cpus" >"$c$CGROOT/cpuset.cpus"
-      cat "$c/cpuset.mems" >"$c$CGROOT/cpuset.mems"
-    fi
+    for i in $(nodes); do
+      mkdir -p "$c$CGROOT-n$i"
+      if [ -f "$c/cpuset.cpus" ]; then
+        cat "$c/cpuset.cpus" >"$c$CGROOT-n$i/cpuset.cpus"
+        cat "$c/cpuset.mems" >"$c$CGROOT-n$i/cpuset.mems"
+      fi
+    done
   done
   # volumes the kubelet mounts after a container started must reach it (kind makes / rshared;
-  # here only the kubelet's own directory)
-  mkdir -p "$DIR/kubelet"
-  mount --bind "$DIR/kubelet" "$DIR/kubelet"
-  mount --make-rshared "$DIR/kubelet"
+  # here only each kubelet's own directory)
+  for i in $(nodes); do
+    mkdir -p "$DIR/node$i/kubelet"
+    mount --bind "$DIR/node$i/kubelet" "$DIR/node$i/kubelet"
+    mount --make-rshared "$DIR/node$i/kubelet"
+  done
 }
 
 # ------------------------------------------------------------------------------------------
 # configuration files
 
-write_configs() {
-  mkdir -p "$DIR/cni/net.d" "$DIR/cni/ipam"
-  cat >"$DIR/cni/net.d/10-ddpkit.conflist" <<EOF
+write_node_configs() { # i: node i's CNI network, containerd and kubelet
+  local i=$1 d=$DIR/node$1
+  mkdir -p "$d/cni/net.d" "$d/cni/ipam" "$d/containerd" "$d/pod-logs"
+  cat >"$d/cni/net.d/10-ddpkit.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
   "name": "ddpkit-k8s-testbed",
   "plugins": [{
-    "type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false,
+    "type": "bridge", "bridge": "$POD_BRIDGE", "isGateway": true, "ipMasq": false,
     "hairpinMode": true,
-    "ipam": {"type": "host-local", "dataDir": "$DIR/cni/ipam",
-             "ranges": [[{"subnet": "$NET.0/24", "gateway": "$GW", "rangeStart": "$NET.10"}]]}
+    "ipam": {"type": "host-local", "dataDir": "$d/cni/ipam",
+             "ranges": [[{"subnet": "$(pod_net "$i").0/24", "gateway": "$(pod_net "$i").1", "rangeStart": "$(pod_net "$i").10"}]],
+             "routes": [{"dst": "$PREFIX.0.0/16"}]}
   }]
 }
 EOF
-  cat >"$DIR/containerd/config.toml" <<EOF
+  cat >"$d/containerd/config.toml" <<EOF
 version = 3
-root = "$IMAGES/root"
-state = "$DIR/containerd/state"
+root = "$IMAGES/node$i/root"
+state = "$d/containerd/state"
 disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.tracing"]
 
 [grpc]
-  address = "$SOCK"
+  address = "$(sock "$i")"
 [ttrpc]
-  address = "$SOCK.ttrpc"
+  address = "$(sock "$i").ttrpc"
 [debug]
   address = ""
 [metrics]
@@ -253,7 +312,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
 
 [plugins]
   [plugins.'io.containerd.internal.v1.opt']
-    path = "$DIR/containerd/opt"
+    path = "$d/containerd/opt"
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = "overlayfs"
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
@@ -265,51 +324,56 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.internal.v1.traci
     restrict_oom_score_adj = true
     [plugins.'io.containerd.cri.v1.runtime'.cni]
       bin_dirs = ["/usr/lib/cni"]
-      conf_dir = "$DIR/cni/net.d"
+      conf_dir = "$d/cni/net.d"
     [plugins.'io.containerd.cri.v1.runtime'.containerd]
       default_runtime_name = "runc"
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
         runtime_type = "io.containerd.runc.v2"
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = "$(command -v runc)"
-          Root = "$DIR/containerd/runc"
+          Root = "$d/containerd/runc"
           SystemdCgroup = false
   [plugins.'io.containerd.grpc.v1.cri']
     stream_server_address = "127.0.0.1"
     stream_server_port = "0"
 EOF
-  : >"$DIR/resolv.conf"
-  cat >"$DIR/kubelet.yaml" <<EOF
+  : >"$d/resolv.conf"
+  cat >"$d/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: $GW
+address: $(node_ip "$i")
 port: 10250
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
 healthzPort: 10248
-tlsCertFile: $DIR/pki/kubelet-serving.crt
-tlsPrivateKeyFile: $DIR/pki/kubelet-serving.key
+tlsCertFile: $DIR/pki/kubelet-serving-$i.crt
+tlsPrivateKeyFile: $DIR/pki/kubelet-serving-$i.key
 authentication:
   anonymous: {enabled: false}
   webhook: {enabled: true}
   x509: {clientCAFile: $DIR/pki/ca.crt}
 authorization: {mode: Webhook}
-containerRuntimeEndpoint: unix://$SOCK
+containerRuntimeEndpoint: unix://$(sock "$i")
 cgroupDriver: cgroupfs
-cgroupRoot: /$CGROOT
+cgroupRoot: /$CGROOT-n$i
 cgroupsPerQOS: true
 failCgroupV1: false
 failSwapOn: false
 clusterDNS: [$GW]
 clusterDomain: cluster.local
-resolvConf: $DIR/resolv.conf
-podLogsDir: $DIR/pod-logs
+resolvConf: $d/resolv.conf
+podLogsDir: $d/pod-logs
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "0%", nodefs.available: "0%", nodefs.inodesFree: "0%", imagefs.available: "0%"}
 serializeImagePulls: false
 maxPods: 50
 EOF
+}
+
+write_configs() {
+  local i
+  for i in $(nodes); do write_node_configs "$i"; done
   cat >"$DIR/scheduler.yaml" <<EOF
 apiVersion: kubescheduler.config.k8s.io/v1
 kind: KubeSchedulerConfiguration
@@ -400,7 +464,7 @@ start_control_plane() {
   log "kube-apiserver https://127.0.0.1:$API_PORT"
   start_bg kube-apiserver kube-apiserver kube-apiserver \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-    --bind-address 127.0.0.1 --secure-port "$API_PORT" --advertise-address "$GW" \
+    --bind-address "$GW" --secure-port "$API_PORT" --advertise-address "$GW" \
     --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
     --client-ca-file "$DIR/pki/ca.crt" \
     --requestheader-client-ca-file "$DIR/pki/ca.crt" --requestheader-allowed-names ddpkit-front-proxy \
@@ -430,27 +494,41 @@ start_control_plane() {
     --authentication-kubeconfig "$DIR/kubeconfig/kube-scheduler.kubeconfig" \
     --authorization-kubeconfig "$DIR/kubeconfig/kube-scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 10359 --cert-dir "$DIR/scheduler"
-}
-
-start_node() {
-  log "containerd $SOCK"
-  mkdir -p "$IMAGES"
-  start_bg containerd containerd containerd --config "$DIR/containerd/config.toml"
-  wait_for 30 "containerd" ctr --address "$SOCK" version
-  DDPKIT_K8S_CTR_ADDRESS=$SOCK "$PYTHON" -m deploy.testbed.k8s _images ||
-    up_failed "could not import the pause and busybox images into containerd"
 
   log "CoreDNS $GW:53"
   coredns_rbac
   start_bg coredns coredns coredns -conf "$DIR/Corefile"
   wait_for 20 "CoreDNS" bash -c "exec 3<>/dev/tcp/$GW/53"
+}
 
-  log "kubelet (node $NODE)"
-  start_bg kubelet kubelet kubelet --config "$DIR/kubelet.yaml" \
-    --kubeconfig "$DIR/kubeconfig/kubelet.kubeconfig" --root-dir "$DIR/kubelet" \
-    --hostname-override "$NODE" --node-ip "$GW" --cert-dir "$DIR/kubelet-pki" --v 1
-  wait_for 90 "node $NODE to be Ready" bash -c \
-    "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' get node $NODE -o 'jsonpath={.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+start_node() { # i: node i's containerd (its images imported) and kubelet, in its network namespace
+  local i=$1 name
+  name=$(node_name "$i")
+  log "node $name at $(node_ip "$i"): containerd $(sock "$i")"
+  mkdir -p "$IMAGES/node$i"
+  start_bg "containerd-$i" containerd in_node "$i" containerd --config "$DIR/node$i/containerd/config.toml"
+  wait_for 30 "containerd of node $i" ctr --address "$(sock "$i")" version
+  DDPKIT_K8S_CTR_ADDRESS=$(sock "$i") "$PYTHON" -m deploy.testbed.k8s _images ||
+    up_failed "could not import the pause and busybox images into node $i's containerd"
+  log "node $name: kubelet"
+  start_bg "kubelet-$i" kubelet in_node "$i" kubelet --config "$DIR/node$i/kubelet.yaml" \
+    --kubeconfig "$DIR/kubeconfig/kubelet-$i.kubeconfig" --root-dir "$DIR/node$i/kubelet" \
+    --hostname-override "$name" --node-ip "$(node_ip "$i")" --cert-dir "$DIR/node$i/kubelet-pki" \
+    --node-labels "topology.kubernetes.io/zone=testbed-a,ddpkit.io/rack=rack-$((i / 2))" --v 1
+}
+
+wait_nodes() { # every node Ready, then its GPUs advertised (the documented way: the status API)
+  local i name
+  for i in $(nodes); do
+    name=$(node_name "$i")
+    wait_for 120 "node $name to be Ready" node_ready "$i"
+    kc patch node "$name" --subresource=status --type=merge \
+      -p "{\"status\":{\"capacity\":{\"nvidia.com/gpu\":\"$GPUS\"}}}" >/dev/null
+  done
+  for i in $(nodes); do
+    wait_for 30 "node $(node_name "$i") to count $GPUS allocatable nvidia.com/gpu" bash -c \
+      "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' get node $(node_name "$i") -o 'jsonpath={.status.allocatable.nvidia\\.com/gpu}' | grep -qx '$GPUS'"
+  done
 }
 
 install_controllers() {
@@ -509,7 +587,12 @@ EOF
 }
 
 up() {
-  local t0=$SECONDS b
+  local t0=$SECONDS b i want=${DDPKIT_K8S_TESTBED_NODES:-}
+  if [ -n "$want" ] && [ -f "$DIR/nodes" ] && [ "$want" != "$NODES" ]; then
+    log "up with $NODES node(s), $want asked for: removing it first"
+    teardown
+    NODES=$want
+  fi
   if healthy; then
     log "already up ($DIR)"
     return 0
@@ -527,25 +610,30 @@ up() {
     teardown
   fi
   local port busy=""
-  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 10250 10248 19443 19444 19445 18080 18081 18082 18083; do
+  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 19443 19444 19445 18080 18081 18082 18083; do
     ss -Hltn "sport = :$port" | grep -q . && busy="$busy $port"
   done
   [ -z "$busy" ] || fail "TCP ports already in use on this host:$busy (another cluster? see ss -ltnp)"
-  ip -4 addr show | grep -q "inet $NET\." && fail "subnet $NET.0/24 is already used on this host; set DDPKIT_K8S_TESTBED_NET"
+  ip -4 addr show | grep -q "inet $PREFIX\." && fail "addresses in $PREFIX.0.0/16 are already used on this host; set DDPKIT_K8S_TESTBED_NET"
+  if ! [[ $NODES =~ ^[0-9]+$ ]] || ((NODES < 1 || NODES > 16)); then
+    fail "DDPKIT_K8S_TESTBED_NODES=$NODES: give 1 to 16 nodes"
+  fi
   trap 'up_failed "command failed (line $LINENO): $BASH_COMMAND"' ERR
-  mkdir -p "$DIR"/{pids,log,pki,kubeconfig,containerd,pod-logs,manifests}
+  mkdir -p "$DIR"/{pids,log,pki,kubeconfig,manifests}
+  echo "$NODES" >"$DIR/nodes"
   chmod 700 "$DIR/pki"
   make_pki
   host_setup
   write_configs
   start_control_plane
-  start_node
+  for i in $(nodes); do start_node "$i"; done
+  wait_nodes
   wait_for 60 "the default ServiceAccount" kc -n default get serviceaccount default
   install_controllers
   write_env
   trap - ERR
   log "up in $((SECONDS - t0)) s"
-  kc get node -o wide
+  kc get node -o wide -L topology.kubernetes.io/zone,ddpkit.io/rack
   log "use: eval \"\$(ddpkit testbed k8s env)\"  (or: source $DIR/env.sh)"
 }
 
@@ -565,22 +653,27 @@ stop() { # name: TERM, wait up to 10 s, KILL
 
 teardown() {
   set +e
-  local i pid c ids
-  for name in training-operator jobset trainer coredns kubelet; do stop "$name"; done
-  # every pod's containers and sandbox, through containerd
-  if pid_ok containerd; then
-    ids=$(ctr --address "$SOCK" -n k8s.io tasks ls -q 2>/dev/null)
-    for c in $ids; do ctr --address "$SOCK" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1; done
+  local i pid c ids d sock_i
+  for name in training-operator jobset trainer coredns; do stop "$name"; done
+  for i in $(nodes); do stop "kubelet-$i"; done
+  # every pod's containers and sandbox, through each node's containerd
+  for i in $(nodes); do
+    pid_ok "containerd-$i" || continue
+    sock_i=$(sock "$i")
+    ids=$(ctr --address "$sock_i" -n k8s.io tasks ls -q 2>/dev/null)
+    for c in $ids; do ctr --address "$sock_i" -n k8s.io tasks kill -s SIGKILL "$c" >/dev/null 2>&1; done
     for c in $ids; do
-      for _ in $(seq 25); do ctr --address "$SOCK" -n k8s.io tasks delete "$c" >/dev/null 2>&1 && break; sleep 0.2; done
+      for _ in $(seq 25); do ctr --address "$sock_i" -n k8s.io tasks delete "$c" >/dev/null 2>&1 && break; sleep 0.2; done
     done
-    for c in $(ctr --address "$SOCK" -n k8s.io containers ls -q 2>/dev/null); do
-      ctr --address "$SOCK" -n k8s.io containers delete "$c" >/dev/null 2>&1
+    for c in $(ctr --address "$sock_i" -n k8s.io containers ls -q 2>/dev/null); do
+      ctr --address "$sock_i" -n k8s.io containers delete "$c" >/dev/null 2>&1
     done
-  fi
-  for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do stop "${DAEMONS[i]}"; done
-  # shims (and their containers) of this containerd that outlived it
-  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $SOCK" 2>/dev/null); do
+  done
+  local all
+  read -ra all <<<"$(daemons | tr '\n' ' ')"
+  for ((i = ${#all[@]} - 1; i >= 0; i--)); do stop "${all[i]}"; done
+  # shims (and their containers) of these containerds that outlived them
+  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $DIR/" 2>/dev/null); do
     kill -KILL "$pid" 2>/dev/null
   done
   # mounts under the state dir (pod volumes, netns, overlay rootfs), deepest first
@@ -592,6 +685,8 @@ teardown() {
   fi
   awk -v d="$IMAGES" 'index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r |
     while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
+  # the nodes' namespaces (their veths go with them), then the bridge and its routes
+  for d in $(ip netns list 2>/dev/null | awk '/^ddpk8s-n[0-9]+/ {print $1}'); do ip netns del "$d"; done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
   while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed 2>/dev/null; do :; done
   if grep -q "$MARK" /etc/hosts; then
@@ -599,8 +694,8 @@ teardown() {
     cat /etc/hosts.ddpkit-k8s.tmp >/etc/hosts
     rm -f /etc/hosts.ddpkit-k8s.tmp
   fi
-  # the kubelet's cgroups (empty once every container is gone), deepest first
-  for c in /sys/fs/cgroup/*/"$CGROOT"; do
+  # the kubelets' cgroups (empty once every container is gone), deepest first
+  for c in /sys/fs/cgroup/*/"$CGROOT"-n* /sys/fs/cgroup/*/"$CGROOT"; do
     [ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} + 2>/dev/null
   done
   if [ -n "${DDPKIT_K8S_TESTBED_KEEP_LOGS:-}" ] && [ -d "$DIR/log" ]; then
@@ -614,8 +709,9 @@ down() {
   teardown
   [ ! -d "$DIR" ] || fail "$DIR still present"
   ! ip link show "$BRIDGE" >/dev/null 2>&1 || fail "bridge $BRIDGE still present"
+  ! ip netns list 2>/dev/null | grep -q '^ddpk8s-n' || fail "node network namespaces still present"
   ! grep -q "$MARK" /etc/hosts || fail "/etc/hosts still has the testbed line"
-  [ -z "$(pgrep -f "containerd-shim-runc-v2 .*-address $SOCK")" ] || fail "containerd shims still running"
+  [ -z "$(pgrep -f "containerd-shim-runc-v2 .*-address $DIR/")" ] || fail "containerd shims still running"
   log "down (images kept in $IMAGES)"
 }
 

@@ -106,7 +106,7 @@ def objects(job: JobSpec) -> list[dict]:
         pod_spec["serviceAccountName"] = k8s.service_account
     if k8s.node_selector:
         pod_spec["nodeSelector"] = dict(k8s.node_selector)
-    if k8s.tolerations:
+    if podlib.tolerations(job):
         pod_spec["tolerations"] = podlib.tolerations(job)
     if k8s.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in k8s.image_pull_secrets]
