@@ -461,7 +461,7 @@ start_control_plane() {
     --listen-metrics-urls ""
   wait_for 30 "etcd" curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
-  log "kube-apiserver https://127.0.0.1:$API_PORT"
+  log "kube-apiserver https://$GW:$API_PORT"
   start_bg kube-apiserver kube-apiserver kube-apiserver \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address "$GW" --secure-port "$API_PORT" --advertise-address "$GW" \
@@ -506,12 +506,12 @@ start_node() { # i: node i's containerd (its images imported) and kubelet, in it
   name=$(node_name "$i")
   log "node $name at $(node_ip "$i"): containerd $(sock "$i")"
   mkdir -p "$IMAGES/node$i"
-  start_bg "containerd-$i" containerd in_node "$i" containerd --config "$DIR/node$i/containerd/config.toml"
+  start_bg "containerd-$i" containerd nsenter --net="/run/netns/$(netns "$i")" containerd --config "$DIR/node$i/containerd/config.toml"
   wait_for 30 "containerd of node $i" ctr --address "$(sock "$i")" version
   DDPKIT_K8S_CTR_ADDRESS=$(sock "$i") "$PYTHON" -m deploy.testbed.k8s _images ||
     up_failed "could not import the pause and busybox images into node $i's containerd"
   log "node $name: kubelet"
-  start_bg "kubelet-$i" kubelet in_node "$i" kubelet --config "$DIR/node$i/kubelet.yaml" \
+  start_bg "kubelet-$i" kubelet nsenter --net="/run/netns/$(netns "$i")" kubelet --config "$DIR/node$i/kubelet.yaml" \
     --kubeconfig "$DIR/kubeconfig/kubelet-$i.kubeconfig" --root-dir "$DIR/node$i/kubelet" \
     --hostname-override "$name" --node-ip "$(node_ip "$i")" --cert-dir "$DIR/node$i/kubelet-pki" \
     --node-labels "topology.kubernetes.io/zone=testbed-a,ddpkit.io/rack=rack-$((i / 2))" --v 1
