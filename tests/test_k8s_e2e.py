@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -291,6 +292,7 @@ def gpu_job(tmp_path: Path, name: str, nodes: int) -> Path:
     job.update(nodes=nodes, gpus_per_node=8)
     job.pop("procs_per_node", None)
     job["resources"] = {"cpus_per_node": 0.1, "memory": "1Gi", "shm": "256Mi"}
+    job["k8s"]["termination_grace"] = "2s"  # cancelled, never finished: no checkpoint to wait for
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
 
@@ -845,3 +847,76 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
             assert why[0].startswith("completed: "), why
             lines = ddpkit("why", str(run_dir), env=cluster).stdout.splitlines()
             assert lines[0].startswith("completed: attempt 1") and lines[1].startswith(f"  attempt 0: hang: rank 3 on {host}"), lines
+
+
+# --------------------------------------------------------------------------------------------
+# issue 19: a node dies mid-run
+
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+
+
+def node_ready(cluster, node: str) -> str:
+    got = kubectl(cluster, "get", "node", node, "-o",
+                  "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", check=False)
+    return got.stdout.strip()
+
+
+@pytest.mark.parametrize("flavor", ["job", "pytorchjob"])
+def test_a_node_that_dies_mid_run_is_replaced_and_training_resumes(cluster, image, handles, tmp_path, flavor):
+    """Node rank 1's node dies (its link, kubelet, containerd and containers, all at once): the
+    node goes NotReady after the controller-manager's grace period (20 s on the testbed), the
+    admin marks it out of service (Kubernetes' non-graceful node shutdown: a pod on a node that
+    does not answer is never confirmed dead, so no controller replaces it by itself), the pod
+    is force-deleted, its controller replaces it on the healthy node, and training resumes from
+    the last checkpoint on storage both nodes see. The pods are spread one per node when they
+    can be (topology spread, ScheduleAnyway), so the replacement may share the survivor's node."""
+    require(node_count(cluster) >= 2, "a node death needs 2 nodes")
+    name = f"e2e-node-{flavor}"
+    path = job_file(tmp_path, name, flavor, max_steps=200, epochs=100)
+    job = yaml.safe_load(path.read_text())
+    job["restarts"] = 2
+    job["k8s"] = {"flavor": flavor, "topology_spread": [
+        {"max_skew": 1, "topology_key": "kubernetes.io/hostname", "when_unsatisfiable": "ScheduleAnyway"}]}
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    handle = submit(cluster, handles, path)
+    out = tmp_path / "out"
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while max(metric_steps(out), default=0) < 50:  # past the checkpoints at steps 20 and 40
+        assert time.monotonic() < deadline, describe(cluster, handle)
+        time.sleep(0.5)
+    bound = {p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods(cluster, name)}
+    victim = next(p for p in pods(cluster, name)
+                  if p["metadata"]["labels"].get(PYTORCHJOB_REPLICA_TYPE) == "worker" or
+                  p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_KEY) == "1")
+    dead = victim["spec"]["nodeName"]
+    assert len(set(bound.values())) == 2, bound  # spread: one pod per node
+    killed = time.monotonic()
+    testbed.kill_node(int(dead.rsplit("-", 1)[1]))
+    try:
+        while node_ready(cluster, dead) == "True":
+            assert time.monotonic() - killed < 120, f"{dead} still Ready"
+            time.sleep(1)
+        not_ready = time.monotonic() - killed
+        kubectl(cluster, "taint", "node", dead, OUT_OF_SERVICE)
+        resumed = None  # kill -> a step trained again (none when the resume point was the last step)
+        while resumed is None and not status_line(cluster, handle).startswith("SUCCEEDED"):
+            assert time.monotonic() - killed < JOB_TIMEOUT_S, describe(cluster, handle)
+            for _ in range(10):
+                if max(Counter(metric_steps(out)).values()) >= 2:
+                    resumed = time.monotonic() - killed
+                    break
+                time.sleep(0.5)
+        wait_for(cluster, handle, {"SUCCEEDED"})
+        final = summaries(logs(cluster, handle, 0))[-1]
+        assert final["steps"] == 200
+        assert final["resumed_from_step"] and final["resumed_from_step"] >= 40, final
+        assert final["params_identical"] is True
+        now = pods(cluster, name)
+        assert victim["metadata"]["uid"] not in {p["metadata"]["uid"] for p in now}
+        assert dead not in {p["spec"].get("nodeName") for p in now}, [p["spec"].get("nodeName") for p in now]
+        print(f"node death, {flavor}: kill -> NotReady {not_ready:.0f} s, kill -> training again "
+              f"{resumed or float('nan'):.0f} s")
+    finally:
+        testbed.down()  # a dead node does not come back: the next test's cluster is a fresh one
+        testbed.up()
+        testbed.load_image(image)  # each node's store outlives down: a check of its stamp

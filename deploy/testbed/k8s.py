@@ -136,12 +136,12 @@ def ensure_binaries() -> None:
         raise RuntimeFailure("k8s/testbed/build.sh failed (see above)")
 
 
-def _script(action: str, *, quiet: bool = False) -> int:
+def _script(action: str, *args: str, quiet: bool = False) -> int:
     env = dict(os.environ, DDPKIT_PYTHON=sys.executable,
                PYTHONPATH=os.pathsep.join(filter(None, [str(_PACKAGE_DIR.parent),
                                                         os.environ.get("PYTHONPATH")])))
     out = subprocess.DEVNULL if quiet else None
-    return subprocess.run(["bash", str(scripts_dir() / "cluster.sh"), action], stdout=out,
+    return subprocess.run(["bash", str(scripts_dir() / "cluster.sh"), action, *args], stdout=out,
                           stderr=out, env=env).returncode
 
 
@@ -161,6 +161,15 @@ def down() -> None:
     _require_root()
     if _script("down") != 0:
         raise RuntimeFailure("the Kubernetes testbed was not removed completely (see above)")
+
+
+def kill_node(index: int) -> None:
+    """Node `index` dies as a machine does (cluster.sh `kill-node`): its link first, then its
+    kubelet, containerd and containers, SIGKILLed. The Node object stays, NotReady after the
+    controller-manager's grace period (20 s here)."""
+    _require_root()
+    if _script("kill-node", str(index)) != 0:
+        raise RuntimeFailure(f"could not kill node {index} (see above)")
 
 
 def status(*, quiet: bool = False) -> bool:

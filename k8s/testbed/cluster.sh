@@ -488,6 +488,7 @@ start_control_plane() {
     --controllers '*' --leader-elect=false --use-service-account-credentials \
     --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
     --cluster-signing-cert-file "$DIR/pki/ca.crt" --cluster-signing-key-file "$DIR/pki/ca.key" \
+    --node-monitor-grace-period 20s \
     --service-cluster-ip-range "$SVC_NET.0/24" \
     --bind-address 127.0.0.1 --secure-port 10357 --cert-dir "$DIR/kcm"
   start_bg kube-scheduler kube-scheduler kube-scheduler --config "$DIR/scheduler.yaml" \
@@ -715,6 +716,29 @@ down() {
   log "down (images kept in $IMAGES)"
 }
 
+kill_node() { # i: node i dies as a machine does: its link goes first (no goodbye reaches a peer),
+  # then its kubelet, containerd, shims and every container process, all SIGKILLed
+  local i=${1:-} pid
+  if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= NODES)); then fail "kill-node: give a node index 0..$((NODES - 1))"; fi
+  healthy || fail "kill-node: the cluster is not up (or a node is already gone)"
+  ip link set "ddpk8s-v$i" down
+  for name in "kubelet-$i" "containerd-$i"; do
+    if pid_ok "$name"; then
+      read -r pid _ <"$DIR/pids/$name.pid"
+      kill -KILL "$pid"
+    fi
+  done
+  for pid in $(pgrep -f "containerd-shim-runc-v2 .*-address $DIR/node$i/" 2>/dev/null); do
+    kill -KILL "$pid" 2>/dev/null
+  done
+  # the pods' processes: everything in the node's cgroup tree (any v1 hierarchy lists them all)
+  local procs
+  while IFS= read -r -d '' procs; do
+    xargs -r kill -KILL <"$procs" 2>/dev/null || true
+  done < <(find /sys/fs/cgroup/pids/"$CGROOT-n$i" /sys/fs/cgroup/memory/"$CGROOT-n$i" -name cgroup.procs -print0 2>/dev/null)
+  log "node $(node_name "$i") killed (link down, kubelet, containerd and its containers gone)"
+}
+
 status() {
   if healthy; then
     log "up ($DIR)"
@@ -729,5 +753,6 @@ status() {
 [ "$(id -u)" = 0 ] || fail "must run as root"
 case ${1:-} in
   up | down | status) "$1" ;;
-  *) fail "usage: cluster.sh up|down|status" ;;
+  kill-node) kill_node "${2:-}" ;;
+  *) fail "usage: cluster.sh up|down|status|kill-node I" ;;
 esac
