@@ -367,7 +367,7 @@ def state_cause(state_line: str) -> Cause | None:
         return Cause("queued", detail or state)
     if state in ("RUNNING", "RESTARTING"):
         for word, category in _STATE_WORDS:
-            if word in detail and category in ("unschedulable", "image", "mount"):
+            if word in detail and category in ("unschedulable", "image", "mount", "node-lost"):
                 return Cause(category, f"{state}: {detail}")
         return Cause("running", state_line)
     for word, category in _STATE_WORDS:

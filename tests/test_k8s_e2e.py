@@ -897,6 +897,8 @@ def test_a_node_that_dies_mid_run_is_replaced_and_training_resumes(cluster, imag
             assert time.monotonic() - killed < 120, f"{dead} still Ready"
             time.sleep(1)
         not_ready = time.monotonic() - killed
+        line = wait_for_line(cluster, handle, f"on lost node {dead}: NotReady", timeout=60)
+        assert ddpkit("why", handle, env=cluster).stdout.startswith("node-lost: "), line
         kubectl(cluster, "taint", "node", dead, OUT_OF_SERVICE)
         resumed = None  # kill -> a step trained again (none when the resume point was the last step)
         while resumed is None and not status_line(cluster, handle).startswith("SUCCEEDED"):

@@ -248,6 +248,36 @@ def test_status_says_what_holds_pods_up_in_the_schedulers_and_kubelets_words():
     assert sub.describe(handle, cluster=cluster) == "SUCCEEDED"
 
 
+#: a worker pod's conditions as the testbed's control plane left them after its node was killed
+#: (kill-node; recorded from the real cluster): Ready False from the node lifecycle controller,
+#: then DisruptionTarget from the taint-eviction controller
+LOST_NODE_READY = {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-02T13:17:40Z"}
+LOST_NODE_EVICTED = {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager",
+                     "message": "Taint manager: deleting due to NoExecute taint"}
+
+
+def test_status_names_the_node_that_stopped_answering():
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    handle = "k8s://ml/pytorchjob/demo"
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {"conditions": [{"type": "Running", "status": "True"}]}
+    master = pod("demo-master-0", **{PYTORCHJOB_REPLICA_TYPE: "master", PYTORCHJOB_REPLICA_INDEX: "0"})
+    worker = pod("demo-worker-0", **{PYTORCHJOB_REPLICA_TYPE: "worker", PYTORCHJOB_REPLICA_INDEX: "0"})
+    ready = [{"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+    lost = [c for c in ready if c["type"] != "Ready"] + [LOST_NODE_READY]
+    cluster._pods = [{**master, "spec": {"nodeName": "n0"}, "status": {"phase": "Running", "conditions": ready}},
+                     {**worker, "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "conditions": lost}}]
+    line = sub.describe(handle, cluster=cluster)
+    assert line.startswith("RUNNING (1 of 2 pods on lost node n1: NotReady"), line
+    cluster._pods[1]["status"]["conditions"].append(LOST_NODE_EVICTED)
+    line = sub.describe(handle, cluster=cluster)
+    assert line.startswith("RUNNING (1 of 2 pods on lost node n1: NotReady, the pod evicted (DeletionByTaintManager)"), line
+    assert "out-of-service" in line
+    from deploy.why import state_cause
+
+    assert state_cause(line).category == "node-lost"
+
+
 def test_cancel_deletes_the_workload_then_its_configmap_and_service():
     cluster = FakeCluster()
     sub.submit(job(), flavor="job", cluster=cluster)

@@ -398,8 +398,12 @@ STUCK_WAITING = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "Inval
 
 def pod_held_up(pod: dict) -> str | None:
     """Why a pod is not running, when the scheduler or the kubelet says: `not scheduled:
-    Unschedulable: <message>` or `waiting: ImagePullBackOff: <message>`; None otherwise."""
+    Unschedulable: <message>` or `waiting: ImagePullBackOff: <message>`; or when its node
+    stopped answering (`on lost node N: ...`); None otherwise."""
     status = pod.get("status") or {}
+    lost = pod_on_lost_node(pod)
+    if lost:
+        return lost
     for condition in status.get("conditions") or []:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             message = str(condition.get("message") or "").split(" preemption:")[0].strip()
@@ -411,6 +415,26 @@ def pod_held_up(pod: dict) -> str | None:
     mounts = pod.get(MOUNT_EVENTS) or []
     if mounts:  # the kubelet retries a failed mount for ever: the pod stays ContainerCreating
         return f"waiting: FailedMount: {str(mounts[-1].get('message') or '').strip()[:200]}".rstrip(": ")
+    return None
+
+
+def pod_on_lost_node(pod: dict) -> str | None:
+    """`on lost node N: ...` for a pod whose node stopped answering, read from the pod alone
+    (a user may not be allowed to read nodes): the node lifecycle controller marks a Running
+    pod Ready=False while its containers were last reported ready, and the taint-eviction
+    controller then deletes it (DisruptionTarget, DeletionByTaintManager). Nothing confirms
+    the deletion on a dead node: the pod is replaced once the node is deleted or tainted
+    `node.kubernetes.io/out-of-service` (PodGC force-deletes it then)."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    node = (pod.get("spec") or {}).get("nodeName") or "?"
+    disrupted = conditions.get("DisruptionTarget", {})
+    if disrupted.get("status") == "True" and disrupted.get("reason") == "DeletionByTaintManager":
+        return (f"on lost node {node}: NotReady, the pod evicted (DeletionByTaintManager); it is replaced "
+                "once the node is deleted or tainted node.kubernetes.io/out-of-service")
+    if (status.get("phase") == "Running" and conditions.get("Ready", {}).get("status") == "False"
+            and conditions.get("ContainersReady", {}).get("status") == "True"):
+        return f"on lost node {node}: NotReady (containers last reported running), eviction after k8s.node_lost_after"
     return None
 
 
