@@ -255,8 +255,15 @@ class TrainConfig(BaseModel):
         True, description="DDP `broadcast_buffers`: rank 0's buffers are copied to every rank "
         "before each forward."
     )
-    static_graph: bool = Field(
-        False, description="DDP `static_graph` (the model uses the same parameters every step)."
+    static_graph: Literal["auto"] | bool = Field(
+        "auto",
+        description="DDP `static_graph`: the model uses every parameter, the same way, every step, "
+        "so DDP skips its per-step bookkeeping and hides more of the all-reduce behind the backward "
+        "pass (2-rank efficiency 0.87 -> 0.93 in bench/step_profile.py); numerics unchanged. `auto`: "
+        "on for a workload that declares it static (`cnn`, `gpt`; yours with "
+        "`Workload(static_graph=True)`), off with `find_unused_parameters`, `grad_accum` > 1 "
+        "(torch fails under `no_sync`) or `compile`; rank 0 logs the choice and why. `true` on a "
+        "model whose used parameters change is a one-line error at the step after the change.",
     )
     num_workers: int = Field(
         0, ge=0, le=256,
