@@ -312,8 +312,8 @@ def test_static_graph_refuses_anything_else():
     ({"static_graph": False}, True, 4, False, "train.static_graph: false"),
 ])
 def test_auto_turns_static_graph_on_only_where_it_is_safe_and_says_why(train, declared, accum, on, why):
-    assert choose_static_graph(TrainConfig(**train).static_graph, TrainConfig(**train), declared, accum)[0] is on
-    assert why in choose_static_graph(TrainConfig(**train).static_graph, TrainConfig(**train), declared, accum)[1]
+    chosen, said = choose_static_graph(TrainConfig(**train), declared, accum)
+    assert chosen is on and why in said
 
 
 def test_static_graph_forced_with_accumulation_is_refused_in_one_line():
@@ -322,7 +322,7 @@ def test_static_graph_forced_with_accumulation_is_refused_in_one_line():
     cfg = TrainConfig(static_graph=True, grad_accum=2)
     with pytest.raises(ConfigError, match=r"^train\.static_graph: true fails with 2 micro-batches .* set "
                        r"train\.static_graph: auto or false$"):
-        choose_static_graph(cfg.static_graph, cfg, True, 2)
+        choose_static_graph(cfg, True, 2)
 
 
 def test_the_built_in_workloads_declare_a_static_graph():

@@ -221,8 +221,9 @@ def step_optimizer(optimizer: Any, scaler: Any) -> bool:
     return scaler.get_scale() >= before  # the scale only shrinks on a skipped step
 
 
-def choose_static_graph(setting: bool | str, cfg: Any, declared: bool, accum: int) -> tuple[bool, str]:
-    """DDP's `static_graph` for `train.static_graph` (`auto`, true, false), and why (for the log).
+def choose_static_graph(cfg: Any, declared: bool, accum: int) -> tuple[bool, str]:
+    """DDP's `static_graph` for `train.static_graph` (`auto`, true, false), and why (for the
+    log), given whether the workload declares a static graph and the micro-batches a step.
 
     torch 2.13's DDP asks of a static graph that the set of parameters used (and how they are
     used) is the same every step. Without `find_unused_parameters` DDP already fails at the next
@@ -237,6 +238,7 @@ def choose_static_graph(setting: bool | str, cfg: Any, declared: bool, accum: in
     """
     from trainer.config import ConfigError
 
+    setting = cfg.static_graph
     if isinstance(setting, bool):
         if setting and accum > 1:
             raise ConfigError(f"train.static_graph: true fails with {accum} micro-batches a step (train.grad_accum, "
@@ -619,8 +621,7 @@ class Trainer:
         self.ddp = None
         wrapped = self.model
         if self.distributed and self.world > 1:
-            static, self.static_why = choose_static_graph(cfg.static_graph, cfg, self.workload.static_graph,
-                                                          self.accum)
+            static, self.static_why = choose_static_graph(cfg, self.workload.static_graph, self.accum)
             self.ddp = DDP(
                 self.model,
                 device_ids=[device.index] if device.type == "cuda" else None,
