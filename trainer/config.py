@@ -258,8 +258,8 @@ class TrainConfig(BaseModel):
     static_graph: Literal["auto"] | bool = Field(
         "auto",
         description="DDP `static_graph`: the model uses every parameter, the same way, every step, "
-        "so DDP skips its per-step bookkeeping and hides more of the all-reduce behind the backward "
-        "pass (2-rank efficiency 0.87 -> 0.93 in bench/step_profile.py); numerics unchanged. `auto`: "
+        "so DDP may skip per-step bookkeeping (bench/step_profile.py: `baseline` vs `dynamic_graph`); "
+        "results are unchanged (tested bit for bit). `auto`: "
         "on for a workload that declares it static (`cnn`, `gpt`; yours with "
         "`Workload(static_graph=True)`), off with `find_unused_parameters`, `grad_accum` > 1 "
         "(torch fails under `no_sync`) or `compile`; rank 0 logs the choice and why. `true` on a "
