@@ -10,12 +10,19 @@ and collectives the time is spent in.
 
 Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same processes:
 
-- `baseline`: what the trainer does today (bucket 25 MiB, gradient_as_bucket_view, no hook);
+- `baseline`: DDP as the trainer builds it by default (bucket 25 MiB, gradient_as_bucket_view,
+  `static_graph` on: `train.static_graph: auto` on the `cnn` workload), with DDP's built-in
+  all-reduce (the trainer's own, timed one is `timed_hook`);
+- `dynamic_graph`: the baseline with DDP's own default, `static_graph=False` (the trainer's
+  default before `auto`);
 - `no_sync`: the same step without any gradient all-reduce (DDP's `no_sync`): the compute-only
   reference, so `backward - no_sync backward` is the exposed communication;
-- `bucket_1mb`, `bucket_100mb`, `no_bucket_view`, `static_graph`, `fp16_hook`, `bf16_hook`
-  (gradient compression hooks), `optim_in_backward` (DDP's fused optimizer: each bucket's SGD
-  step runs as soon as its all-reduce is done), `no_vote` (without the stop vote).
+- `bucket_1mb`, `bucket_100mb`, `no_bucket_view`, `fp16_hook`, `bf16_hook` (gradient
+  compression hooks), `optim_in_backward` (DDP's fused optimizer: each bucket's SGD step runs
+  as soon as its all-reduce is done; not offered by the trainer, README "DDP settings"),
+  `no_vote` (without the stop vote), `timed_hook` (the trainer's all-reduce: torch's
+  `allreduce_hook` in Python behind the straggler finder's clock, `trainer.stragglers.BucketClock`,
+  instead of DDP's built-in C++ one), each the baseline with that one change.
 
 2-rank scaling efficiency of a variant = its samples/s / (2 x the 1-rank samples/s of the same
 step without DDP), the 1-rank run interleaved with the 2-rank ones.
@@ -39,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
-VARIANTS = ["baseline", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view", "static_graph",
-            "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote"]
+VARIANTS = ["baseline", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
+            "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "timed_hook"]
 PHASES = ["data", "forward", "backward", "optimizer", "vote"]
 WARMUP = 10
 
@@ -72,12 +79,19 @@ def build(variant: str, world: int, threads: int):
     if world > 1:
         ddp = DDP(model, bucket_cap_mb={"bucket_1mb": 1, "bucket_100mb": 100}.get(variant, 25),
                   gradient_as_bucket_view=variant != "no_bucket_view",
-                  static_graph=variant == "static_graph")
+                  # no_sync: torch's static_graph asserts when the first backward skips the all-reduce
+                  static_graph=variant not in ("dynamic_graph", "no_sync"))
         if variant in ("fp16_hook", "bf16_hook"):
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
             hook = default_hooks.fp16_compress_hook if variant == "fp16_hook" else default_hooks.bf16_compress_hook
             ddp.register_comm_hook(None, hook)
+        if variant == "timed_hook":  # trainer.train: the straggler finder's clock on DDP's all-reduce
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            from trainer.stragglers import BucketClock
+
+            ddp.register_comm_hook(None, BucketClock().wrap(default_hooks.allreduce_hook))
         if variant == "optim_in_backward":
             import warnings
 
@@ -196,9 +210,11 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
     chunk = max(1, steps // rounds)
     for i in range(rounds):
         for v in names[i % len(names):] + names[: i % len(names)]:
-            built[v].run(chunk, profile=profile and i == 0 and v == "baseline")
+            built[v].run(chunk)
             if world > 1:
                 dist.barrier()
+    if profile and "baseline" in built:  # after the timed rounds, untimed: the profiler's overhead
+        built["baseline"].run(chunk, record=False, profile=True)  # would count against the baseline
     for v in names:
         results[v] = built[v].result()
     if rank == 0:

@@ -13,7 +13,10 @@ per rank, at 1 and 2 ranks, under the same launcher (torchrun; ours through
 Ours runs with its defaults for this job, checkpoints included (every 200 steps and at the
 end); evaluation and the plot are off because the textbook loop has neither.
 
-    python bench/trainer_vs_textbook.py [--steps 200] [--repeats 3]
+    python bench/trainer_vs_textbook.py [--steps 200] [--repeats 3] [--baseline TREE]
+
+`--baseline TREE` (an earlier source tree: `git archive COMMIT | tar -x -C TREE`) runs that
+tree's trainer too, as a third column interleaved with the other two: before and after in one run.
 
 GPU: `--device cuda [--model gpt]` times ours alone on CUDA (nccl, bf16 autocast): the
 textbook loop is the CPU reference. Ready, but not measured in this repository's sessions
@@ -46,10 +49,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def base_env(threads: int) -> dict[str, str]:
+def base_env(threads: int, tree: Path = REPO) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "DDPKIT_"))}
-    env.update({"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(threads)})
+    env.update({"PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)})
     return env
 
 
@@ -64,13 +67,14 @@ def run_textbook(work: Path, nproc: int, steps: int, threads: int) -> dict:
     return {"samples_per_s": r["samples_per_s"], "first_step_s": r["first_step_s"]}
 
 
-def run_ours(work: Path, nproc: int, steps: int, threads: int, device: str, i: int, model: str) -> dict:
-    name = f"ours-{nproc}-{i}"
+def run_ours(work: Path, nproc: int, steps: int, threads: int, device: str, i: int, model: str,
+             tree: Path = REPO) -> dict:
+    name = f"ours-{nproc}-{i}" + ("" if tree == REPO else "-baseline")
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {
         "model": model, "max_steps": steps, "threads": threads, "eval_every_epochs": 0,
         "plot": False, "device": device, "log_every_steps": 50}}))
-    env = {**base_env(threads), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
+    env = {**base_env(threads, tree), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
            "DDPKIT_MASTER_PORT": str(free_port()), "DDPKIT_LAUNCH_T0": repr(time.time())}
     subprocess.run([sys.executable, "-m", "trainer.launch"], cwd=work, env=env, check=True,
                    capture_output=True)
@@ -87,6 +91,7 @@ def main() -> int:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--model", default="cnn", choices=["cnn", "gpt"], help="gpt: ours alone")
     p.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="rank counts to run")
+    p.add_argument("--baseline", type=Path, help="an earlier source tree, run as a third column")
     args = p.parse_args()
     r = Result("trainer_vs_textbook", "Our trainer vs the textbook DDP loop")
     textbook = args.device == "cpu" and args.model == "cnn"
@@ -102,11 +107,14 @@ def main() -> int:
                         run_textbook(work, nproc, args.steps, args.threads))
                 results.setdefault(("ddpkit", nproc), []).append(
                     run_ours(work, nproc, args.steps, args.threads, args.device, i, args.model))
+                if args.baseline:
+                    results.setdefault(("baseline", nproc), []).append(run_ours(
+                        work, nproc, args.steps, args.threads, args.device, i, args.model, args.baseline.resolve()))
                 print(f"  repeat {i + 1}/{args.repeats}, {nproc} rank(s): " + ", ".join(
                     f"{k} {v[-1]['samples_per_s']:.0f} samples/s" for (k, n), v in results.items() if n == nproc),
                     flush=True)
 
-    kinds = [k for k in ("textbook", "ddpkit") if any(kk == k for kk, _ in results)]
+    kinds = [k for k in ("textbook", "ddpkit", "baseline") if any(kk == k for kk, _ in results)]
 
     def stats(kind: str, nproc: int, key: str) -> Stats:
         return Stats([x[key] for x in results.get((kind, nproc), [])])
@@ -121,20 +129,27 @@ def main() -> int:
            "steady state (the first 20 steps excluded); launch to first step is from starting the "
            "launcher process to the end of optimizer step 1. Ours runs with its defaults "
            "(channels-last, checkpoints every 200 steps and at the end).")
+    base = ["baseline"] if args.baseline else []
+
+    def row(label: str, figures: dict[str, Stats], spec: str) -> list[str]:
+        t, o = figures["textbook"], figures["ddpkit"]
+        return [label, t.fmt(spec), o.fmt(spec), fmt(ratio(o["median"], t["median"]), ".2f"),
+                *(x for b in base for x in (figures[b].fmt(spec), fmt(ratio(figures[b]["median"], t["median"]), ".2f")))]
+
     rows = []
     for nproc in args.nproc:
-        t, o = stats("textbook", nproc, "samples_per_s"), stats("ddpkit", nproc, "samples_per_s")
-        rows.append([f"samples/s, {nproc} rank(s)", t.fmt(".0f"), o.fmt(".0f"),
-                     fmt(ratio(o["median"], t["median"]), ".2f")])
+        rows.append(row(f"samples/s, {nproc} rank(s)",
+                        {k: stats(k, nproc, "samples_per_s") for k in ("textbook", "ddpkit", *base)}, ".0f"))
     if 1 in args.nproc and 2 in args.nproc:
-        e = {k: effs(k) for k in ("textbook", "ddpkit")}
-        rows.append(["2-rank scaling efficiency", e["textbook"].fmt(".3f"), e["ddpkit"].fmt(".3f"),
-                     fmt(ratio(e["ddpkit"]["median"], e["textbook"]["median"]), ".2f")])
+        rows.append(row("2-rank scaling efficiency", {k: effs(k) for k in ("textbook", "ddpkit", *base)}, ".3f"))
     for nproc in args.nproc:
-        t, o = stats("textbook", nproc, "first_step_s"), stats("ddpkit", nproc, "first_step_s")
-        rows.append([f"launch to first step, {nproc} rank(s), s", t.fmt(".2f"), o.fmt(".2f"),
-                     fmt(ratio(o["median"], t["median"]), ".2f")])
-    r.table("median (min-max, n repeats); ratio = ddpkit / textbook", ["figure", "textbook", "ddpkit", "ratio"], rows)
+        rows.append(row(f"launch to first step, {nproc} rank(s), s",
+                        {k: stats(k, nproc, "first_step_s") for k in ("textbook", "ddpkit", *base)}, ".2f"))
+    columns = ["figure", "textbook", "ddpkit", "ratio"] + (
+        [f"ddpkit at {args.baseline.name} (before)", "ratio"] if base else [])
+    r.table("median (min-max, n repeats); ratio = ddpkit / textbook" + (
+        f"; the last two columns: the trainer of the earlier tree {args.baseline.name}, interleaved" if base else ""),
+            columns, rows)
     cats = [f"{n} rank(s)" for n in args.nproc]
     r.chart("trainer_vs_textbook_throughput.png", "samples/s (median, min-max)", "samples/s", cats,
             {k: [stats(k, n, "samples_per_s")["median"] for n in args.nproc] for k in kinds},
@@ -147,7 +162,7 @@ def main() -> int:
     r.doc["data"] = {f"{k}-{n}": v for (k, n), v in results.items()}
     r.doc["data"]["launch"] = [
         {"target": f"{'ddpkit, local' if k == 'ddpkit' else 'textbook loop under torchrun'} ({n} rank(s), cnn)",
-         "first_step_s": stats(k, n, "first_step_s")} for n in args.nproc for k in kinds]
+         "first_step_s": stats(k, n, "first_step_s")} for n in args.nproc for k in kinds if k != "baseline"]
     r.save()
     return 0
 

@@ -196,6 +196,24 @@ def test_a_template_that_may_not_fork_has_every_worker_start_cold(tmp_path):
         template.wait(timeout=30)
 
 
+@pytest.mark.slow
+def test_a_template_told_now_imports_before_any_client_then_forks_the_first(tmp_path):
+    """`--now` (the launcher's choice on a one-node job): the imports run beside torchrun's
+    start, not after the first client connects; the client is served as ever."""
+    sock = tmp_path / "t.sock"
+    template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock), "--now"],
+                                env=env_for(), stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "ready" in template.stderr.readline()  # no client has connected yet
+        (tmp_path / "echo.py").write_text(ECHO)
+        proc = client(sock, tmp_path / "echo.py", "3")
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 3 and json.loads(out)["ppid"] == template.pid
+    finally:
+        template.stdin.close()
+        template.wait(timeout=30)
+
+
 # -- the launcher's choice ---------------------------------------------------------------------
 def test_the_built_in_trainer_starts_warm_and_a_script_cold_unless_asked():
     trainer, script = JobSettings(), JobSettings(entry=["train.py"], script="train.py")

@@ -24,7 +24,7 @@ from trainer import checkpoint
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import RankShard, model_loss, split_batch
 from trainer.dist import DistEnvError, gpu_index
-from trainer.train import autocast_dtype, params_sha256, step_optimizer
+from trainer.train import autocast_dtype, choose_static_graph, params_sha256, step_optimizer
 
 EXAMPLE = REPO / "examples" / "own-workload.yaml"
 
@@ -282,9 +282,86 @@ def test_sigterm_while_joining_the_process_group_exits_137_at_once(tmp_path):
         proc.kill()
 
 
-def test_train_config_defaults_keep_ddp_as_it_was():
+def test_train_config_defaults_keep_ddp_as_it_was_but_static_graph_is_auto():
     cfg = TrainConfig()
-    assert (cfg.broadcast_buffers, cfg.static_graph, cfg.sync_batchnorm) == (True, False, False)
+    assert (cfg.broadcast_buffers, cfg.static_graph, cfg.sync_batchnorm) == (True, "auto", False)
+
+
+# -- DDP's static_graph: auto, true, false ----------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [True, False, "auto"])
+def test_static_graph_takes_auto_or_a_yaml_bool(value):
+    assert TrainConfig.model_validate(yaml.safe_load(f"static_graph: {str(value).lower()}")).static_graph == value
+
+
+def test_static_graph_refuses_anything_else():
+    with pytest.raises(ValueError, match="static_graph"):
+        TrainConfig(static_graph="sometimes")
+
+
+@pytest.mark.parametrize(("train", "declared", "accum", "on", "why"), [
+    ({}, True, 1, True, "auto: the workload 'cnn' uses every parameter, the same way, every step"),
+    ({}, False, 1, False, "does not declare Workload(static_graph=True)"),
+    ({"find_unused_parameters": True}, True, 1, False, "find_unused_parameters is true"),
+    ({}, True, 2, False, "2 micro-batches a step (torch's static_graph fails under no_sync)"),
+    ({"compile": True}, True, 1, False, "train.compile is true"),
+    ({"static_graph": True}, False, 1, True, "train.static_graph: true"),
+    ({"static_graph": True, "find_unused_parameters": True}, False, 1, True, "train.static_graph: true"),
+    ({"static_graph": False}, True, 1, False, "train.static_graph: false"),
+    ({"static_graph": False}, True, 4, False, "train.static_graph: false"),
+])
+def test_auto_turns_static_graph_on_only_where_it_is_safe_and_says_why(train, declared, accum, on, why):
+    chosen, said = choose_static_graph(TrainConfig(**train), declared, accum)
+    assert chosen is on and why in said
+
+
+def test_static_graph_forced_with_accumulation_is_refused_in_one_line():
+    """torch 2.13: DDP(static_graph=True) fails an INTERNAL ASSERT when the first backward runs
+    under no_sync (pytorch/pytorch#143580), so the trainer refuses it before the first step."""
+    cfg = TrainConfig(static_graph=True, grad_accum=2)
+    with pytest.raises(ConfigError, match=r"^train\.static_graph: true fails with 2 micro-batches .* set "
+                       r"train\.static_graph: auto or false$"):
+        choose_static_graph(cfg, True, 2)
+
+
+def test_the_built_in_workloads_declare_a_static_graph():
+    from trainer.models import build_workload
+
+    for model, args in (("cnn", {}), ("gpt", {"d_model": 16, "layers": 1, "heads": 2, "seq_len": 8, "samples": 16})):
+        assert build_workload(TrainConfig(model=model, model_args=args, data_samples=16)).static_graph, model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "train", "fix"), [
+    ("forced", {"static_graph": True}, "set train.static_graph: false"),
+    ("declared", {"model_args": {"declare": True}},
+     "remove static_graph=True from the Workload of 'tests.user_workloads:changing', or set train.static_graph: false"),
+])
+def test_a_graph_that_changes_under_static_graph_ends_the_run_with_one_line_naming_the_fix(tmp_path, case, train, fix):
+    """The model drops a layer after 2 steps. torch notices in the next step (RuntimeError on
+    every rank, after one step whose gradients were not all-reduced); the run ends there."""
+    job = write_job(tmp_path, case, {"model": "tests.user_workloads:changing", "max_steps": 6, "batch_size": 16,
+                                     **train, "model_args": {"extra_steps": 2, **train.get("model_args", {})}})
+    result = run(job, tmp_path, nproc=2)
+    assert result.returncode == 1, result.stdout[-3000:]  # torchrun's, for workers that exited 2
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ddpkit: train.static_graph:")]
+    assert len(lines) == 2 and all(line.endswith(fix) for line in lines), result.stdout[-3000:]
+    assert ("changed between steps, noticed in step 4 (torch: Expected to have finished reduction in the prior "
+            "iteration before starting a new one.)") in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_auto_leaves_static_graph_off_for_an_undeclared_workload_and_says_so(tmp_path):
+    """The same changing model, not declared static, with find_unused_parameters (what torch
+    asks for it): auto stays off, the log says why, and it trains to the end."""
+    job = write_job(tmp_path, "undeclared", {"model": "tests.user_workloads:changing", "max_steps": 6,
+                                             "batch_size": 16, "find_unused_parameters": True})
+    result = run(job, tmp_path, nproc=2)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert ("static_graph False (auto: train.find_unused_parameters is true (the parameters used may change "
+            "between steps))") in result.stdout
+    assert summary(tmp_path / "runs" / "undeclared")["params_identical"]
 
 
 def test_launch_env_helper_is_untouched():  # guards the helper other tests rely on

@@ -232,3 +232,26 @@ def recorded(cfg) -> Workload:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Dropout(float(args.get("dropout", 0.0))), nn.Linear(32, 2))
     return Workload(model, Recorded(int(args["samples"]), str(args["ids_dir"])))
+
+
+class Shortcut(nn.Module):
+    """Uses its `extra` layer in the first `model_args.extra_steps` training forwards only: the
+    set of parameters that get a gradient changes between steps (on every rank alike)."""
+
+    def __init__(self, extra_steps: int):
+        super().__init__()
+        self.body, self.extra = nn.Linear(8, 2), nn.Linear(2, 2)
+        self.extra_steps, self.calls = extra_steps, 0
+
+    def forward(self, x):
+        self.calls += self.training
+        out = self.body(x)
+        return self.extra(out) if self.calls <= self.extra_steps else out
+
+
+def changing(cfg) -> Workload:
+    """`Shortcut`; `model_args.declare: true` claims a static graph all the same."""
+    x, y = _blobs(512)
+    torch.manual_seed(0)
+    return Workload(Shortcut(int(cfg.model_args.get("extra_steps", 2))), TensorDataset(x, y),
+                    static_graph=bool(cfg.model_args.get("declare", False)))

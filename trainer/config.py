@@ -255,8 +255,15 @@ class TrainConfig(BaseModel):
         True, description="DDP `broadcast_buffers`: rank 0's buffers are copied to every rank "
         "before each forward."
     )
-    static_graph: bool = Field(
-        False, description="DDP `static_graph` (the model uses the same parameters every step)."
+    static_graph: Literal["auto"] | bool = Field(
+        "auto",
+        description="DDP `static_graph`: the model uses every parameter, the same way, every step, "
+        "so DDP may skip per-step bookkeeping (bench/step_profile.py: `baseline` vs `dynamic_graph`); "
+        "results are unchanged (tested bit for bit). `auto`: "
+        "on for a workload that declares it static (`cnn`, `gpt`; yours with "
+        "`Workload(static_graph=True)`), off with `find_unused_parameters`, `grad_accum` > 1 "
+        "(torch fails under `no_sync`) or `compile`; rank 0 logs the choice and why. `true` on a "
+        "model whose used parameters change is a one-line error at the step after the change.",
     )
     num_workers: int = Field(
         0, ge=0, le=256,

@@ -46,7 +46,8 @@ opt-out, set here unless the node's environment sets it.
 
 Warm restarts (trainer/warm.py has the design and the measurements that chose it): in torchrun
 mode the shim also starts the node's template process, which imports torch and the trainer
-(and builds a built-in workload) once, when the first worker is asked for, and torchrun runs `python -m trainer.warm ENTRY`, a
+(and builds a built-in workload) once, when the first worker is asked for (on a one-node job at
+once, beside torchrun's own start), and torchrun runs `python -m trainer.warm ENTRY`, a
 standard-library client that has the template fork the worker and then stands in for it (its
 exit code or signal, stop signals forwarded, and a client that dies takes its worker with it).
 A restart by torchrun then costs a fork, not `import torch` and `import torch._dynamo` again.
@@ -634,11 +635,13 @@ def _die_with_parent(signum: int = signal.SIGTERM) -> None:
         pass
 
 
-def start_template(sock: str, env: dict[str, str]) -> subprocess.Popen:
+def start_template(sock: str, env: dict[str, str], now: bool = False) -> subprocess.Popen:
     """The node's template process (trainer/warm.py): it binds `sock` at once, imports torch
-    and the trainer, then forks a worker per client; it ends when its stdin closes, and with
-    SIGKILL if the shim dies. Its own session: a terminal's Ctrl-C is not its business."""
-    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock], env=env,
+    and the trainer (`now`: at once, else when the first worker is asked for), then forks a
+    worker per client; it ends when its stdin closes, and with SIGKILL if the shim dies. Its
+    own session: a terminal's Ctrl-C is not its business."""
+    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock, *(["--now"] if now else [])],
+                            env=env,
                             stdin=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: _die_with_parent(signal.SIGKILL))
 
@@ -655,7 +658,7 @@ def end_template(template: subprocess.Popen) -> None:
 
 
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
-              record: attempts.LaunchRecord | None = None, warm: bool = False) -> int:
+              record: attempts.LaunchRecord | None = None, warm: bool = False, warm_now: bool = False) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
     `EXIT_STOPPED` (143): a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was
@@ -664,7 +667,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     With a `record`, torchrun's stderr passes through this process: the failed workers it
     reports and its last lines are written to the run directory (trainer/attempts.py).
     With `warm`, the node's template process (`start_template`) runs beside torchrun, its socket
-    in the same private directory.
+    in the same private directory; `warm_now`: it imports at once (a one-node job: no other
+    node's rendezvous to slow down).
     """
     import tempfile
 
@@ -674,7 +678,7 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     template = None
     if warm:
         sock = os.path.join(stop_dir, "warm.sock")
-        template = start_template(sock, env)
+        template = start_template(sock, env, now=warm_now)
         env[WARM_SOCKET_VAR] = sock
         if record is not None:
             record.template_pid = template.pid
@@ -974,8 +978,9 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
+        one_node = plan.argv[plan.argv.index("--nnodes") + 1] == "1"
         code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc),
-                         warm=plan.warm)
+                         warm=plan.warm, warm_now=plan.warm and one_node)
         if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
             script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
         return code

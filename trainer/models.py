@@ -49,6 +49,11 @@ class Workload:
     every group's own `lr`. `metrics(output, batch)` returns extra evaluation metrics, each
     the mean over the batch (a float or 0-d tensor); the trainer weights them by batch size,
     reduces them over ranks and reports them as `eval_<name>`.
+
+    `static_graph=True` declares that every parameter that requires grad gets a gradient in every
+    step, through the same graph (no step-dependent control flow that drops or adds parameters,
+    no reentrant activation checkpointing a varying number of times): `train.static_graph: auto`
+    then turns on DDP's `static_graph` (faster). Undeclared, auto leaves it off.
     """
 
     model: nn.Module
@@ -61,6 +66,7 @@ class Workload:
     metrics: Callable[[Any, Any], dict[str, Any]] | None = None
     target_key: str = "labels"
     iterable_sharded: bool = False
+    static_graph: bool = False
 
 
 def make_cnn() -> nn.Module:
@@ -75,7 +81,7 @@ def make_cnn() -> nn.Module:
 def cnn_workload(cfg: TrainConfig) -> Workload:
     train, held_out = synthetic_images(cfg.data_samples, held_out=cfg.eval_every_epochs > 0)
     torch.manual_seed(0)
-    return Workload(make_cnn(), train, held_out)
+    return Workload(make_cnn(), train, held_out, static_graph=True)
 
 
 class Block(nn.Module):
@@ -144,7 +150,7 @@ def gpt_workload(cfg: TrainConfig) -> Workload:
     train, held_out = synthetic_tokens(samples, int(a["seq_len"]), int(a["vocab"]))
     torch.manual_seed(0)
     model = GPT(int(a["vocab"]), int(a["seq_len"]), int(a["d_model"]), int(a["layers"]), int(a["heads"]))
-    return Workload(model, train, held_out, loss_fn=_token_loss)
+    return Workload(model, train, held_out, loss_fn=_token_loss, static_graph=True)
 
 
 BUILTIN = {"cnn": cnn_workload, "gpt": gpt_workload}  # keys: trainer.config.BUILTIN_MODELS

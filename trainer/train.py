@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import random
+import re
 import signal
 import socket
 import sys
@@ -218,6 +219,45 @@ def step_optimizer(optimizer: Any, scaler: Any) -> bool:
     scaler.step(optimizer)
     scaler.update()
     return scaler.get_scale() >= before  # the scale only shrinks on a skipped step
+
+
+def choose_static_graph(cfg: Any, declared: bool, accum: int) -> tuple[bool, str]:
+    """DDP's `static_graph` for `train.static_graph` (`auto`, true, false), and why (for the
+    log), given whether the workload declares a static graph and the micro-batches a step.
+
+    torch 2.13's DDP asks of a static graph that the set of parameters used (and how they are
+    used) is the same every step. Without `find_unused_parameters` DDP already fails at the next
+    step when a parameter gets no gradient, so a run that works with the default has every
+    parameter used every step; what remains is a graph that changes otherwise, which only the
+    workload knows: `auto` trusts its declaration (`Workload.static_graph`; the built-in ones
+    declare it). Off under `auto` as well: with `find_unused_parameters` (the used set may change
+    by design), with accumulation (DDP(static_graph=True) fails an internal assertion when the
+    first step's backward runs under `no_sync`, pytorch/pytorch#143580), and with `compile`
+    (DDPOptimizer with static_graph has had bugs, pytorch/pytorch#109261; not verified here).
+    Forced true with accumulation is refused (ConfigError).
+    """
+    from trainer.config import ConfigError
+
+    setting = cfg.static_graph
+    if isinstance(setting, bool):
+        if setting and accum > 1:
+            raise ConfigError(f"train.static_graph: true fails with {accum} micro-batches a step (train.grad_accum, "
+                              "or a resume on fewer ranks that keeps the global batch): torch's DDP asserts when "
+                              "the first step's backward skips the all-reduce (no_sync); set train.static_graph: "
+                              "auto or false")
+        return setting, f"train.static_graph: {str(setting).lower()}"
+    if setting != "auto":
+        raise ConfigError(f"train.static_graph: {setting!r} is not auto, true or false")
+    if cfg.find_unused_parameters:
+        return False, "auto: train.find_unused_parameters is true (the parameters used may change between steps)"
+    if accum > 1:
+        return False, f"auto: {accum} micro-batches a step (torch's static_graph fails under no_sync)"
+    if cfg.compile:
+        return False, "auto: train.compile is true (static_graph under torch.compile is not verified here)"
+    if not declared:
+        return False, (f"auto: the workload {cfg.model!r} does not declare Workload(static_graph=True) "
+                       "(every parameter used, the same way, every step)")
+    return True, f"auto: the workload {cfg.model!r} uses every parameter, the same way, every step"
 
 
 def say(message: str) -> None:
@@ -581,20 +621,21 @@ class Trainer:
         self.ddp = None
         wrapped = self.model
         if self.distributed and self.world > 1:
+            static, self.static_why = choose_static_graph(cfg, self.workload.static_graph, self.accum)
             self.ddp = DDP(
                 self.model,
                 device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=cfg.bucket_cap_mb,
                 gradient_as_bucket_view=True,
                 find_unused_parameters=cfg.find_unused_parameters,
-                static_graph=cfg.static_graph,
+                static_graph=static,
                 # torch 2.13 warns whenever the argument is given; False keeps its meaning
                 **({} if cfg.broadcast_buffers else {"broadcast_buffers": False}),
             )
             if self.is_main:
                 log.info("DDP: bucket_cap_mb %s, find_unused_parameters %s, broadcast_buffers %s, "
-                         "static_graph %s, sync_batchnorm %s", cfg.bucket_cap_mb, cfg.find_unused_parameters,
-                         cfg.broadcast_buffers, cfg.static_graph, cfg.sync_batchnorm)
+                         "static_graph %s (%s), sync_batchnorm %s", cfg.bucket_cap_mb, cfg.find_unused_parameters,
+                         cfg.broadcast_buffers, static, self.static_why, cfg.sync_batchnorm)
             wrapped = self.ddp
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -927,7 +968,7 @@ class Trainer:
         batch = self.to_device(batch)
         last_micro = (self.micro + 1) % accum == 0
         sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
-        with sync_ctx:
+        with sync_ctx, self.static_graph_broken():
             self.hb.beat("forward", self.step)
             loss, _, _ = self.forward_loss(self.forward, batch)
             scaled = loss / accum if accum > 1 else loss
@@ -939,6 +980,25 @@ class Trainer:
         s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
         self.micro += 1
         return last_micro
+
+    @contextlib.contextmanager
+    def static_graph_broken(self):
+        """torch's error for a graph that changed under DDP's `static_graph` (raised in the
+        forward or backward after the change, on every rank) as one line naming the setting."""
+        try:
+            yield
+        except RuntimeError as e:
+            if self.ddp is None or not self.ddp.static_graph or "static_graph" not in str(e):
+                raise
+            from trainer.config import ConfigError
+
+            fix = ("set train.static_graph: false" if self.static_why.startswith("train.")
+                   else f"remove static_graph=True from the Workload of {self.cfg.model!r}, or set "
+                   "train.static_graph: false")
+            said = re.split(r"(?<=\.) (?=[A-Z])", str(e).splitlines()[0])[0]  # torch's first sentence
+            raise ConfigError(f"train.static_graph: DDP's static_graph is on ({self.static_why}), but the "
+                              f"parameters the model used changed between steps, noticed in step {self.step + 1} "
+                              f"(torch: {said}); {fix}") from None
 
     def optimizer_step(self) -> float:
         """Clip, step the optimizer and the LR schedule, clear the gradients; the LR it used."""
