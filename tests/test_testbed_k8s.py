@@ -35,6 +35,17 @@ def test_env_points_kubeconfig_and_path_at_the_testbed(tmp_path):
     assert out[1].startswith(str(tmp_path / "cache" / "bin") + ":")  # before /usr/bin's kubectl
 
 
+@pytest.mark.parametrize("args, said", [
+    (["slurm", "up", "--nodes", "3"], "--nodes: only `testbed k8s up` takes a node count"),
+    (["k8s", "status", "--nodes", "3"], "--nodes: only `testbed k8s up` takes a node count"),
+    (["k8s", "up", "--nodes", "0"], "--nodes 0: give 1 to 16 kubelets"),
+    (["k8s", "up", "--nodes", "17"], "--nodes 17: give 1 to 16 kubelets"),
+])
+def test_a_node_count_only_for_k8s_up_and_in_range(args, said):
+    proc = ddpkit("testbed", *args)
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_docker_archive_is_a_one_layer_image_with_the_files():
     archive = k8s.docker_archive("x-pause:1", {"/pause": b"\x7fELF", "/bin/sh": "busybox"},
                                  ["/pause"])
