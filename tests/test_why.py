@@ -54,8 +54,12 @@ def test_real_torchrun_output_names_the_signal_or_the_exception(tmp_path):
 
 
 SAME_SECOND = """
-import os, time
-if int(os.environ["RANK"]) == 1:
+import os, pathlib, time
+rank = int(os.environ["RANK"])
+pathlib.Path(f"ready-{rank}").touch()
+while not all(pathlib.Path(f"ready-{r}").exists() for r in (0, 1)):  # both started: fail together
+    time.sleep(0.01)
+if rank == 1:
     os._exit(3)
 time.sleep(0.05)  # rank 0 "notices" its peer is gone and raises, as gloo makes it do
 raise RuntimeError("Connection reset by peer")
@@ -70,8 +74,9 @@ def test_every_worker_torchrun_saw_fail_is_recorded_not_only_its_first(tmp_path)
 
     script = tmp_path / "worker.py"
     script.write_text(SAME_SECOND)
+    # torchrun looks every 3 s here: both have failed by its next look, however loaded the machine
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "--master-port", str(free_port()), str(script)],
+                           "--master-port", str(free_port()), "--monitor-interval", "3", str(script)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=180,
                           env={k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK"))})
     assert proc.returncode != 0, proc.stderr[-2000:]
