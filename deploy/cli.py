@@ -188,6 +188,10 @@ def cmd_testbed(args: argparse.Namespace) -> int:
         if not 1 <= args.nodes <= 16:
             raise UserError(f"--nodes {args.nodes}: give 1 to 16 kubelets")
         os.environ["DDPKIT_K8S_TESTBED_NODES"] = str(args.nodes)
+    if args.kueue:
+        if args.kind != "k8s" or args.action != "up":
+            raise UserError("--kueue: only `testbed k8s up` starts Kueue")
+        os.environ["DDPKIT_K8S_TESTBED_KUEUE"] = "1"
     return load_module(f"deploy.testbed.{args.kind}", f"the {args.kind} testbed").main(args.action)
 
 
@@ -361,6 +365,9 @@ def _tool_commands(sub) -> None:
     p.add_argument("--nodes", type=int, metavar="N",
                    help="k8s up: how many kubelets, each in its own network namespace (default 2; "
                         "a cluster up with another count is rebuilt)")
+    p.add_argument("--kueue", action="store_true",
+                   help="k8s up: also start Kueue, with a LocalQueue `ddpkit` in namespace default "
+                        "sized to the nodes (k8s.queue: ddpkit); on a cluster that is up, adds it")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,8 +90,10 @@ LABEL_NAME = QUALIFIED_NAME
 FLAVOR_KIND = {"pytorchjob": "PyTorchJob", "trainjob": "TrainJob", "jobset": "JobSet", "job": "Job"}
 FLAVORS = tuple(FLAVOR_KIND)
 
-#: ddpkit's job states, the vocabulary shared by every target (Slurm too).
-STATES = ("PENDING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
+#: ddpkit's job states, the vocabulary shared by every target (Slurm too). QUEUED: held whole
+#: by an admission queue (Kueue) before any pod exists, or again after the queue preempted it;
+#: PENDING: admitted (or never queued), its pods not all running yet.
+STATES = ("QUEUED", "PENDING", "RUNNING", "RESTARTING", "SUCCEEDED", "FAILED", "CANCELLED")
 #: The states a job does not leave.
 TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 
@@ -99,6 +101,10 @@ TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 #: (kubernetes pkg/apis/batch/types.go JobCompletionIndexAnnotation).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+#: The label Kueue puts on a job's Workload: the job's UID (kueue pkg/controller/constants).
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+#: Kueue's Workload objects (the admission record of one job).
+KUEUE_WORKLOAD_API_VERSION = "kueue.x-k8s.io/v1beta2"
 
 #: Where every pod finds the job file (the ConfigMap `<name>-job`, key job.yaml).
 JOB_FILE_DIR = "/etc/ddpkit"

@@ -13,7 +13,7 @@ from deploy.k8s import FLAVORS, flavor_of_kind
 from deploy.k8s import submit as sub
 from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDEX
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
-from deploy.kube import COMPLETION_INDEX_KEY
+from deploy.kube import COMPLETION_INDEX_KEY, KUEUE_QUEUE_LABEL
 from deploy.load import parse_job
 from deploy.logs import Query
 from tests.builders import BASE
@@ -66,6 +66,12 @@ class FakeCluster:
     def events(self, namespace, pod, reason):
         self.calls.append(("events", pod, reason))
         return []
+
+    def listed(self, kind, namespace, selector):
+        self.calls.append(("listed", kind, selector))
+        key, _, value = selector.partition("=")
+        return [o for (k, ns, _), o in self.objects.items() if k == kind and ns == namespace
+                and (o.get("metadata", {}).get("labels") or {}).get(key) == value]
 
     def log(self, namespace, pod, container, follow, tail_lines=None, previous=False):
         self.calls.append(("log", pod, container, follow) + (("previous",) if previous else ()))
@@ -155,6 +161,9 @@ def test_bad_handles_are_user_errors(text):
         sub.parse_handle(text)
 
 
+QUEUED_META = {"metadata": {"labels": {KUEUE_QUEUE_LABEL: "team-a"}}}
+
+
 def conditions(*pairs):
     return {"status": {"conditions": [{"type": t, "status": s} for t, s in pairs]}}
 
@@ -181,6 +190,15 @@ def conditions(*pairs):
     ("TrainJob", conditions(("Complete", "True")), "SUCCEEDED"),
     ("TrainJob", conditions(("Failed", "True")), "FAILED"),
     ("Job", {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}, "status": {"active": 1}}, "CANCELLED"),
+    # held by Kueue: its queue label and the flavor's suspend field (each flavor has its own)
+    ("Job", {**QUEUED_META, "spec": {"suspend": True}, **conditions(("Suspended", "True"))}, "QUEUED"),
+    ("Job", {**QUEUED_META, "spec": {"suspend": False}, "status": {"active": 2, "ready": 2}}, "RUNNING"),
+    ("Job", {"spec": {"suspend": True}, **conditions(("Suspended", "True"))}, "PENDING"),  # no queue
+    ("Job", {**QUEUED_META, "spec": {"suspend": True}, **conditions(("Complete", "True"))}, "SUCCEEDED"),
+    ("PyTorchJob", {**QUEUED_META, "spec": {"runPolicy": {"suspend": True}}}, "QUEUED"),
+    ("PyTorchJob", {**QUEUED_META, "spec": {"suspend": True}}, "PENDING"),  # not where a PyTorchJob says it
+    ("JobSet", {**QUEUED_META, "spec": {"suspend": True}}, "QUEUED"),
+    ("TrainJob", {**QUEUED_META, "spec": {"suspend": True}, **conditions(("Suspended", "True"))}, "QUEUED"),
 ])
 def test_status_maps_each_flavor_to_the_shared_vocabulary(kind, obj, state):
     assert sub.status_from(kind, obj) == state

@@ -27,7 +27,16 @@ from typing import Any, Protocol
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
-from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, STATES, configmap_name, pod_selector
+from deploy.kube import (
+    FIELD_MANAGER,
+    FLAVOR_KIND,
+    KUEUE_JOB_UID_LABEL,
+    KUEUE_QUEUE_LABEL,
+    KUEUE_WORKLOAD_API_VERSION,
+    STATES,
+    configmap_name,
+    pod_selector,
+)
 from deploy.logs import LineWriter, Query, pick_node
 from deploy.progress import TAIL_LINES, Report, last_record
 from trainer.contract import NPROC_PER_NODE_VAR
@@ -35,7 +44,7 @@ from trainer.contract import NPROC_PER_NODE_VAR
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
 #: kind -> apiVersion of every kind ddpkit sends.
-API_VERSIONS = {"ConfigMap": "v1", "Service": "v1",
+API_VERSIONS = {"ConfigMap": "v1", "Service": "v1", "Workload": KUEUE_WORKLOAD_API_VERSION,
                 **{kind: flavor_module(f).API_VERSION for f, kind in FLAVOR_KIND.items()}}
 
 
@@ -91,6 +100,7 @@ class Cluster(Protocol):
     def delete(self, kind: str, namespace: str, name: str) -> None: ...
     def pods(self, namespace: str, selector: str) -> list[dict]: ...
     def events(self, namespace: str, pod: str, reason: str) -> list[dict]: ...
+    def listed(self, kind: str, namespace: str, selector: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool,
             tail_lines: int | None = None, previous: bool = False) -> Iterator[str]: ...
 
@@ -171,6 +181,11 @@ class KubeCluster:
         found = self._call(self.core.list_namespaced_event, namespace,
                            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason={reason}")
         return self.api.sanitize_for_serialization(found).get("items", [])
+
+    def listed(self, kind: str, namespace: str, selector: str) -> list[dict]:
+        """The objects of `kind` in `namespace` whose labels match `selector`."""
+        found = self._call(self._resource(kind).get, namespace=namespace, label_selector=selector)
+        return self._dict(found).get("items") or []
 
     def log(self, namespace: str, pod: str, container: str, follow: bool,
             tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
@@ -351,6 +366,8 @@ def describe(handle: str, *, cluster: Cluster | None = None) -> str:
 
 def _workload_and_pods(h: Handle, cluster: Cluster) -> tuple[Handle, dict, dict[int, dict]]:
     obj = _get(cluster, h)
+    if status_from(h.kind, obj) == "QUEUED":
+        obj[KUEUE_WORKLOAD] = kueue_workload(cluster, h.namespace, obj)
     selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
     try:
         pods = pods_by_rank(h.flavor, cluster.pods(h.namespace, selector))
@@ -367,6 +384,37 @@ def _workload_and_pods(h: Handle, cluster: Cluster) -> tuple[Handle, dict, dict[
 
 #: where `_workload_and_pods` keeps a creating pod's FailedMount events (not a pod field)
 MOUNT_EVENTS = "ddpkit.failedMountEvents"
+#: where `_workload_and_pods` keeps a queued job's Kueue Workload (not a field of the job)
+KUEUE_WORKLOAD = "ddpkit.kueueWorkload"
+
+
+def kueue_workload(cluster: Cluster, namespace: str, obj: dict) -> dict | None:
+    """The Workload Kueue made for the job (label kueue.x-k8s.io/job-uid); None before Kueue
+    made it, or when the user may not read Workloads."""
+    uid = (obj.get("metadata") or {}).get("uid")
+    if not uid:
+        return None
+    try:
+        found = cluster.listed("Workload", namespace, f"{KUEUE_JOB_UID_LABEL}={uid}")
+    except ApiError:
+        return None
+    return found[0] if found else None
+
+
+def queued_because(job_obj: dict) -> str:
+    """Kueue's words for why a queued job waits, from its Workload's newest telling condition:
+    `Pending: couldn't assign flavors to pod set ...: insufficient unused quota for cpu ...`,
+    `Preempted: Preempted to accommodate a workload ...`."""
+    queue = ((job_obj.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+    workload = job_obj.get(KUEUE_WORKLOAD)
+    if not workload:
+        return f"in LocalQueue {queue}: Kueue has not made its Workload yet"
+    telling = [c for c in (workload.get("status") or {}).get("conditions") or []
+               if (c.get("type"), c.get("status")) in (("QuotaReserved", "False"), ("Evicted", "True"))]
+    if not telling:
+        return f"in LocalQueue {queue}: waiting for admission"
+    newest = max(telling, key=lambda c: str(c.get("lastTransitionTime") or ""))
+    return f"{newest.get('reason') or newest['type']}: {str(newest.get('message') or '').strip()[:300]}".rstrip(": ")
 
 
 def creating(pod: dict) -> bool:
@@ -381,6 +429,8 @@ def creating(pod: dict) -> bool:
 
 def _state_line(h: Handle, obj: dict, pods: dict[int, dict]) -> tuple[str, dict[int, dict]]:
     state = status_from(h.kind, obj)
+    if state == "QUEUED":
+        return f"QUEUED ({queued_because(obj)})", pods
     if state not in ("PENDING", "RUNNING", "RESTARTING"):
         return state, pods
     held = [why for why in map(pod_held_up, pods.values()) if why]
@@ -511,14 +561,23 @@ def pod_waited(pod: dict) -> float | None:
 
 
 def status_from(kind: str, obj: dict) -> str:
-    """One of STATES from a workload object: CANCELLED while it is being deleted, else what
-    its flavor reads from the conditions."""
-    if (obj.get("metadata") or {}).get("deletionTimestamp"):
+    """One of STATES from a workload object: CANCELLED while it is being deleted, QUEUED while
+    Kueue holds it suspended (its queue label set; Kueue's webhook suspends it at creation and
+    unsuspends it on admission, and suspends it again when it preempts it), else what its flavor
+    reads from the conditions."""
+    meta = obj.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
         return "CANCELLED"
     module = flavor_of_kind(kind)
     if module is None:
         raise UserError(f"{kind}: not a kind ddpkit submits")
-    return module.state(obj)
+    state = module.state(obj)
+    if state in ("SUCCEEDED", "FAILED") or KUEUE_QUEUE_LABEL not in (meta.get("labels") or {}):
+        return state
+    suspended: Any = obj
+    for key in module.SUSPEND:
+        suspended = (suspended or {}).get(key) if isinstance(suspended, dict) else None
+    return "QUEUED" if suspended is True else state
 
 
 def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0,

@@ -24,6 +24,7 @@ Docker has it. Needs root.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import io
 import json
@@ -33,7 +34,9 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
+from decimal import Decimal
 from pathlib import Path
 
 from deploy.errors import RuntimeFailure, UserError
@@ -56,6 +59,7 @@ WEBHOOK_HOST = {
     ("kubeflow", "training-operator"): ("training-operator.kubeflow.svc", 19443, False),
     ("jobset-system", "jobset-webhook-service"): ("127.0.0.1", 19444, True),
     ("kubeflow-system", "kubeflow-trainer-controller-manager"): ("127.0.0.1", 19445, True),
+    ("kueue-system", "kueue-webhook-service"): ("127.0.0.1", 19446, True),
 }
 #: upstream kustomization per controller: (component, path inside its manifests copy)
 KUSTOMIZATIONS = [
@@ -64,6 +68,17 @@ KUSTOMIZATIONS = [
     ("trainer", "manifests/overlays/manager"),
 ]
 DROP_KINDS = {"Deployment", "Service"}
+#: Kueue (`cluster.sh kueue`): its integrations the testbed turns on (the Configuration's
+#: integrations.frameworks, k8s/testbed/cluster.sh) and the resource each one's webhooks watch.
+#: The webhooks of every other integration are dropped: Kueue answers them with a no-op while it
+#: runs, but they are failurePolicy Fail, so while it is down they would refuse every pod.
+KUEUE_FRAMEWORKS = {"batch/job": "jobs", "kubeflow.org/pytorchjob": "pytorchjobs",
+                    "jobset.x-k8s.io/jobset": "jobsets", "trainer.kubeflow.org/trainjob": "trainjobs"}
+KUEUE_GROUP = "kueue.x-k8s.io"
+#: The testbed's queue: one ResourceFlavor, a ClusterQueue sized to the nodes' allocatable CPU,
+#: memory and GPUs (preempting lower priorities), and a LocalQueue of that name in `default`.
+KUEUE_QUEUE = "ddpkit"
+KUEUE_FLAVOR = "testbed"
 
 
 def scripts_dir() -> Path:
@@ -120,7 +135,7 @@ def ensure_binaries() -> None:
     versions is cached, and when another build.sh is compiling (CI starts one in the
     background) it waits for that one."""
     needed = ["kube-apiserver", "kubelet", "kubectl", "etcd", "containerd", "coredns",
-              "training-operator.v1", "jobset", "trainer-controller-manager", "pause"]
+              "training-operator.v1", "jobset", "trainer-controller-manager", "pause", "kueue"]
     have = all((bin_dir() / b).exists() for b in needed) and (cache_dir() / "manifests").is_dir()
     build = scripts_dir() / "build.sh"  # not in the wheel: the binaries are built from a checkout
     if shutil.which("go") is None or not build.is_file():
@@ -170,6 +185,25 @@ def kill_node(index: int) -> None:
     _require_root()
     if _script("kill-node", str(index)) != 0:
         raise RuntimeFailure(f"could not kill node {index} (see above)")
+
+
+def enable_kueue() -> None:
+    """Start Kueue on the running cluster (cluster.sh `kueue`; `ddpkit testbed k8s up --kueue`),
+    with the LocalQueue KUEUE_QUEUE in namespace default; a no-op when it runs."""
+    _require_root()
+    ensure_binaries()
+    if _script("kueue") != 0:
+        raise RuntimeFailure("Kueue did not start on the Kubernetes testbed (see above)")
+
+
+def revive_node(index: int) -> None:
+    """Node `index`, killed by `kill_node`, boots again (cluster.sh `revive-node`): its link
+    comes up, its containerd and kubelet start on the state they left (images included), and the
+    node is Ready, its GPUs advertised and any out-of-service taint lifted. Seconds, where a
+    fresh cluster (down, up, images loaded again) takes minutes."""
+    _require_root()
+    if _script("revive-node", str(index)) != 0:
+        raise RuntimeFailure(f"could not revive node {index} (see above)")
 
 
 def status(*, quiet: bool = False) -> bool:
@@ -319,35 +353,52 @@ def _docker_image_id(tag: str) -> str:
 
 
 def load_image(tag: str) -> None:
-    """Import a Docker image into every node's containerd (`kind load docker-image`), timed per
-    node; a node that imported the same image (by Docker's ID) before is skipped."""
+    """Import a Docker image into every node's containerd (`kind load docker-image`): one
+    `docker save` to a file beside the stores, then every node that lacks the image (by Docker's
+    ID) imports it at once, in parallel; the seconds are printed per node."""
     image_id = _docker_image_id(tag)
     if not image_id:
         raise RuntimeFailure(f"Docker has no image {tag!r}: build it first (ddpkit image build)")
     sockets = node_sockets()
     if not sockets:
         raise RuntimeFailure("the Kubernetes testbed has no node: sudo ddpkit testbed k8s up")
-    for address in sockets:
-        _load_into(tag, image_id, address)
-
-
-def _load_into(tag: str, image_id: str, address: str) -> None:
-    node = Path(address).parent.parent.name  # node<i>
-    stamp = (Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / node
-             / "loaded" / hashlib.sha256(tag.encode()).hexdigest())
-    if stamp.exists() and stamp.read_text() == image_id and _normalized(tag) in containerd_images(address):
+    missing = [a for a in sockets if not _has_image(tag, image_id, a)]
+    if not missing:
         return
     from deploy.image import docker_binary, docker_env
 
+    images = Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images"))
+    images.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    save = subprocess.Popen([docker_binary(), "save", tag], stdout=subprocess.PIPE, env=docker_env())
-    imported = subprocess.run([str(bin_dir() / "ctr"), "--address", address, "-n", "k8s.io",
-                               "images", "import", "-"], stdin=save.stdout, capture_output=True,
-                              text=True)
-    save.wait()
-    if save.returncode != 0 or imported.returncode != 0:
+    with tempfile.NamedTemporaryFile(dir=images, prefix=".save-", suffix=".tar") as archive:
+        saved = subprocess.run([docker_binary(), "save", "--output", archive.name, tag],
+                               capture_output=True, text=True, env=docker_env())
+        if saved.returncode != 0:
+            raise RuntimeFailure(f"docker save {tag} failed: {saved.stderr.strip()}")
+        print(f"testbed: saved {tag} in {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        with concurrent.futures.ThreadPoolExecutor(len(missing)) as pool:
+            list(pool.map(lambda a: _load_into(tag, image_id, a, Path(archive.name)), missing))
+
+
+def _stamp(tag: str, address: str) -> Path:
+    node = Path(address).parent.parent.name  # node<i>
+    return (Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / node
+            / "loaded" / hashlib.sha256(tag.encode()).hexdigest())
+
+
+def _has_image(tag: str, image_id: str, address: str) -> bool:
+    stamp = _stamp(tag, address)
+    return stamp.exists() and stamp.read_text() == image_id and _normalized(tag) in containerd_images(address)
+
+
+def _load_into(tag: str, image_id: str, address: str, archive: Path) -> None:
+    node = Path(address).parent.parent.name
+    t0 = time.monotonic()
+    imported = _ctr("images", "import", str(archive), address=address, text=True)
+    if imported.returncode != 0:
         raise RuntimeFailure(f"loading {tag} into {node} failed: {imported.stderr.strip()}")
     prune_replaced_images(address)
+    stamp = _stamp(tag, address)
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(image_id)
     print(f"testbed: loaded {tag} into {node}'s containerd in {time.monotonic() - t0:.1f} s", file=sys.stderr)
@@ -394,12 +445,12 @@ def _client_config(cc: dict, ca_bundle: str) -> None:
         cc["caBundle"] = ca_bundle
 
 
-def adapt(objects: list[dict], ca_bundle: str) -> list[dict]:
+def adapt(objects: list[dict], ca_bundle: str, drop: set[str] = DROP_KINDS) -> list[dict]:
     """The upstream objects a host-process controller needs, webhooks pointed at loopback."""
     kept = []
     for obj in objects:
         kind = obj.get("kind")
-        if kind in DROP_KINDS:
+        if kind in drop:
             continue
         if kind in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
             for hook in obj.get("webhooks", []):
@@ -450,6 +501,72 @@ def write_manifests(outdir: Path, ca_file: Path) -> None:
     shutil.copy(runtime, outdir / "runtimes.yaml")
 
 
+def _kueue_webhook_kept(hook: dict) -> bool:
+    """A Kueue webhook entry for its own kinds or for an integration the testbed turns on."""
+    wanted = set(KUEUE_FRAMEWORKS.values())
+    rules = hook.get("rules") or []
+    return bool(rules) and all(set(r.get("apiGroups") or []) == {KUEUE_GROUP}
+                               or set(r.get("resources") or []) <= wanted for r in rules)
+
+
+def write_kueue_manifests(outdir: Path, ca_file: Path) -> None:
+    """Kueue's upstream `config/default`, adapted like the controllers': no Deployment, Services
+    or visibility APIServices (that API server is off: VisibilityOnDemand=false), every webhook
+    and conversion webhook on https://127.0.0.1:19446 with our CA, and only the webhook entries
+    of its own kinds and of the integrations in KUEUE_FRAMEWORKS."""
+    import base64
+
+    import yaml
+
+    from deploy.yamlfile import Dumper
+
+    ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
+    objects = adapt(_kustomize("kueue", "config/default"), ca_bundle, DROP_KINDS | {"APIService"})
+    for obj in objects:
+        if obj["kind"] in ("ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"):
+            obj["webhooks"] = [h for h in obj.get("webhooks", []) if _kueue_webhook_kept(h)]
+    order = {"Namespace": 0, "CustomResourceDefinition": 1}
+    objects.sort(key=lambda o: order.get(o["kind"], 2))
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / "kueue.yaml").write_text(yaml.dump_all(objects, Dumper=Dumper, sort_keys=False))
+
+
+def kueue_queues(nodes: list[dict]) -> list[dict]:
+    """The testbed's ResourceFlavor, ClusterQueue and LocalQueue (KUEUE_QUEUE), the quota the
+    sum of the nodes' allocatable CPU, memory and nvidia.com/gpu."""
+    from deploy.units import quantity
+
+    total = {"cpu": Decimal(0), "memory": Decimal(0), "nvidia.com/gpu": Decimal(0)}
+    for node in nodes:
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for resource in total:
+            total[resource] += quantity(allocatable.get(resource, 0)) or 0
+    quota = {"cpu": f"{int(total['cpu'] * 1000)}m", "memory": str(int(total["memory"])),
+             "nvidia.com/gpu": str(int(total["nvidia.com/gpu"]))}
+    api = f"{KUEUE_GROUP}/v1beta2"
+    return [
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": KUEUE_FLAVOR}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": KUEUE_QUEUE},
+         "spec": {"namespaceSelector": {},
+                  "preemption": {"withinClusterQueue": "LowerPriority"},
+                  "resourceGroups": [{"coveredResources": list(quota), "flavors": [
+                      {"name": KUEUE_FLAVOR,
+                       "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}]}]}},
+        {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": KUEUE_QUEUE, "namespace": "default"},
+         "spec": {"clusterQueue": KUEUE_QUEUE}},
+    ]
+
+
+def write_kueue_queues(out: Path) -> None:
+    import yaml
+
+    from deploy.yamlfile import Dumper
+
+    nodes = subprocess.run([kubectl(), "--kubeconfig", str(kubeconfig()), "get", "nodes", "-o", "json"],
+                           capture_output=True, text=True, check=True)
+    out.write_text(yaml.dump_all(kueue_queues(json.loads(nodes.stdout)["items"]), Dumper=Dumper, sort_keys=False))
+
+
 # --------------------------------------------------------------------------------------------
 
 
@@ -466,6 +583,10 @@ if __name__ == "__main__":  # the steps cluster.sh hands to Python
         base_images()
     elif step == "_manifests":
         write_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif step == "_kueue_manifests":
+        write_kueue_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif step == "_kueue_queues":
+        write_kueue_queues(Path(sys.argv[2]))
     elif step == "load" and len(sys.argv) == 3:
         try:
             load_image(sys.argv[2])

@@ -2,8 +2,8 @@
 # Build the Kubernetes testbed's Go binaries from their published Go modules, once per version.
 #
 #   bash k8s/testbed/build.sh            # builds what is missing, prints the cache's bin dir last
-#   DDPKIT_K8S_EXTRAS="kueue kwok" bash k8s/testbed/build.sh   # also the opt-in extras (issue 19;
-#   bash k8s/testbed/build.sh kueue kwok                      #  no test uses them yet)
+#   DDPKIT_K8S_EXTRAS=kwok bash k8s/testbed/build.sh   # also the opt-in extra kwok (fake nodes;
+#   bash k8s/testbed/build.sh kwok                      #  no test uses it yet). Kueue is built always.
 #
 # Everything lands in $DDPKIT_K8S_CACHE/<component>-<version>/ (default /var/cache/ddpkit/k8s),
 # outside the clone, so a later clone (and CI on the same machine) reuses an earlier build.
@@ -18,13 +18,13 @@ COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
 TRAINING_OPERATOR_VERSION=${TRAINING_OPERATOR_VERSION:-1.9.3}
 JOBSET_VERSION=${JOBSET_VERSION:-0.12.0}
 TRAINER_VERSION=${TRAINER_VERSION:-2.3.0}
-KUEUE_VERSION=${KUEUE_VERSION:-0.18.4}   # opt-in extras (README: "Kueue and kwok")
+KUEUE_VERSION=${KUEUE_VERSION:-0.18.4}   # README: "Kueue and kwok"
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 
-# Extras are built only when asked for (env or arguments): a plain build.sh builds, caches and
-# lists exactly the testbed's components.
+# Kueue after the controllers always; kwok only when asked for (env or arguments): a plain
+# build.sh builds, caches and lists exactly the testbed's components.
 read -ra asked <<< "${DDPKIT_K8S_EXTRAS:-} $*"
-EXTRAS=()
+EXTRAS=(kueue)   # Kueue is part of the testbed (`testbed k8s up --kueue`, tests/test_k8s_kueue.py)
 for x in "${asked[@]}"; do
   case $x in
     kueue|kwok) [[ " ${EXTRAS[*]} " == *" $x "* ]] || EXTRAS+=("$x") ;;

@@ -71,13 +71,16 @@ in_node() { # i cmd...: run in node i's network namespace (only that: mounts and
   nsenter --net="/run/netns/$(netns "$i")" "$@"
 }
 nodes() { seq 0 $((NODES - 1)); }
+host_veths() { ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^ddpk8s-v[0-9]+(@|$)/ {sub(/@.*/, "", $2); print $2}'; }
 # processes in start order; down stops them in reverse
 daemons() {
   local i
   echo etcd kube-apiserver kube-controller-manager kube-scheduler coredns
   for i in $(nodes); do echo "containerd-$i kubelet-$i"; done
   echo training-operator jobset trainer
+  if kueue_on; then echo kueue; fi
 }
+kueue_on() { [ -f "$DIR/kueue/enabled" ]; }
 
 log() { echo "testbed: $*"; }
 fail() { echo "testbed: error: $*" >&2; exit 1; }
@@ -108,6 +111,7 @@ stale() {
   [ -d "$DIR" ] && return 0
   ip link show "$BRIDGE" >/dev/null 2>&1 && return 0
   ip netns list 2>/dev/null | grep -q '^ddpk8s-n' && return 0
+  [ -n "$(host_veths)" ] && return 0
   grep -q "$MARK" /etc/hosts && return 0
   iptables -S FORWARD 2>/dev/null | grep -q ddpkit-k8s-testbed && return 0
   return 1
@@ -518,18 +522,20 @@ start_node() { # i: node i's containerd (its images imported) and kubelet, in it
     --node-labels "topology.kubernetes.io/zone=testbed-a,ddpkit.io/rack=rack-$((i / 2))" --v 1
 }
 
-wait_nodes() { # every node Ready, then its GPUs advertised (the documented way: the status API)
-  local i name
-  for i in $(nodes); do
-    name=$(node_name "$i")
-    wait_for 120 "node $name to be Ready" node_ready "$i"
-    kc patch node "$name" --subresource=status --type=merge \
-      -p "{\"status\":{\"capacity\":{\"nvidia.com/gpu\":\"$GPUS\"}}}" >/dev/null
-  done
-  for i in $(nodes); do
-    wait_for 30 "node $(node_name "$i") to count $GPUS allocatable nvidia.com/gpu" bash -c \
-      "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' get node $(node_name "$i") -o 'jsonpath={.status.allocatable.nvidia\\.com/gpu}' | grep -qx '$GPUS'"
-  done
+wait_nodes() { # every node Ready, then its GPUs advertised
+  local i
+  for i in $(nodes); do wait_for 120 "node $(node_name "$i") to be Ready" node_ready "$i"; done
+  for i in $(nodes); do advertise_gpus "$i"; done
+}
+
+advertise_gpus() { # i: $GPUS nvidia.com/gpu in node i's capacity (the documented way: the status
+  # API), then wait until the kubelet's next status update counts them allocatable
+  local name
+  name=$(node_name "$1")
+  kc patch node "$name" --subresource=status --type=merge \
+    -p "{\"status\":{\"capacity\":{\"nvidia.com/gpu\":\"$GPUS\"}}}" >/dev/null
+  wait_for 30 "node $name to count $GPUS allocatable nvidia.com/gpu" bash -c \
+    "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' get node $name -o 'jsonpath={.status.allocatable.nvidia\\.com/gpu}' | grep -qx '$GPUS'"
 }
 
 install_controllers() {
@@ -580,6 +586,55 @@ install_controllers() {
     "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" apply --server-side -f "$DIR/manifests/runtimes.yaml"
 }
 
+kueue() { # Kueue as a host process on the running cluster (idempotent): its CRDs, RBAC and
+  # webhooks (deploy/testbed/k8s.py write_kueue_manifests), then the manager, then the queues
+  # (through its own webhooks, so after its readyz). `up` does it with DDPKIT_K8S_TESTBED_KUEUE=1.
+  [ -x "$BIN/kueue" ] || fail "missing $BIN/kueue: build it first (bash k8s/testbed/build.sh)"
+  if kueue_on && pid_ok kueue; then
+    log "Kueue already running"
+    return 0
+  fi
+  log "Kueue: CRDs, RBAC and webhooks, webhook https://127.0.0.1:19446"
+  mkdir -p "$DIR/kueue/certs" "$DIR/kueue/etc/metrics/certs"
+  local d
+  for d in "$DIR/kueue/certs" "$DIR/kueue/etc/metrics/certs"; do
+    cp "$DIR/pki/webhook-serving.crt" "$d/tls.crt"
+    cp "$DIR/pki/webhook-serving.key" "$d/tls.key"
+  done
+  cat >"$DIR/kueue/config.yaml" <<EOF
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+leaderElection: {leaderElect: false}
+internalCertManagement: {enable: false}
+webhook: {host: 127.0.0.1, port: 19446, certDir: $DIR/kueue/certs}
+health: {healthProbeBindAddress: "127.0.0.1:18084"}
+metrics: {bindAddress: "0"}
+featureGates: {VisibilityOnDemand: false}
+integrations:
+  frameworks: ["batch/job", "kubeflow.org/pytorchjob", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]
+EOF
+  "$PYTHON" -m deploy.testbed.k8s _kueue_manifests "$DIR/manifests" "$DIR/pki/ca.crt" ||
+    fail "could not render Kueue's manifests"
+  kc apply --server-side --force-conflicts -f "$DIR/manifests/kueue.yaml" >"$DIR/log/apply-kueue.log" 2>&1 ||
+    fail "kubectl apply of Kueue's manifests failed: $(tail -3 "$DIR/log/apply-kueue.log")"
+  kc wait --for condition=Established --timeout 60s crd/workloads.kueue.x-k8s.io \
+    crd/clusterqueues.kueue.x-k8s.io crd/localqueues.kueue.x-k8s.io >/dev/null
+  kubeconfig kueue "$(kc -n kueue-system create token kueue-controller-manager --duration 720h)"
+  # with its own certificates off, Kueue loads a metrics certificate from the hard-coded
+  # /etc/kueue/metrics/certs even with metrics off: give it one there, in a mount namespace of its own
+  mkdir -p /etc/kueue
+  touch "$DIR/kueue/enabled"
+  start_bg kueue kueue unshare --mount --propagation private sh -c \
+    "mount --bind '$DIR/kueue/etc' /etc/kueue && exec env KUBECONFIG='$DIR/kubeconfig/kueue.kubeconfig' kueue --config '$DIR/kueue/config.yaml' --zap-log-level=2"
+  wait_for 90 "Kueue readyz" curl -sf http://127.0.0.1:18084/readyz
+  "$PYTHON" -m deploy.testbed.k8s _kueue_queues "$DIR/manifests/kueue-queues.yaml" ||
+    fail "could not size Kueue's queues"
+  wait_for 60 "Kueue's queues (its webhooks)" \
+    "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" apply --server-side -f "$DIR/manifests/kueue-queues.yaml"
+  log "Kueue up: LocalQueue ddpkit in namespace default (k8s.queue: ddpkit)"
+}
+
 write_env() {
   cat >"$DIR/env.sh" <<EOF
 export KUBECONFIG=$DIR/kubeconfig/admin.kubeconfig
@@ -596,6 +651,7 @@ up() {
   fi
   if healthy; then
     log "already up ($DIR)"
+    if [ -n "${DDPKIT_K8S_TESTBED_KUEUE:-}" ]; then kueue; fi
     return 0
   fi
   for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl containerd \
@@ -611,7 +667,7 @@ up() {
     teardown
   fi
   local port busy=""
-  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 19443 19444 19445 18080 18081 18082 18083; do
+  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 19443 19444 19445 19446 18080 18081 18082 18083 18084; do
     ss -Hltn "sport = :$port" | grep -q . && busy="$busy $port"
   done
   [ -z "$busy" ] || fail "TCP ports already in use on this host:$busy (another cluster? see ss -ltnp)"
@@ -631,6 +687,7 @@ up() {
   wait_nodes
   wait_for 60 "the default ServiceAccount" kc -n default get serviceaccount default
   install_controllers
+  if [ -n "${DDPKIT_K8S_TESTBED_KUEUE:-}" ]; then kueue; fi
   write_env
   trap - ERR
   log "up in $((SECONDS - t0)) s"
@@ -655,7 +712,7 @@ stop() { # name: TERM, wait up to 10 s, KILL
 teardown() {
   set +e
   local i pid c ids d sock_i
-  for name in training-operator jobset trainer coredns; do stop "$name"; done
+  for name in kueue training-operator jobset trainer coredns; do stop "$name"; done
   for i in $(nodes); do stop "kubelet-$i"; done
   # every pod's containers and sandbox, through each node's containerd
   for i in $(nodes); do
@@ -686,7 +743,10 @@ teardown() {
   fi
   awk -v d="$IMAGES" 'index($2, d "/") == 1 {print $2}' /proc/self/mounts | sort -r |
     while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null; done
-  # the nodes' namespaces (their veths go with them), then the bridge and its routes
+  # the nodes' links, then their namespaces, then the bridge and its routes. A veth goes with its
+  # namespace only when the kernel frees that namespace, later and asynchronously (at once only
+  # if nothing holds it any more): delete the host ends first, which takes both ends at once
+  for d in $(host_veths); do ip link del "$d"; done
   for d in $(ip netns list 2>/dev/null | awk '/^ddpk8s-n[0-9]+/ {print $1}'); do ip netns del "$d"; done
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
   while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed 2>/dev/null; do :; done
@@ -703,6 +763,7 @@ teardown() {
     mkdir -p "$DDPKIT_K8S_TESTBED_KEEP_LOGS" && cp -a "$DIR/log/." "$DDPKIT_K8S_TESTBED_KEEP_LOGS/"
   fi
   rm -rf "$DIR"
+  rmdir /etc/kueue 2>/dev/null # Kueue's mount point (cluster.sh kueue), when nothing else uses it
   set -e
 }
 
@@ -711,6 +772,7 @@ down() {
   [ ! -d "$DIR" ] || fail "$DIR still present"
   ! ip link show "$BRIDGE" >/dev/null 2>&1 || fail "bridge $BRIDGE still present"
   ! ip netns list 2>/dev/null | grep -q '^ddpk8s-n' || fail "node network namespaces still present"
+  [ -z "$(host_veths)" ] || fail "node links still present: $(host_veths)"
   ! grep -q "$MARK" /etc/hosts || fail "/etc/hosts still has the testbed line"
   [ -z "$(pgrep -f "containerd-shim-runc-v2 .*-address $DIR/")" ] || fail "containerd shims still running"
   log "down (images kept in $IMAGES)"
@@ -739,6 +801,24 @@ kill_node() { # i: node i dies as a machine does: its link goes first (no goodby
   log "node $(node_name "$i") killed (link down, kubelet, containerd and its containers gone)"
 }
 
+revive_node() { # i: a killed node boots again: link up, its containerd and kubelet start on the
+  # state they left, the node is Ready with its GPUs advertised, and an out-of-service taint an
+  # admin set while it was gone is lifted (what an admin does once the machine is back)
+  local i=${1:-} name
+  if ! [[ $i =~ ^[0-9]+$ ]] || ((i >= NODES)); then fail "revive-node: give a node index 0..$((NODES - 1))"; fi
+  { [ -f "$DIR/nodes" ] && pid_ok kube-apiserver; } || fail "revive-node: the cluster is not up"
+  ! pid_ok "kubelet-$i" || fail "revive-node: node $i's kubelet is running (kill-node it first)"
+  name=$(node_name "$i")
+  trap 'fail "revive-node: command failed (line $LINENO): $BASH_COMMAND"' ERR
+  ip link set "ddpk8s-v$i" up
+  start_node "$i"
+  wait_for 120 "node $name to be Ready again" node_ready "$i"
+  kc taint node "$name" node.kubernetes.io/out-of-service- >/dev/null 2>&1 || true
+  advertise_gpus "$i"
+  trap - ERR
+  log "node $name revived"
+}
+
 status() {
   if healthy; then
     log "up ($DIR)"
@@ -752,7 +832,8 @@ status() {
 
 [ "$(id -u)" = 0 ] || fail "must run as root"
 case ${1:-} in
-  up | down | status) "$1" ;;
+  up | down | status | kueue) "$1" ;;
   kill-node) kill_node "${2:-}" ;;
-  *) fail "usage: cluster.sh up|down|status|kill-node I" ;;
+  revive-node) revive_node "${2:-}" ;;
+  *) fail "usage: cluster.sh up|down|status|kueue|kill-node I|revive-node I" ;;
 esac

@@ -36,6 +36,8 @@ NAME = "job"
 KIND = "Job"
 API_VERSION = "batch/v1"
 GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
+#: Where the object says it is suspended: what Kueue sets while the job waits in its queue
+SUSPEND = ("spec", "suspend")
 PLURAL = "jobs"
 CONTAINER = "trainer"
 INSTALLS = "nothing (built into Kubernetes)"

@@ -25,6 +25,8 @@ NAME = "jobset"
 KIND = "JobSet"
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
+#: Where the object says it is suspended: what Kueue sets while the job waits in its queue
+SUSPEND = ("spec", "suspend")
 PLURAL = "jobsets"
 CONTAINER = "trainer"
 INSTALLS = "the JobSet controller"

@@ -32,6 +32,8 @@ NAME = "pytorchjob"
 KIND = "PyTorchJob"
 API_VERSION = "kubeflow.org/v1"
 GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
+#: Where the object says it is suspended: what Kueue sets while the job waits in its queue
+SUSPEND = ("spec", "runPolicy", "suspend")
 PLURAL = "pytorchjobs"
 INSTALLS = "the Kubeflow training operator (v1)"
 #: pkg/apis/kubeflow.org/v1/pytorch_types.go: the container the operator configures, the name

@@ -29,6 +29,8 @@ NAME = "trainjob"
 KIND = "TrainJob"
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
+#: Where the object says it is suspended: what Kueue sets while the job waits in its queue
+SUSPEND = ("spec", "suspend")
 PLURAL = "trainjobs"
 INSTALLS = "Kubeflow Trainer (v2) and its ClusterTrainingRuntimes"
 #: pkg/constants/constants.go: the replicated job and container `node`, ContainerTrainerPort.
