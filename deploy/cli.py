@@ -281,8 +281,8 @@ def _job_commands(sub) -> None:
 
 def _handle_commands(sub) -> None:
     """The commands that take a job handle: status, logs, cancel."""
-    p = _command(sub, "status", cmd_status, "print a job's state (PENDING, RUNNING, RESTARTING, "
-                 "SUCCEEDED, FAILED, CANCELLED) first, then its progress: step, epoch, samples/s, "
+    p = _command(sub, "status", cmd_status, "print a job's state (QUEUED, PENDING, RUNNING, "
+                 "RESTARTING, SUCCEEDED, FAILED, CANCELLED) first, then its progress: step, epoch, samples/s, "
                  "ETA, goodput, restarts", "ddpkit status slurm://1234\n  ddpkit status runs/quickstart --json\n"
                  "  ddpkit status --watch k8s://ml/pytorchjob/cifar-ddp slurm://1234")
     p.add_argument("handle", metavar="HANDLE", nargs="+",

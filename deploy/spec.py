@@ -502,7 +502,10 @@ class K8sSection(Strict):
     priority_class: K8sName | None = Field(None, description="Pod priorityClassName.")
     service_account: K8sName | None = Field(None, description="Pod serviceAccountName.")
     image_pull_secrets: list[K8sName] = Field(default_factory=list, description="Secret names for pulling the image.")
-    queue: K8sName | None = Field(None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label).")
+    queue: K8sName | None = Field(
+        None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label on the workload "
+        "object): Kueue admits the job whole when its quota has room, else `ddpkit status` says "
+        "QUEUED with Kueue's reason; every flavor (README \"Kueue\").")
     scheduler_name: K8sName | None = Field(None, description="Pod schedulerName (e.g. `volcano`).")
     gang: bool = Field(False, description="Gang-schedule all nodes (PyTorchJob schedulingPolicy.minAvailable).")
     ttl_after_finished: Seconds | None = Field(None, description="Delete the finished job after this duration (`1h`).")

@@ -6,6 +6,7 @@ with the reason; under CI (`CI=true`) it fails instead, so CI can never go green
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from deploy.testbed import k8s as testbed
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -29,8 +32,8 @@ def pytest_addoption(parser):
 #: cluster. They run last: `.ci/run` starts the binaries' cold build in the background (tens of
 #: minutes on a fresh 2-core machine), and everything else runs while it compiles; the first of
 #: these tests to bring the testbed up waits on build.sh's lock until the build is done.
-K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_lint_corpus.py",
-                       "test_testbed_k8s.py", "test_pod_patch_merge.py"}
+K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_k8s_kueue.py",
+                       "test_lint_corpus.py", "test_testbed_k8s.py", "test_pod_patch_merge.py"}
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -112,3 +115,58 @@ def golden(request):
                                   "intended, run `pytest --update-golden` and review the diff")
 
     return check
+
+
+# --------------------------------------------------------------------------------------------
+# The Kubernetes testbed, shared by tests/test_k8s_e2e.py and tests/test_k8s_kueue.py (one
+# session-scoped cluster: fixtures defined here are made once, whichever module asks first)
+
+#: the training image the Kubernetes tests build and load into every node
+K8S_TEST_IMAGE = "ddpkit:test"
+K8S_TEST_BASE_IMAGE = os.environ.get("DDPKIT_TEST_BASE_IMAGE", "ddpkit-base:bookworm")
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The client environment (KUBECONFIG, PATH with the testbed's kubectl); the cluster comes
+    up once and goes down at the end unless it was up before the session."""
+    require(IN_CI or os.environ.get("DDPKIT_K8S_E2E") == "1",
+            "real-Kubernetes tests run with CI=true or DDPKIT_K8S_E2E=1 (root: they start a cluster)")
+    require(os.geteuid() == 0, "the Kubernetes testbed needs root (network, cgroups, daemons)")
+    lock = open(f"{testbed.testbed_dir()}.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when this session ends
+    was_up = testbed.status(quiet=True)
+    if not was_up:
+        testbed.up()
+    env = testbed.client_env()
+    env["PYTHONPATH"] = str(REPO)
+    yield env
+    if not was_up:
+        testbed.down()
+    lock.close()
+
+
+@pytest.fixture(scope="session")
+def image(cluster) -> str:
+    """The training image, built offline on the Docker testbed and loaded into containerd."""
+    from tests.test_docker_e2e import docker
+
+    try:
+        up = docker("version", "--format", "{{.Server.Version}}").returncode == 0
+    except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired):
+        up = False
+    require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
+    require(docker("image", "inspect", K8S_TEST_BASE_IMAGE).returncode == 0,
+            f"base image {K8S_TEST_BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
+    build_test_image(K8S_TEST_IMAGE, K8S_TEST_BASE_IMAGE)
+    testbed.load_image(K8S_TEST_IMAGE)
+    return K8S_TEST_IMAGE
+
+
+@pytest.fixture
+def handles(cluster):
+    """Handles submitted by one test; whatever is left when it ends is cancelled."""
+    submitted: list[str] = []
+    yield submitted
+    for handle in submitted:
+        ddpkit("cancel", handle, "--wait", "0", env=cluster)

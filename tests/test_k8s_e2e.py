@@ -18,7 +18,6 @@ stand-in for a shared filesystem, so a replacement pod resumes from the last che
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -33,12 +32,11 @@ import pytest
 import yaml
 
 from deploy.testbed import k8s as testbed
-from tests.conftest import EXAMPLES, IN_CI, REPO, build_test_image, ddpkit, require
+from tests.conftest import EXAMPLES, K8S_TEST_IMAGE, REPO, ddpkit, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-BASE_IMAGE = os.environ.get("DDPKIT_TEST_BASE_IMAGE", "ddpkit-base:bookworm")
-IMAGE = "ddpkit:test"
+IMAGE = K8S_TEST_IMAGE  # built and loaded by the `image` fixture (tests/conftest.py: `cluster`, `image`, `handles`)
 FLAVORS = ["pytorchjob", "trainjob", "jobset", "job"]
 QUICK = REPO / "examples" / "quickstart-2node.yaml"
 JOB_TIMEOUT_S = 600
@@ -49,43 +47,6 @@ INSTANCE = "app.kubernetes.io/instance"
 # the labels and annotations the real controllers put on pods
 PYTORCHJOB_REPLICA_TYPE = "training.kubeflow.org/replica-type"
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-
-
-@pytest.fixture(scope="session")
-def cluster():
-    """The client environment (KUBECONFIG, PATH with the testbed's kubectl); the cluster comes
-    up once and goes down at the end unless it was up before the session."""
-    require(IN_CI or os.environ.get("DDPKIT_K8S_E2E") == "1",
-            "real-Kubernetes tests run with CI=true or DDPKIT_K8S_E2E=1 (root: they start a cluster)")
-    require(os.geteuid() == 0, "the Kubernetes testbed needs root (network, cgroups, daemons)")
-    lock = open(f"{testbed.testbed_dir()}.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when this session ends
-    was_up = testbed.status(quiet=True)
-    if not was_up:
-        testbed.up()
-    env = testbed.client_env()
-    env["PYTHONPATH"] = str(REPO)
-    yield env
-    if not was_up:
-        testbed.down()
-    lock.close()
-
-
-@pytest.fixture(scope="session")
-def image(cluster) -> str:
-    """The training image, built offline on the Docker testbed and loaded into containerd."""
-    from tests.test_docker_e2e import docker
-
-    try:
-        up = docker("version", "--format", "{{.Server.Version}}").returncode == 0
-    except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired):
-        up = False
-    require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
-    require(docker("image", "inspect", BASE_IMAGE).returncode == 0,
-            f"base image {BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
-    build_test_image(IMAGE, BASE_IMAGE)
-    testbed.load_image(IMAGE)
-    return IMAGE
 
 
 def kubectl(cluster, *args: str, input: str | None = None, timeout: float = 120,
@@ -112,15 +73,6 @@ def job_file(tmp_path: Path, name: str, flavor: str, **train) -> Path:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))
     return path
-
-
-@pytest.fixture
-def handles(cluster):
-    """Handles submitted by one test; whatever is left when it ends is cancelled."""
-    submitted: list[str] = []
-    yield submitted
-    for handle in submitted:
-        ddpkit("cancel", handle, "--wait", "0", env=cluster)
 
 
 def submit(cluster, handles, path: Path) -> str:

@@ -619,6 +619,7 @@ class Trainer:
 
         cfg, device = self.cfg, self.device
         self.ddp = None
+        self.buckets_settled = False  # settle_buckets, before the first step of this attempt
         wrapped = self.model
         if self.distributed and self.world > 1:
             static, self.static_why = choose_static_graph(cfg, self.workload.static_graph, self.accum)
@@ -966,6 +967,8 @@ class Trainer:
 
             seed_everything(self.batches.seed_of(self.micro, stream=1))
         batch = self.to_device(batch)
+        if not self.buckets_settled:
+            self.settle_buckets(batch)
         last_micro = (self.micro + 1) % accum == 0
         sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
         with sync_ctx, self.static_graph_broken():
@@ -980,6 +983,40 @@ class Trainer:
         s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
         self.micro += 1
         return last_micro
+
+    def settle_buckets(self, batch: Any) -> None:
+        """Let DDP rebuild its gradient buckets before the first real step of every attempt.
+
+        With static_graph or without find_unused_parameters, DDP reduces a process's first
+        backward in one bucket of every parameter, then rebuilds its buckets in the order the
+        gradients became ready (with static_graph the first backward is reduced all at once at
+        its end, and the rebuild follows the second). gloo and NCCL sum an element across ranks
+        in an order set by its place in the bucket, and with 3 or more ranks float sums depend
+        on that order: the first steps after a resume would not sum as the uninterrupted run's
+        same steps did, and the final parameters would differ in their last bits (measured: 3
+        ranks of cnn; 2 ranks are immune, a + b == b + a). So throwaway forwards and backwards
+        (the loss times 0: gradients of 0, no optimizer step; RNG states and buffers such as
+        BatchNorm's statistics put back) run first, one (two with static_graph), and every real
+        step of every attempt sums with the rebuilt buckets: one or two steps' compute more at
+        each start, on 3 ranks or more only."""
+        self.buckets_settled = True
+        ddp = self.ddp
+        if ddp is None or self.world < 3 or (self.cfg.find_unused_parameters and not ddp.static_graph):
+            return  # nothing to rebuild, or an order that cannot matter
+        rng = self.rng_state()
+        buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        for _ in range(2 if ddp.static_graph else 1):
+            with self.static_graph_broken():
+                self.hb.beat("forward", self.step)
+                loss, _, _ = self.forward_loss(self.forward, batch)
+                self.hb.beat("backward")
+                (loss * 0).backward()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.bucket_clock.last_ready = None
+        with self.torch.no_grad():
+            for live, saved in buffers:
+                live.copy_(saved)
+        self.restore_rng(rng)
 
     @contextlib.contextmanager
     def static_graph_broken(self):

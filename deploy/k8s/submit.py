@@ -402,19 +402,19 @@ def kueue_workload(cluster: Cluster, namespace: str, obj: dict) -> dict | None:
 
 
 def queued_because(job_obj: dict) -> str:
-    """Kueue's words for why a queued job waits, from its Workload's newest telling condition:
-    `Pending: couldn't assign flavors to pod set ...: insufficient unused quota for cpu ...`,
-    `Preempted: Preempted to accommodate a workload ...`."""
+    """Kueue's words for why a queued job waits, from its Workload's conditions: why it was
+    evicted, if it was (`Preempted: Preempted to accommodate a workload ...`), then why it is not
+    admitted (`Pending: couldn't assign flavors to pod set main: insufficient unused quota for
+    cpu in flavor ..., 800m more needed`)."""
     queue = ((job_obj.get("metadata") or {}).get("labels") or {}).get(KUEUE_QUEUE_LABEL)
     workload = job_obj.get(KUEUE_WORKLOAD)
     if not workload:
         return f"in LocalQueue {queue}: Kueue has not made its Workload yet"
-    telling = [c for c in (workload.get("status") or {}).get("conditions") or []
-               if (c.get("type"), c.get("status")) in (("QuotaReserved", "False"), ("Evicted", "True"))]
-    if not telling:
-        return f"in LocalQueue {queue}: waiting for admission"
-    newest = max(telling, key=lambda c: str(c.get("lastTransitionTime") or ""))
-    return f"{newest.get('reason') or newest['type']}: {str(newest.get('message') or '').strip()[:300]}".rstrip(": ")
+    conditions = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    said = [f"{c.get('reason') or kind}: {str(c.get('message') or '').strip()[:200]}".rstrip(": ")
+            for kind, status in (("Evicted", "True"), ("QuotaReserved", "False"))
+            if (c := conditions.get(kind)) and c.get("status") == status]
+    return "; ".join(said) or f"in LocalQueue {queue}: waiting for admission"
 
 
 def creating(pod: dict) -> bool:
