@@ -699,3 +699,47 @@ def test_real_client_applies_owner_references_as_the_same_manager(api):
     again = applies[3][1]
     assert again["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
     assert again["data"] == applies[0][1]["data"]  # the whole intent again, not a partial patch
+
+
+#: a preempted job's Workload as the real Kueue 0.18.4 left it on the testbed while the job
+#: waited to be readmitted (tests/test_k8s_kueue.py; recorded, UIDs shortened)
+PREEMPTED_WORKLOAD_CONDITIONS = [
+    {"type": "QuotaReserved", "status": "False", "reason": "Pending",
+     "message": "couldn't assign flavors to pod set main: insufficient unused quota for cpu in flavor "
+                "testbed, 800m more needed", "lastTransitionTime": "2026-12-02T17:40:09Z"},
+    {"type": "Evicted", "status": "True", "reason": "Preempted",
+     "message": "Preempted to accommodate a workload (UID: 6445cea7, JobUID: ac54834b) due to "
+                "prioritization in the ClusterQueue; preemptor path: /ddpkit; preemptee path: /ddpkit",
+     "lastTransitionTime": "2026-12-02T17:40:08Z"},
+    {"type": "Requeued", "status": "True", "reason": "Preempted", "lastTransitionTime": "2026-12-02T17:40:08Z"},
+]
+
+
+def test_a_job_kueue_holds_is_queued_with_kueues_reasons_read_from_its_workload():
+    """QUEUED before Kueue made the Workload, then in Kueue's words: why it was evicted (when
+    it was) and why it is not admitted; the Workload is found by the job's UID label."""
+    cluster = FakeCluster()
+    sub.submit(job(k8s={"namespace": "ml", "queue": "team-a"}), flavor="job", cluster=cluster)
+    stored = cluster.objects[("Job", "ml", "demo")]
+    stored["spec"]["suspend"] = True  # what Kueue's webhook does at creation
+    handle = "k8s://ml/job/demo"
+    assert sub.describe(handle, cluster=cluster) == "QUEUED (in LocalQueue team-a: Kueue has not made its Workload yet)"
+    uid = stored["metadata"]["uid"]
+    workload = {"kind": "Workload", "metadata": {"name": "job-demo-1a2b3", "namespace": "ml",
+                                                 "labels": {"kueue.x-k8s.io/job-uid": uid}},
+                "status": {"conditions": PREEMPTED_WORKLOAD_CONDITIONS[:1]}}
+    cluster.objects[("Workload", "ml", "job-demo-1a2b3")] = workload
+    assert sub.describe(handle, cluster=cluster) == (
+        "QUEUED (Pending: couldn't assign flavors to pod set main: insufficient unused quota for cpu in "
+        "flavor testbed, 800m more needed)")
+    workload["status"]["conditions"] = PREEMPTED_WORKLOAD_CONDITIONS
+    line = sub.describe(handle, cluster=cluster)
+    assert line.startswith("QUEUED (Preempted: Preempted to accommodate a workload (UID: 6445cea7"), line
+    assert line.endswith("; Pending: couldn't assign flavors to pod set main: insufficient unused quota for cpu "
+                         "in flavor testbed, 800m more needed)"), line
+    from deploy.why import state_cause
+
+    assert state_cause(line).category == "queued"
+    stored["spec"]["suspend"] = False  # admitted
+    stored["status"] = {"active": 2, "ready": 2}
+    assert sub.describe(handle, cluster=cluster) == "RUNNING"

@@ -40,6 +40,8 @@ def test_env_points_kubeconfig_and_path_at_the_testbed(tmp_path):
     (["k8s", "status", "--nodes", "3"], "--nodes: only `testbed k8s up` takes a node count"),
     (["k8s", "up", "--nodes", "0"], "--nodes 0: give 1 to 16 kubelets"),
     (["k8s", "up", "--nodes", "17"], "--nodes 17: give 1 to 16 kubelets"),
+    (["slurm", "up", "--kueue"], "--kueue: only `testbed k8s up` starts Kueue"),
+    (["k8s", "down", "--kueue"], "--kueue: only `testbed k8s up` starts Kueue"),
 ])
 def test_a_node_count_only_for_k8s_up_and_in_range(args, said):
     proc = ddpkit("testbed", *args)
@@ -110,3 +112,42 @@ def test_upstream_manifests_adapt_to_host_processes(tmp_path):
                                           "validator.trainjob.trainer.kubeflow.org"}
     runtime = yaml.safe_load((tmp_path / "out" / "runtimes.yaml").read_text())
     assert runtime["metadata"]["name"] == "torch-distributed"
+
+
+def test_kueue_manifests_point_at_loopback_and_keep_only_the_used_integrations(tmp_path):
+    """Kueue's upstream config/default, adapted: no Deployment, Service or visibility
+    APIService; every webhook (and CRD conversion webhook) on https://127.0.0.1:19446 with our
+    CA; webhook entries only for Kueue's own kinds and the four integrations the testbed turns
+    on (an entry for pods would refuse every pod while Kueue is down: failurePolicy Fail)."""
+    require(k8s.manifests_dir("kueue").is_dir() and (k8s.bin_dir() / "kubectl").exists(),
+            "build.sh's cache has no Kueue (bash k8s/testbed/build.sh)")
+    import base64
+
+    import yaml
+
+    ca = tmp_path / "ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n-----END CERTIFICATE-----\n")
+    k8s.write_kueue_manifests(tmp_path, ca)
+    docs = list(yaml.safe_load_all((tmp_path / "kueue.yaml").read_text()))
+    assert not {d["kind"] for d in docs} & {"Deployment", "Service", "APIService"}
+    configs = [h["clientConfig"] for d in docs if d["kind"].endswith("WebhookConfiguration") for h in d["webhooks"]]
+    configs += [d["spec"]["conversion"]["webhook"]["clientConfig"] for d in docs
+                if d["kind"] == "CustomResourceDefinition" and (d["spec"].get("conversion") or {}).get("webhook")]
+    assert configs and all(c["url"].startswith("https://127.0.0.1:19446/") and "service" not in c for c in configs)
+    assert {base64.b64decode(c["caBundle"]) for c in configs} == {ca.read_bytes()}
+    rules = [r for d in docs if d["kind"].endswith("WebhookConfiguration") for h in d["webhooks"] for r in h["rules"]]
+    integrations = {res for r in rules if r["apiGroups"] != [k8s.KUEUE_GROUP] for res in r["resources"]}
+    assert integrations == set(k8s.KUEUE_FRAMEWORKS.values()), integrations
+    crds = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert {"workloads.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io"} <= crds
+
+
+def test_kueue_queues_are_sized_to_the_nodes_allocatable():
+    nodes = [{"status": {"allocatable": {"cpu": "2", "memory": "1Gi", "nvidia.com/gpu": "8"}}},
+             {"status": {"allocatable": {"cpu": "1500m", "memory": "512Mi"}}}]
+    flavor, cq, lq = k8s.kueue_queues(nodes)
+    quota = {r["name"]: r["nominalQuota"] for r in cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
+    assert quota == {"cpu": "3500m", "memory": str(3 * 2**29), "nvidia.com/gpu": "8"}
+    assert cq["spec"]["preemption"] == {"withinClusterQueue": "LowerPriority"}
+    assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"] == lq["metadata"]["name"] == k8s.KUEUE_QUEUE
+    assert flavor["kind"] == "ResourceFlavor" and lq["metadata"]["namespace"] == "default"
