@@ -46,6 +46,8 @@ SCRIPTS = [
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
+    # a queued job's admission once capacity frees, per flavor (Kueue on the testbed): ~3 min
+    ("kueue_admission", "kueue_admission.py", ["--runs", "3"], ["--runs", "2"], 600),
     # one checkpoint interval (a fault run on the cold path, one on the warm path and a
     # calibration: ~4 min here); `python bench/goodput.py --warm` alone kills every 60 s (~15 min)
     ("goodput", "goodput.py", ["--train-s", "60", "--fault-every", "30", "--intervals", "20", "--warm"],

@@ -196,6 +196,36 @@ def enable_kueue() -> None:
         raise RuntimeFailure("Kueue did not start on the Kubernetes testbed (see above)")
 
 
+def fake_nodes(count: int) -> None:
+    """`count` kwok fake nodes beside the real ones (cluster.sh `fake-nodes`; 0 removes them):
+    the real scheduler places pods there and kwok plays their kubelet (Ready, pods Running)."""
+    _require_root()
+    if _script("fake-nodes", str(count)) != 0:
+        raise RuntimeFailure(f"could not make {count} fake nodes (see above)")
+
+
+#: kwok's fake nodes: label, taint, and how many share a rack (label ddpkit.io/rack)
+FAKE_NODE_LABEL = ("type", "kwok")
+FAKE_NODE_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+FAKE_RACK_SIZE = 8
+
+
+def fake_node_objects(count: int) -> list[dict]:
+    """Node objects for kwok: GPU nodes of 8 nvidia.com/gpu, 32 CPUs and 256 GiB, FAKE_RACK_SIZE
+    to a rack (`ddpkit.io/rack: fake-rack-K`), tainted FAKE_NODE_TAINT."""
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    return [{"apiVersion": "v1", "kind": "Node",
+             "metadata": {"name": f"kwok-node-{i}",
+                          "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                          "labels": {FAKE_NODE_LABEL[0]: FAKE_NODE_LABEL[1], "kubernetes.io/hostname": f"kwok-node-{i}",
+                                     "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                                     "topology.kubernetes.io/zone": "testbed-a",
+                                     "ddpkit.io/rack": f"fake-rack-{i // FAKE_RACK_SIZE}"}},
+             "spec": {"taints": [FAKE_NODE_TAINT]},
+             "status": {"allocatable": resources, "capacity": resources}}
+            for i in range(count)]
+
+
 def revive_node(index: int) -> None:
     """Node `index`, killed by `kill_node`, boots again (cluster.sh `revive-node`): its link
     comes up, its containerd and kubelet start on the state they left (images included), and the
@@ -587,6 +617,10 @@ if __name__ == "__main__":  # the steps cluster.sh hands to Python
         write_kueue_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
     elif step == "_kueue_queues":
         write_kueue_queues(Path(sys.argv[2]))
+    elif step == "_fake_nodes":
+        import yaml
+
+        Path(sys.argv[3]).write_text(yaml.safe_dump_all(fake_node_objects(int(sys.argv[2])), sort_keys=False))
     elif step == "load" and len(sys.argv) == 3:
         try:
             load_image(sys.argv[2])

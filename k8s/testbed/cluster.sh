@@ -79,6 +79,7 @@ daemons() {
   for i in $(nodes); do echo "containerd-$i kubelet-$i"; done
   echo training-operator jobset trainer
   if kueue_on; then echo kueue; fi
+  if [ -f "$DIR/kwok/enabled" ]; then echo kwok; fi
 }
 kueue_on() { [ -f "$DIR/kueue/enabled" ]; }
 
@@ -635,6 +636,34 @@ EOF
   log "Kueue up: LocalQueue ddpkit in namespace default (k8s.queue: ddpkit)"
 }
 
+fake_nodes() { # N: N kwok fake nodes beside the real ones (8 per rack, 8 GPUs each, tainted
+  # kwok.x-k8s.io/node=fake:NoSchedule so only pods that tolerate it land there); 0 removes them
+  local n=${1:-}
+  if ! [[ $n =~ ^[0-9]+$ ]] || ((n > 512)); then fail "fake-nodes: give a count 0..512"; fi
+  { [ -f "$DIR/nodes" ] && pid_ok kube-apiserver; } || fail "fake-nodes: the cluster is not up"
+  kc delete node -l type=kwok --wait=true --timeout 120s >/dev/null
+  stop kwok
+  rm -rf "$DIR/kwok"
+  if ((n == 0)); then
+    log "fake nodes removed"
+    return 0
+  fi
+  [ -x "$BIN/kwok" ] || fail "missing $BIN/kwok: bash k8s/testbed/build.sh kwok"
+  mkdir -p "$DIR/kwok"
+  "$PYTHON" -m deploy.testbed.k8s _fake_nodes "$n" "$DIR/kwok/nodes.yaml" || fail "could not write the fake nodes"
+  touch "$DIR/kwok/enabled"
+  start_bg kwok kwok kwok --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" \
+    --manage-nodes-with-label-selector type=kwok --config "$CACHE/manifests/kwok/stage-fast.yaml" \
+    --node-lease-duration-seconds 40 --cidr 10.253.0.0/16 --node-ip 10.254.0.1
+  kc apply --server-side -f "$DIR/kwok/nodes.yaml" >/dev/null
+  local t0=$SECONDS
+  until [ "$(kc get nodes -l type=kwok -o 'jsonpath={range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' | grep -cx True)" = "$n" ]; do
+    ((SECONDS - t0 < 180)) || fail "fake-nodes: not all $n kwok nodes Ready after 180 s (log: $DIR/log/kwok.log)"
+    sleep 1
+  done
+  log "$n fake nodes Ready in $((SECONDS - t0)) s (kwok $("$BIN/kwok" --version 2>/dev/null | awk '{print $3}'))"
+}
+
 write_env() {
   cat >"$DIR/env.sh" <<EOF
 export KUBECONFIG=$DIR/kubeconfig/admin.kubeconfig
@@ -835,5 +864,6 @@ case ${1:-} in
   up | down | status | kueue) "$1" ;;
   kill-node) kill_node "${2:-}" ;;
   revive-node) revive_node "${2:-}" ;;
-  *) fail "usage: cluster.sh up|down|status|kueue|kill-node I|revive-node I" ;;
+  fake-nodes) fake_nodes "${2:-}" ;;
+  *) fail "usage: cluster.sh up|down|status|kueue|kill-node I|revive-node I|fake-nodes N" ;;
 esac

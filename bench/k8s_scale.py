@@ -1,0 +1,118 @@
+"""Scheduling at scale on the Kubernetes testbed: kwok fake GPU nodes beside the real ones.
+
+`cluster.sh fake-nodes 64` adds 64 fake nodes (8 nvidia.com/gpu, 32 CPUs each, 8 per rack:
+`ddpkit.io/rack: fake-rack-0..7`, tainted kwok.x-k8s.io/node=fake:NoSchedule); kwok plays
+their kubelets. For each flavor and job size (8, 32 and 64 nodes x 8 GPUs, rendered as a user
+renders a GPU job, plus a toleration of the fake taint and a nodeSelector for the fake nodes),
+the figure is `ddpkit submit k8s` -> every pod bound by the real kube-scheduler, with the
+controllers' pod creation in it; then the placement: one pod per node (8 GPUs a pod, 8 a node),
+how many racks the job spans (the fewest is size/8) and whether node ranks are contiguous per
+rack. No topology is asked for here (plain scheduler): the rack figures show what a user gets
+without it. The fake nodes are removed at the end.
+
+Needs root, the testbed with kwok built (`bash k8s/testbed/build.sh kwok`).
+Usage: python bench/k8s_scale.py [--sizes 8 32 64] [--flavors job,pytorchjob,jobset,trainjob]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from deploy.k8s.submit import pods_by_rank  # noqa: E402
+from deploy.testbed import k8s as testbed  # noqa: E402
+
+
+def ddpkit(env: dict, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "deploy", *args], env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        raise SystemExit(f"ddpkit {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def job_pods(env: dict, name: str) -> list[dict]:
+    out = subprocess.run([testbed.kubectl(), "get", "pods", "-l", f"app.kubernetes.io/instance={name}", "-o", "json"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)["items"]
+
+
+def job_file(tmp: Path, name: str, flavor: str, nodes: int, image: str) -> Path:
+    job = yaml.safe_load((REPO / "examples" / "quickstart-2node.yaml").read_text())
+    job.pop("procs_per_node", None)
+    job.update(name=name, image=image, nodes=nodes, gpus_per_node=8,
+               resources={"cpus_per_node": 4, "memory": "16Gi", "shm": "1Gi"})
+    key, value = testbed.FAKE_NODE_LABEL
+    job["k8s"] = {"flavor": flavor, "node_selector": {key: value}, "termination_grace": "1s",
+                  "tolerations": [{"key": testbed.FAKE_NODE_TAINT["key"], "operator": "Exists",
+                                   "effect": testbed.FAKE_NODE_TAINT["effect"]}]}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path
+
+
+def measure(env: dict, tmp: Path, flavor: str, nodes: int, image: str) -> dict:
+    name = f"scale-{flavor}-{nodes}"
+    path = job_file(tmp, name, flavor, nodes, image)
+    t0 = time.monotonic()
+    handle = ddpkit(env, "submit", "k8s", str(path))
+    try:
+        while True:
+            pods = job_pods(env, name)
+            bound = [p for p in pods if p["spec"].get("nodeName")]
+            if len(bound) >= nodes:
+                break
+            if time.monotonic() - t0 > 600:
+                raise SystemExit(f"{name}: {len(bound)} of {nodes} pods bound after 600 s")
+            time.sleep(0.2)
+        took = time.monotonic() - t0
+        rack = {f"kwok-node-{i}": f"fake-rack-{i // testbed.FAKE_RACK_SIZE}" for i in range(1024)}
+        by_rank = pods_by_rank(flavor, pods)
+        racks_in_rank_order = [rack.get(by_rank[r]["spec"]["nodeName"], "?") for r in sorted(by_rank)]
+        changes = sum(1 for a, b in zip(racks_in_rank_order, racks_in_rank_order[1:], strict=False) if a != b)
+        return {"flavor": flavor, "nodes": nodes, "scheduled_s": took,
+                "distinct_nodes": len({p["spec"]["nodeName"] for p in bound}),
+                "racks": len(set(racks_in_rank_order)), "fewest_racks": -(-nodes // testbed.FAKE_RACK_SIZE),
+                "ranks_contiguous_per_rack": changes == len(set(racks_in_rank_order)) - 1}
+    finally:
+        ddpkit(env, "cancel", handle)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--flavors", default="job,pytorchjob,jobset,trainjob")
+    ap.add_argument("--image", default="ddpkit:test")
+    args = ap.parse_args()
+    env = {**testbed.client_env(), "PYTHONPATH": str(REPO)}
+    t0 = time.monotonic()
+    testbed.fake_nodes(max(args.sizes))
+    print(f"{max(args.sizes)} kwok fake nodes up in {time.monotonic() - t0:.0f} s")
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for nodes in args.sizes:
+                for flavor in args.flavors.split(","):
+                    rows.append(measure(env, Path(tmp), flavor, nodes, args.image))
+                    r = rows[-1]
+                    print(f"{flavor:<11} {nodes:>3} nodes x 8 GPUs: all pods bound {r['scheduled_s']:6.1f} s; "
+                          f"{r['distinct_nodes']} distinct nodes; {r['racks']} racks (fewest {r['fewest_racks']}); "
+                          f"ranks contiguous per rack: {r['ranks_contiguous_per_rack']}", flush=True)
+    finally:
+        testbed.fake_nodes(0)
+    out = REPO / "bench" / "report" / "results" / "k8s_scale.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
