@@ -84,7 +84,22 @@ def measure(env: dict, tmp: Path, flavor: str, nodes: int, image: str) -> dict:
                 "racks": len(set(racks_in_rank_order)), "fewest_racks": -(-nodes // testbed.FAKE_RACK_SIZE),
                 "ranks_contiguous_per_rack": changes == len(set(racks_in_rank_order)) - 1}
     finally:
-        ddpkit(env, "cancel", handle)
+        cancel(env, handle, name)
+
+
+def cancel(env: dict, handle: str, name: str) -> None:
+    """`ddpkit cancel --wait 0`, then until the job's pods are gone (kwok deletes them); a job
+    still there after 300 s is reported and deleted in the background."""
+    ddpkit(env, "cancel", handle, "--wait", "0")
+    deadline = time.monotonic() + 300
+    while job_pods(env, name):
+        if time.monotonic() > deadline:
+            print(f"  {handle}: pods still there 300 s after cancel; deleting in the background", flush=True)
+            kind = handle.split("/")[3]
+            subprocess.run([testbed.kubectl(), "delete", kind, name, "--cascade=background", "--wait=false"],
+                           env=env, capture_output=True)
+            return
+        time.sleep(1)
 
 
 def main() -> None:

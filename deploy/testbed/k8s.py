@@ -208,6 +208,9 @@ def fake_nodes(count: int) -> None:
 FAKE_NODE_LABEL = ("type", "kwok")
 FAKE_NODE_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
 FAKE_RACK_SIZE = 8
+#: kwok's fast stages, less the one that completes a Job's pods at once: on fake nodes training
+#: pods stay Running (they hold their node's GPUs) until they are deleted
+FAKE_NODE_DROPPED_STAGES = {"pod-complete"}
 
 
 def fake_node_objects(count: int) -> list[dict]:
@@ -617,10 +620,14 @@ if __name__ == "__main__":  # the steps cluster.sh hands to Python
         write_kueue_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
     elif step == "_kueue_queues":
         write_kueue_queues(Path(sys.argv[2]))
-    elif step == "_fake_nodes":
+    elif step == "_fake_nodes":  # COUNT DIR STAGES: DIR/nodes.yaml, and DIR/stages.yaml without pod-complete
         import yaml
 
-        Path(sys.argv[3]).write_text(yaml.safe_dump_all(fake_node_objects(int(sys.argv[2])), sort_keys=False))
+        out = Path(sys.argv[3])
+        (out / "nodes.yaml").write_text(yaml.safe_dump_all(fake_node_objects(int(sys.argv[2])), sort_keys=False))
+        stages = [d for d in yaml.safe_load_all(Path(sys.argv[4]).read_text()) if d]
+        (out / "stages.yaml").write_text(yaml.safe_dump_all(
+            [d for d in stages if d["metadata"]["name"] not in FAKE_NODE_DROPPED_STAGES], sort_keys=False))
     elif step == "load" and len(sys.argv) == 3:
         try:
             load_image(sys.argv[2])

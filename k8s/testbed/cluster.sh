@@ -650,10 +650,11 @@ fake_nodes() { # N: N kwok fake nodes beside the real ones (8 per rack, 8 GPUs e
   fi
   [ -x "$BIN/kwok" ] || fail "missing $BIN/kwok: bash k8s/testbed/build.sh kwok"
   mkdir -p "$DIR/kwok"
-  "$PYTHON" -m deploy.testbed.k8s _fake_nodes "$n" "$DIR/kwok/nodes.yaml" || fail "could not write the fake nodes"
+  "$PYTHON" -m deploy.testbed.k8s _fake_nodes "$n" "$DIR/kwok" "$CACHE/manifests/kwok/stage-fast.yaml" ||
+    fail "could not write the fake nodes"
   touch "$DIR/kwok/enabled"
   start_bg kwok kwok kwok --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" \
-    --manage-nodes-with-label-selector type=kwok --config "$CACHE/manifests/kwok/stage-fast.yaml" \
+    --manage-nodes-with-label-selector type=kwok --config "$DIR/kwok/stages.yaml" \
     --node-lease-duration-seconds 40 --cidr 10.253.0.0/16 --node-ip 10.254.0.1
   kc apply --server-side -f "$DIR/kwok/nodes.yaml" >/dev/null
   local t0=$SECONDS
