@@ -133,22 +133,29 @@ def cluster():
     require(IN_CI or os.environ.get("DDPKIT_K8S_E2E") == "1",
             "real-Kubernetes tests run with CI=true or DDPKIT_K8S_E2E=1 (root: they start a cluster)")
     require(os.geteuid() == 0, "the Kubernetes testbed needs root (network, cgroups, daemons)")
-    lock = open(f"{testbed.testbed_dir()}.lock", "w")
+    yield from held_testbed(testbed)
+
+
+def held_testbed(module):
+    """A testbed module's client environment for the session (a generator for a session
+    fixture): its lock taken (sessions take turns), brought up unless it was up, and taken down
+    at the end unless it was up before."""
+    lock = open(f"{module.testbed_dir()}.lock", "w")
     fcntl.flock(lock, fcntl.LOCK_EX)  # released when this session ends
-    was_up = testbed.status(quiet=True)
+    was_up = module.status(quiet=True)
     if not was_up:
-        testbed.up()
-    env = testbed.client_env()
+        module.up()
+    env = module.client_env()
     env["PYTHONPATH"] = str(REPO)
     yield env
     if not was_up:
-        testbed.down()
+        module.down()
     lock.close()
 
 
-@pytest.fixture(scope="session")
-def image(cluster) -> str:
-    """The training image, built offline on the Docker testbed and loaded into containerd."""
+def docker_test_image(tag: str, base_image: str) -> str:
+    """`tag` built offline on the Docker testbed from `base_image` (skips, or fails under CI,
+    when no Docker daemon answers or the base image is missing)."""
     from tests.test_docker_e2e import docker
 
     try:
@@ -156,10 +163,15 @@ def image(cluster) -> str:
     except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired):
         up = False
     require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
-    require(docker("image", "inspect", K8S_TEST_BASE_IMAGE).returncode == 0,
-            f"base image {K8S_TEST_BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
-    build_test_image(K8S_TEST_IMAGE, K8S_TEST_BASE_IMAGE)
-    testbed.load_image(K8S_TEST_IMAGE)
+    require(docker("image", "inspect", base_image).returncode == 0,
+            f"base image {base_image} missing (sudo ddpkit testbed docker up)")
+    return build_test_image(tag, base_image)
+
+
+@pytest.fixture(scope="session")
+def image(cluster) -> str:
+    """The training image, built offline on the Docker testbed and loaded into every node."""
+    testbed.load_image(docker_test_image(K8S_TEST_IMAGE, K8S_TEST_BASE_IMAGE))
     return K8S_TEST_IMAGE
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, build_test_image, ddpkit, require
+from tests.conftest import REPO, ddpkit, docker_test_image
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -37,15 +37,7 @@ def docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def image() -> str:
-    try:
-        up = docker("version", "--format", "{{.Server.Version}}").returncode == 0
-    except (FileNotFoundError, RuntimeError, subprocess.TimeoutExpired):
-        up = False
-    require(up, "no Docker daemon answers (sudo ddpkit testbed docker up)")
-    require(docker("image", "inspect", BASE_IMAGE).returncode == 0,
-            f"base image {BASE_IMAGE} missing (sudo ddpkit testbed docker up)")
-    build_test_image(IMAGE, BASE_IMAGE)
-    return IMAGE
+    return docker_test_image(IMAGE, BASE_IMAGE)
 
 
 def clear_leftovers(name: str) -> None:

@@ -10,7 +10,6 @@ interpreter's environment activated through `slurm.venv` and the repository on P
 
 from __future__ import annotations
 
-import fcntl
 import importlib.util
 import json
 import os
@@ -25,7 +24,7 @@ import pytest
 
 from deploy.slurm import submit as submit_slurm
 from deploy.testbed import slurm as testbed
-from tests.conftest import IN_CI, REPO, ddpkit, require
+from tests.conftest import IN_CI, REPO, ddpkit, held_testbed, require
 from trainer.contract import read_node_line_tag
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -45,17 +44,7 @@ def cluster():
     require(importlib.util.find_spec("trainer.launch") is not None, "trainer.launch is missing")
     for tool in ("ip", "unshare", "nsenter"):
         require(shutil.which(tool) is not None, f"the Slurm testbed needs {tool} (iproute2, util-linux)")
-    lock = open(f"{testbed.testbed_dir()}.lock", "w")
-    fcntl.flock(lock, fcntl.LOCK_EX)  # released when this session ends
-    was_up = testbed.status(quiet=True)
-    if not was_up:
-        testbed.up()
-    env = testbed.client_env()
-    env["PYTHONPATH"] = str(REPO)
-    yield env
-    if not was_up:
-        testbed.down()
-    lock.close()
+    yield from held_testbed(testbed)
 
 
 @pytest.fixture
