@@ -63,12 +63,12 @@ def test_the_heartbeat_books_each_phase_of_a_step_and_a_step_is_every_phase_sinc
 
 # -- real runs --------------------------------------------------------------------------------
 
-def start(tmp: Path, name: str, max_steps: int) -> tuple[subprocess.Popen, Path]:
+def start(tmp: Path, name: str, max_steps: int, log_every: int = 10) -> tuple[subprocess.Popen, Path]:
     job = tmp / f"{name}.yaml"
     job.write_text(yaml.safe_dump({
         "name": name, "image": "ddpkit:0.1", "procs_per_node": 2,
         "train": {"model": "cnn", "max_steps": max_steps, "epochs": 100, "batch_size": 32, "threads": 1,
-                  "eval_every_epochs": 0, "plot": False, "log_every_steps": 10}}))
+                  "eval_every_epochs": 0, "plot": False, "log_every_steps": log_every}}))
     proc = subprocess.Popen([sys.executable, "-m", "deploy", "run", str(job), "--local"], cwd=tmp,
                             env={**launch_env(job), "PYTHONPATH": str(REPO)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -126,8 +126,11 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
 @pytest.mark.slow
 def test_a_rank_throttled_by_the_kernel_is_named_in_the_metrics_the_summary_and_status(tmp_path):
     require(cpu_cgroups_writable(), "a CPU cgroup to throttle one rank needs root and cgroupfs")
-    proc, run_dir = start(tmp_path, "slow-rank", max_steps=150)
-    quota = CpuQuota(f"ddpkit-test-{os.getpid()}", share=0.2)
+    # A tenth of a CPU: rank 1 stays over 1.5x slower even when other work on the machine
+    # leaves rank 0 a quarter of one (CI failed once at a fifth); 5-step windows, so that the
+    # 5 windows in a row fit in a short run at that speed.
+    proc, run_dir = start(tmp_path, "slow-rank", max_steps=80, log_every=5)
+    quota = CpuQuota(f"ddpkit-test-{os.getpid()}", share=0.1)
     try:
         wait_for(lambda: 1 in worker_pids("slow-rank", proc.pid), 180, "rank 1's process")
         quota.add(worker_pids("slow-rank", proc.pid)[1])
@@ -137,9 +140,10 @@ def test_a_rank_throttled_by_the_kernel_is_named_in_the_metrics_the_summary_and_
         quota.remove()
     assert proc.returncode == 0, out[-3000:]
     final = summary(run_dir)
-    assert final["straggler"]["rank"] == 1 and final["straggler"]["slower"] > 1.5, final["straggler"]
-    assert final["own_s_per_rank"]["1"] > 1.5 * final["own_s_per_rank"]["0"], final["own_s_per_rank"]
     windows = [r for r in records(run_dir) if "ranks_at_step" in r]
+    seen = [(w["ranks_at_step"], [round(r["own_s"], 4) for r in w["ranks"]]) for w in windows]
+    assert final["own_s_per_rank"]["1"] > 1.5 * final["own_s_per_rank"]["0"], (final["own_s_per_rank"], seen)
+    assert (final["straggler"] or {}).get("rank") == 1 and final["straggler"]["slower"] > 1.5, seen
     assert windows and all(len(w["ranks"]) == 2 for w in windows)
     assert any((w["straggler"] or {}).get("rank") == 1 for w in windows)
     assert "straggler: rank 1 on" in out  # rank 0's warning, and the summary's line

@@ -1290,6 +1290,9 @@ class Trainer:
         if not self.is_main:
             return
         if self.progress is not None:
+            # the run's last record names the run's straggler (as the summary does), even if
+            # the last window cleared it: `ddpkit status` of an ended run says who was slow
+            self.progress.straggler = summary.get("straggler")
             record = self.progress.publish(self.step, self.epoch, status)
             summary["attempt"], summary["goodput"] = record["attempt"], record["run"]["goodput"]
         self.write(summary)
