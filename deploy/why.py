@@ -352,10 +352,22 @@ _ENDED_WITH = re.compile(r"exit code (\d+)|killed by signal \d+ \((SIG\w+)\)")
 _FROM_EXIT = ("exception", "failed", "killed", "hang", "config")
 
 
+def _unwrapped(detail: str) -> str:
+    """`detail` without the parentheses the state line puts around it (`(a (b)) [c]` -> `a (b) [c]`)."""
+    if not detail.startswith("("):
+        return detail
+    depth = 0
+    for i, char in enumerate(detail):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return (detail[1:i] + detail[i + 1:]).strip()
+    return detail[1:]
+
+
 def state_cause(state_line: str) -> Cause | None:
     """The cause in the scheduler's own words, from `ddpkit status`'s state line."""
     state, _, detail = state_line.partition(" ")
-    detail = detail.strip().strip("()")
+    detail = _unwrapped(detail.strip())
     if state == "SUCCEEDED":
         return Cause("completed", detail or "the scheduler says the job completed")
     if state == "CANCELLED":

@@ -872,3 +872,40 @@ def test_a_node_that_dies_mid_run_is_replaced_and_training_resumes(cluster, imag
               f"{resumed or float('nan'):.0f} s")
     finally:
         testbed.revive_node(int(dead.rsplit("-", 1)[1]))  # the machine boots again, as one does
+
+
+def test_a_node_death_with_no_restarts_left_ends_failed_naming_the_node(cluster, image, handles, tmp_path):
+    """`restarts: 0`: a Job and a PyTorchJob lose a node at once. Each ends FAILED (the
+    survivors' collectives fail, or the lost pod counts as failed), and `ddpkit status` and `why`
+    name the lost node: the lost pod stays bound to it, Terminating, evicted by the taint
+    manager after `k8s.node_lost_after` (10 s here), until someone deletes the node or taints it
+    out of service."""
+    require(node_count(cluster) >= 2, "a node death needs 2 nodes")
+    runs = {}
+    for flavor in ("job", "pytorchjob"):
+        path = job_file(tmp_path, f"e2e-lost-{flavor}", flavor, max_steps=2000, epochs=100)
+        job = yaml.safe_load(path.read_text())
+        job["restarts"] = 0
+        job.get("slurm", {}).pop("requeue", None)
+        job["k8s"]["node_lost_after"] = 10
+        path.write_text(yaml.safe_dump(job, sort_keys=False))
+        runs[flavor] = submit(cluster, handles, path)
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while max(metric_steps(tmp_path / "out"), default=0) < 20 or \
+            any(status(cluster, h) != "RUNNING" for h in runs.values()):
+        assert time.monotonic() < deadline, [describe(cluster, h) for h in runs.values()]
+        time.sleep(1)
+    nodes = [{p["spec"]["nodeName"] for p in pods(cluster, f"e2e-lost-{f}")} for f in runs]
+    dead = sorted(set.intersection(*nodes))[0]  # 2 pods a job, one per node: they share a node
+    killed = time.monotonic()
+    testbed.kill_node(int(dead.rsplit("-", 1)[1]))
+    try:
+        for flavor, handle in runs.items():
+            line = wait_for_line(cluster, handle, "FAILED (node rank ", timeout=150)
+            assert f"on lost node {dead}: NotReady" in line, line
+            named = time.monotonic() - killed
+            why = ddpkit("why", handle, env=cluster).stdout
+            assert why.startswith("node-lost: node rank ") and f"on lost node {dead}" in why.splitlines()[0], why
+            print(f"node death with restarts 0, {flavor}: kill -> FAILED naming {dead} {named:.0f} s")
+    finally:
+        testbed.revive_node(int(dead.rsplit("-", 1)[1]))

@@ -294,6 +294,14 @@ def test_status_names_the_node_that_stopped_answering():
     from deploy.why import state_cause
 
     assert state_cause(line).category == "node-lost"
+    # restarts: 0 (or used up): the job fails; the pod stays Terminating on the dead node
+    cluster.objects[("PyTorchJob", "ml", "demo")]["status"] = {"conditions": [{"type": "Failed", "status": "True"}]}
+    line = sub.describe(handle, cluster=cluster)
+    assert line == ("FAILED (node rank 1 on lost node n1: NotReady, the pod evicted (DeletionByTaintManager))"), line
+    cause = state_cause(line)
+    assert cause.category == "node-lost" and cause.evidence.endswith("(DeletionByTaintManager)"), cause
+    cluster._pods.pop()  # the node deleted or tainted out of service: the pod is gone, and with it the node
+    assert sub.describe(handle, cluster=cluster) == "FAILED"
 
 
 def test_cancel_deletes_the_workload_then_its_configmap_and_service():

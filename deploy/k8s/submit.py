@@ -431,6 +431,10 @@ def _state_line(h: Handle, obj: dict, pods: dict[int, dict]) -> tuple[str, dict[
     state = status_from(h.kind, obj)
     if state == "QUEUED":
         return f"QUEUED ({queued_because(obj)})", pods
+    if state == "FAILED":  # a pod still bound to a node that stopped answering: the node is why
+        lost = [(rank, said) for rank, said in ((r, pod_on_lost_node(p, ended=True)) for r, p in sorted(pods.items()))
+                if said]
+        return (f"FAILED (node rank {lost[0][0]} {lost[0][1]})" if lost else state), pods
     if state not in ("PENDING", "RUNNING", "RESTARTING"):
         return state, pods
     held = [why for why in map(pod_held_up, pods.values()) if why]
@@ -468,23 +472,31 @@ def pod_held_up(pod: dict) -> str | None:
     return None
 
 
-def pod_on_lost_node(pod: dict) -> str | None:
+def pod_on_lost_node(pod: dict, ended: bool = False) -> str | None:
     """`on lost node N: ...` for a pod whose node stopped answering, read from the pod alone
     (a user may not be allowed to read nodes): the node lifecycle controller marks a Running
     pod Ready=False while its containers were last reported ready, and the taint-eviction
     controller then deletes it (DisruptionTarget, DeletionByTaintManager). Nothing confirms
     the deletion on a dead node: the pod is replaced once the node is deleted or tainted
-    `node.kubernetes.io/out-of-service` (PodGC force-deletes it then)."""
+    `node.kubernetes.io/out-of-service` (PodGC force-deletes it then). `ended`: the job has
+    ended (nothing will replace the pod): the node's words only.
+
+    A job that ended FAILED because of the lost node (restarts used up, or 0) keeps such a pod,
+    Terminating, until the node is deleted or tainted out of service: until then `status`
+    names the node; after, the pod and its node are gone from the API and `status` says
+    FAILED alone."""
     status = pod.get("status") or {}
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     node = (pod.get("spec") or {}).get("nodeName") or "?"
     disrupted = conditions.get("DisruptionTarget", {})
     if disrupted.get("status") == "True" and disrupted.get("reason") == "DeletionByTaintManager":
-        return (f"on lost node {node}: NotReady, the pod evicted (DeletionByTaintManager); it is replaced "
-                "once the node is deleted or tainted node.kubernetes.io/out-of-service")
+        said = f"on lost node {node}: NotReady, the pod evicted (DeletionByTaintManager)"
+        return said if ended else (said + "; it is replaced once the node is deleted or tainted "
+                                   "node.kubernetes.io/out-of-service")
     if (status.get("phase") == "Running" and conditions.get("Ready", {}).get("status") == "False"
             and conditions.get("ContainersReady", {}).get("status") == "True"):
-        return f"on lost node {node}: NotReady (containers last reported running), eviction after k8s.node_lost_after"
+        said = f"on lost node {node}: NotReady (containers last reported running)"
+        return said if ended else said + ", eviction after k8s.node_lost_after"
     return None
 
 
