@@ -18,7 +18,6 @@ Usage: python bench/k8s_restart_in_pod.py [--image ddpkit:test] [--flavors train
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -32,11 +31,10 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.bench_common import describe, fmt, machine, print_table  # noqa: E402
-from bench.k8s_node_loss import INSTANCE, NODE_RANK_1, kubectl, steps_logged, wait  # noqa: E402
+from bench.bench_common import Result, fmt  # noqa: E402
+from bench.k8s_node_loss import INSTANCE, NODE_RANK_1, bench_args, kubectl, steps_logged, wait  # noqa: E402
 from bench.k8s_testbed import ddpkit, job_file  # noqa: E402
 from deploy.k8s import flavor as flavor_module  # noqa: E402
-from deploy.testbed import k8s as testbed  # noqa: E402
 
 #: run in the pod: SIGKILL one rank's process (a forked worker is named ddpkit-rank<R>; a cold
 #: one runs trainer.train); prints its pid
@@ -101,14 +99,9 @@ def kill_and_time(env: dict, handle: str, run_dir: Path, flavor: str, attempt: i
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--image", default="ddpkit:test")
-    parser.add_argument("--flavors", default="trainjob")
-    parser.add_argument("--kills", type=int, default=3)
-    args = parser.parse_args()
-    env = {**testbed.client_env(), "PYTHONPATH": str(REPO)}
-    print(f"# k8s_restart_in_pod: {describe(machine())}")
-    rows = []
+    args, env = bench_args(__doc__, "trainjob", kills=3)
+    res = Result("k8s_restart_in_pod", "k8s testbed: a rank killed inside a running pod, warm vs cold restarts")
+    rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="ddpkit-inpod-") as tmp:
         os.chmod(tmp, 0o755)
         for flavor in args.flavors.split(","):
@@ -119,10 +112,16 @@ def main() -> None:
                 finally:
                     ddpkit("cancel", handle, "--wait", "120", env=env)
                 print(json.dumps({"flavor": flavor, "warm": warm, "kill_to_first_step_s": times}), flush=True)
+                runs.append({"flavor": flavor, "warm": warm, "kill_to_first_step_s": times})
                 rows.append([flavor, "warm" if warm else "cold", fmt(statistics.median(times)),
                              f"{min(times):.2f}-{max(times):.2f}", len(times)])
-    print_table(["flavor", "restart", "kill -> first step s (median)", "range", "kills"], rows)
-
+    res.text("`kill -9` of one rank's process in node rank 1's pod (2 pods x 2 ranks); both pods' "
+             "torchrun agents restart their workers in place (no new pod), which rendezvous, load "
+             "the newest checkpoint and train; timed to the new attempt's first step.")
+    res.table("kill -> the next attempt's first step inside running pods",
+              ["flavor", "restart", "kill -> first step s (median)", "range", "kills"], rows)
+    res.doc["data"]["runs"] = runs
+    res.save()
 
 if __name__ == "__main__":
     main()

@@ -48,6 +48,11 @@ SCRIPTS = [
     ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
     # a queued job's admission once capacity frees, per flavor (Kueue on the testbed): ~3 min
     ("kueue_admission", "kueue_admission.py", ["--runs", "3"], ["--runs", "2"], 600),
+    # a node killed mid-run per flavor (~8 min), and a rank killed inside running pods, warm vs
+    # cold (~9 min): the testbed up with 2+ nodes and the test image loaded
+    ("k8s_node_loss", "k8s_node_loss.py", [], ["--flavors", "job,pytorchjob"], 1200),
+    ("k8s_restart_in_pod", "k8s_restart_in_pod.py", ["--flavors", "trainjob,pytorchjob", "--kills", "3"],
+     ["--flavors", "trainjob", "--kills", "2"], 1200),
     # one checkpoint interval (a fault run on the cold path, one on the warm path and a
     # calibration: ~4 min here); `python bench/goodput.py --warm` alone kills every 60 s (~15 min)
     ("goodput", "goodput.py", ["--train-s", "60", "--fault-every", "30", "--intervals", "20", "--warm"],
@@ -73,6 +78,11 @@ def skip_reason(name: str) -> str | None:
             return "the Docker testbed is down (`sudo ddpkit testbed docker up`, or `make bench BENCH_UP=1`)"
         if not image_exists(docker.BASE_IMAGE):
             return f"the Docker daemon has no {docker.BASE_IMAGE} base image (`sudo ddpkit testbed docker up`)"
+    if name in ("k8s_node_loss", "k8s_restart_in_pod"):
+        from deploy.testbed import k8s
+
+        if len(k8s.node_sockets()) < 2:
+            return "the Kubernetes testbed is not up with 2+ nodes (`sudo ddpkit testbed k8s up`, image loaded)"
     if name == "slurm_testbed" and not is_root():
         return "needs root (the Slurm testbed uses network namespaces)"
     return None

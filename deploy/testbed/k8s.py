@@ -428,7 +428,8 @@ def _load_into(tag: str, image_id: str, address: str, archive: Path) -> None:
     node = Path(address).parent.parent.name
     t0 = time.monotonic()
     imported = _ctr("images", "import", str(archive), address=address, text=True)
-    if imported.returncode != 0:
+    if imported.returncode != 0:  # e.g. the disk filled: what the import left is no tag's
+        prune_replaced_images(address)
         raise RuntimeFailure(f"loading {tag} into {node} failed: {imported.stderr.strip()}")
     prune_replaced_images(address)
     stamp = _stamp(tag, address)
