@@ -56,8 +56,8 @@ def rank_1_pod(env: dict, name: str, flavor: str) -> str:
     key, value = NODE_RANK_1[flavor]
     for pod in json.loads(kubectl(env, "get", "pods", "-l", f"{INSTANCE}={name}", "-o", "json"))["items"]:
         meta = pod["metadata"]
-        if {**meta.get("labels", {}), **meta.get("annotations", {})}.get(key) == value:
-            return meta["name"]
+        if not meta.get("deletionTimestamp") and {**meta.get("labels", {}), **meta.get("annotations", {})}.get(key) == value:
+            return meta["name"]  # not a pod of an earlier job of that name, still going
     raise RuntimeError(f"{name}: no pod of node rank 1")
 
 
@@ -90,10 +90,16 @@ def kill_and_time(env: dict, handle: str, run_dir: Path, flavor: str, attempt: i
     killed = time.monotonic()
     kubectl(env, "exec", pod, "-c", container, "--", "python", "-c", KILL_ONE_RANK)
     step_file = run_dir / "attempts" / f"attempt-{attempt}.step"
-    t0 = time.monotonic()
+    looked = killed  # whether the job ended: every 10 s (a `ddpkit status` costs a process)
     while not (step_file.exists() and step_file.stat().st_size > 0):  # written after the first step
-        if time.monotonic() - t0 > 300:
-            raise TimeoutError(f"{handle}: no attempt {attempt}")
+        if time.monotonic() - looked > 10:
+            looked = time.monotonic()
+            ended = looked - killed > 300 or ddpkit("status", handle, env=env).stdout.startswith("FAILED")
+        else:
+            ended = False
+        if ended:
+            why = ddpkit("why", handle, env=env).stdout.splitlines()
+            raise RuntimeError(f"{handle} ended before attempt {attempt}'s first step: {why[0] if why else '?'}")
         time.sleep(0.05)
     return time.monotonic() - killed
 
@@ -107,10 +113,16 @@ def main() -> None:
         for flavor in args.flavors.split(","):
             for warm in (True, False):
                 handle, run_dir = submit(flavor, warm, args.image, env, Path(tmp), args.kills)
+                times = []
                 try:
-                    times = [kill_and_time(env, handle, run_dir, flavor, k) for k in range(1, args.kills + 1)]
+                    for kill in range(1, args.kills + 1):
+                        times.append(kill_and_time(env, handle, run_dir, flavor, kill))
+                except RuntimeError as err:  # the figures so far stand; the failure is reported
+                    res.note(f"{flavor} {'warm' if warm else 'cold'}: {err}")
                 finally:
                     ddpkit("cancel", handle, "--wait", "120", env=env)
+                if not times:
+                    continue
                 print(json.dumps({"flavor": flavor, "warm": warm, "kill_to_first_step_s": times}), flush=True)
                 runs.append({"flavor": flavor, "warm": warm, "kill_to_first_step_s": times})
                 rows.append([flavor, "warm" if warm else "cold", fmt(statistics.median(times)),
