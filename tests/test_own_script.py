@@ -178,3 +178,30 @@ def test_ddpkit_run_local_passes_torchrun_args_to_torchrun(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"--log-dir={tmp_path / 'tlogs'}" in result.stderr
     assert any((tmp_path / "tlogs").rglob("*")), "torchrun wrote no logs under --log-dir"
+
+
+# -- the guard's exit -------------------------------------------------------------------------
+
+
+def test_the_guard_exits_a_finished_script_as_the_interpreter_would(tmp_path):
+    """A finished script leaves through `os._exit` (no interpreter finalization, where a gloo
+    rank once aborted after its last line), but its non-daemon threads still finish, its
+    atexit handlers run, its buffered output is flushed, and its own exit code stands."""
+    script = tmp_path / "finish.py"
+    script.write_text(
+        "import atexit, sys, threading, time\n"
+        "from pathlib import Path\n"
+        "atexit.register(lambda: Path('atexit.txt').write_text('ran'))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.5), Path('thread.txt').write_text('done'))).start()\n"
+        "sys.stdout.write('buffered, no newline')\n"
+        "sys.exit(int(sys.argv[1]))\n")
+    for code in (0, 3):
+        for name in ("atexit.txt", "thread.txt"):
+            (tmp_path / name).unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "trainer.guard", str(script), str(code)], cwd=tmp_path,
+                              env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == code, proc.stderr
+        assert proc.stdout == "buffered, no newline"
+        assert (tmp_path / "atexit.txt").read_text() == "ran"
+        assert (tmp_path / "thread.txt").read_text() == "done"

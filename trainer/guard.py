@@ -92,14 +92,32 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m trainer.guard SCRIPT [ARGS...] | -m MODULE [ARGS...]")
     if os.environ.get(RUN_DIR_VAR):
         install(Path(os.environ[RUN_DIR_VAR]))
-    if argv[0] == "-m":
-        sys.argv = argv[1:]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        return
-    script = os.path.abspath(argv[0])
-    sys.argv = argv
-    sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` has it (here: the guard's folder)
-    runpy.run_path(script, run_name="__main__")
+    try:
+        if argv[0] == "-m":
+            sys.argv = argv[1:]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = os.path.abspath(argv[0])
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(script)  # as `python SCRIPT` has it (here: the guard's folder)
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    leave_finished()
+
+
+def leave_finished() -> None:
+    """The script finished: exit 0 as the interpreter would (non-daemon threads joined, atexit
+    handlers run, streams flushed), then `os._exit`, as a warm worker does (trainer/warm.py).
+    Skipped: the interpreter's finalization and C++ static destructors, where a finished
+    rank's exit can still abort (CI once saw `terminate called without an active exception`,
+    SIGABRT, after a gloo script's last line and its `destroy_process_group`), which would
+    fail a run whose every rank had finished."""
+    from trainer.warm import finish_like_exit
+
+    finish_like_exit()
+    os._exit(0)
 
 
 # -- the launcher's side: a verdict from the stacks -----------------------------------------------

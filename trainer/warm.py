@@ -391,7 +391,7 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> int:
     except BaseException:  # noqa: BLE001  (as the interpreter would: traceback, exit 1)
         sys.excepthook(*sys.exc_info())
         code = 1
-    _finish()
+    finish_like_exit()
     return code
 
 
@@ -431,7 +431,7 @@ def _reset_process() -> None:
             torch.set_num_threads(DEFAULT_THREADS[0])
 
 
-def _finish() -> None:
+def finish_like_exit() -> None:
     """What the interpreter does at exit: wait for non-daemon threads, run atexit, flush."""
     import atexit
     import threading
