@@ -354,11 +354,12 @@ def test_a_global_batch_that_does_not_split_over_the_ranks_is_refused_with_the_r
 
 
 # -- elastic: a lost node, then a new one ------------------------------------------------------
-def start_node(job: Path, cwd: Path, index: int, port: int, out: Path) -> subprocess.Popen:
-    """One 'node' of an elastic job on this machine: a launcher with `--nnodes 1:2` and one
-    rank, as an Indexed Job's pod starts it (node 0 hosts the rendezvous store)."""
-    env = launch_env(job, nproc=1, port=port, JOB_COMPLETION_INDEX=str(index), DDPKIT_NNODES="1:2",
-                     DDPKIT_MASTER_ADDR="127.0.0.1", DDPKIT_MAX_RESTARTS="3", DDPKIT_RUN_ID=job.stem)
+def start_node(job: Path, cwd: Path, index: int, port: int, out: Path, nnodes: str = "1:2",
+               restarts: int = 3) -> subprocess.Popen:
+    """One 'node' of a job on this machine (elastic by default): a launcher with `--nnodes
+    NNODES` and one rank, as an Indexed Job's pod starts it (node 0 hosts the rendezvous store)."""
+    env = launch_env(job, nproc=1, port=port, JOB_COMPLETION_INDEX=str(index), DDPKIT_NNODES=nnodes,
+                     DDPKIT_MASTER_ADDR="127.0.0.1", DDPKIT_MAX_RESTARTS=str(restarts), DDPKIT_RUN_ID=job.stem)
     with open(out, "w") as f:
         return subprocess.Popen([sys.executable, "-m", "trainer.launch"], cwd=cwd, env=env, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -408,3 +409,36 @@ def test_an_elastic_group_that_loses_a_node_carries_on_smaller_and_grows_back(tm
              for name in ("steady", "elastic")}
     for k in final["steady"]:
         assert torch.equal(final["elastic"][k], final["steady"][k]), k
+
+
+def test_a_node_whose_store_host_froze_ends_instead_of_waiting_for_good(tmp_path):
+    """Two nodes of one rank, `restarts: 0`. Node 0, the rendezvous store's host, freezes whole
+    (SIGSTOP to its launcher, torchrun, template and worker: like a node that died with its
+    link down, no reset reaches node 1). torch's store client retries an unanswered request
+    without end, so node 1 would wait for good; instead its worker's watchdog names the store
+    that stopped answering, and its launcher ends torchrun once the rendezvous store does not
+    answer either: node 1 exits 1 (CI once saw such a pod stay Running)."""
+    import time
+
+    train = {"batch_size": 16, "data_samples": 4096, "epochs": 100, "log_every_steps": 5}
+    job, port = write_job(tmp_path, "frozen", train, {"every_steps": 50}), free_port()
+    run_dir, logs = tmp_path / "runs" / "frozen", [tmp_path / f"node{i}.log" for i in (0, 1)]
+    node0, node1 = (start_node(job, tmp_path, i, port, logs[i], nnodes="2", restarts=0) for i in (0, 1))
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) > 20, 240, "20 steps at 2 ranks")
+        for pid in descendants(node0.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        assert node1.wait(timeout=240) == 1, logs[1].read_text()[-3000:]
+        print(f"node 0 frozen -> node 1 ended: {time.monotonic() - frozen:.0f} s")
+    finally:
+        for p in (node0, node1):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            for pid in descendants(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    out = logs[1].read_text()
+    assert "does not answer (TimeoutError" in out and "node rank 0, its host, is frozen, gone or cut off" in out, out[-3000:]
+    assert "its rendezvous store 127.0.0.1:" in out and "ending torchrun: exit 1" in out, out[-3000:]

@@ -343,3 +343,41 @@ def test_slurm_torchrun_mode_tags_each_line_with_its_node_and_the_rank_it_names(
     assert {tag[1] for tag in tags} == {None, 0}  # ranks other than 0 log warnings only
     [printed] = [line for line in lines if line.startswith("[0/-] ddpkit-summary {")]
     assert json.loads(printed.removeprefix("[0/-] ddpkit-summary "))["world_size"] == 2
+
+
+def test_the_store_probe_tells_a_store_that_does_not_answer_from_one_that_refuses():
+    """`store_answers` (trainer/launch.py): a live store answers; a closed port refuses (an
+    answer: the store's process ended, its host did not); a frozen host answers nothing, and
+    the probe says so within its timeout although torch's client would retry for good."""
+    import datetime
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch.distributed as dist
+
+    from tests.trainer_util import free_port
+    from trainer.launch import store_answers
+
+    port = free_port()
+    live = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=30))
+    assert store_answers("127.0.0.1", port, 5)
+    del live
+    assert store_answers("127.0.0.1", free_port(), 5)
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", "import datetime, sys, time, torch.distributed as d; "
+                             f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False, "
+                             "timeout=datetime.timedelta(seconds=60)); print('up', flush=True); time.sleep(120)"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        assert store_answers("127.0.0.1", port, 5)
+        host.send_signal(signal.SIGSTOP)
+        t = time.monotonic()
+        assert not store_answers("127.0.0.1", port, 3)
+        assert time.monotonic() - t < 10
+    finally:
+        host.kill()
+        host.wait()

@@ -658,7 +658,8 @@ def end_template(template: subprocess.Popen) -> None:
 
 
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
-              record: attempts.LaunchRecord | None = None, warm: bool = False, warm_now: bool = False) -> int:
+              record: attempts.LaunchRecord | None = None, warm: bool = False, warm_now: bool = False,
+              store: tuple[str, int] | None = None) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
     `EXIT_STOPPED` (143): a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was
@@ -668,7 +669,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     reports and its last lines are written to the run directory (trainer/attempts.py).
     With `warm`, the node's template process (`start_template`) runs beside torchrun, its socket
     in the same private directory; `warm_now`: it imports at once (a one-node job: no other
-    node's rendezvous to slow down).
+    node's rendezvous to slow down). `store`: the rendezvous store on another node
+    (`wait_for_torchrun` ends torchrun when that store stops answering).
     """
     import tempfile
 
@@ -695,7 +697,7 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
 
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
-    rc = proc.wait()
+    rc = wait_for_torchrun(proc, store, log)
     if template is not None:
         end_template(template)
         with contextlib.suppress(OSError):
@@ -717,6 +719,103 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
             log(f"{attempts.OOM_LINE} {record.oom_kills} process(es) in this node's memory cgroup while "
                 "torchrun ran: a worker's SIGKILL (-9) is out of memory")
     return code
+
+
+#: torchrun without a worker for this long, not exiting: is its rendezvous store still there?
+IDLE_BEFORE_PROBE_S = 5.0
+#: The store must answer a request within this (connecting included).
+STORE_PROBE_S = 10.0
+
+
+def wait_for_torchrun(proc: subprocess.Popen, store: tuple[str, int] | None, log: Callable[[str], None]) -> int:
+    """torchrun's exit code; with `store` (the rendezvous store on another node), also watch
+    for a torchrun that can never exit: torch's TCPStore client (2.13) logs its timeout, then
+    retries an unanswered request without end, so once the store's host is gone without a
+    reset (a node that died with its link, or froze) torchrun hangs in its rendezvous or
+    shutdown after its workers ended (their watchdog ends them: trainer/watchdog.py). When
+    torchrun has had no worker for `IDLE_BEFORE_PROBE_S` and the store does not answer within
+    `STORE_PROBE_S`, torchrun is ended and the node exits 1, as torchrun does after a failed
+    worker; the target restarts the node where restarts are left. A refused or reset
+    connection (the store's process ended: a finished run) is torchrun's own to handle."""
+    if store is None:
+        return proc.wait()
+    idle_since: float | None = None
+    while True:
+        try:
+            return proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            pass
+        if _children(proc.pid):
+            idle_since = None
+            continue
+        idle_since = idle_since or time.monotonic()
+        if time.monotonic() - idle_since < IDLE_BEFORE_PROBE_S:
+            continue
+        if store_answers(*store, STORE_PROBE_S) or proc.poll() is not None:
+            idle_since = time.monotonic()
+            continue
+        log(f"torchrun has had no worker for {time.monotonic() - idle_since:.0f}s and its rendezvous store "
+            f"{_endpoint(*store)} does not answer within {STORE_PROBE_S:.0f}s: node rank 0, its host, is "
+            f"gone, frozen or cut off, and torchrun would wait for it for good; ending torchrun: exit {EXIT_FAILURE}")
+        _end(proc)
+        return EXIT_FAILURE
+
+
+def _children(pid: int) -> list[int]:
+    """The live children of `pid` (a worker that exited but was not reaped is a zombie: gone)."""
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError):
+            state, ppid = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if ppid == str(pid) and state != "Z":
+                found.append(int(p))
+    return found
+
+
+def store_answers(host: str, port: int, timeout_s: float) -> bool:
+    """Whether the c10d store at host:port answers a request (or its host refuses the
+    connection: the store's process ended, its host did not) within `timeout_s`. A daemon
+    thread asks: the call itself may never return."""
+    import datetime
+
+    started = time.monotonic()
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # no route, no answer in time, a name that no longer resolves
+        return False
+
+    try:
+        import torch.distributed as dist  # only here: a launcher that never probes never imports torch
+    except ImportError:
+        return True  # no way to ask: torchrun's own business
+    outcome = threading.Event()
+    left = max(1.0, timeout_s - (time.monotonic() - started))
+
+    def ask() -> None:
+        try:
+            dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=left),
+                          wait_for_workers=False).check(["ddpkit/probe"])
+        except Exception:  # noqa: BLE001  (reset: an answer of sorts; torch's own timeout: none)
+            if time.monotonic() - started >= timeout_s:
+                return
+        outcome.set()
+
+    threading.Thread(target=ask, name="ddpkit-store-probe", daemon=True).start()
+    return outcome.wait(left)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """SIGTERM to torchrun's process group, SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _exit_code(rc: int, saved: str | None, stopped: list[int], log: Callable[[str], None]) -> int:
@@ -980,7 +1079,7 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
         one_node = plan.argv[plan.argv.index("--nnodes") + 1] == "1"
         code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc),
-                         warm=plan.warm, warm_now=plan.warm and one_node)
+                         warm=plan.warm, warm_now=plan.warm and one_node, store=plan.wait_for)
         if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
             script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
         return code

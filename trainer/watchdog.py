@@ -33,9 +33,11 @@ later (a rank stuck in a collective would otherwise sit out its stop grace perio
 ends, and torchrun (or the target) restarts the group, counted against `restarts`. A frozen
 (SIGSTOPped) rank cannot exit: its launcher kills it after the stop grace period
 (`DDPKIT_STOP_GRACE_S`, torchrun's `--shutdown-timeout`). If the store itself stops answering
-(its host, rank 0's process, is frozen: a store timeout), the rank that notices says so and
-exits the same way; a reset connection (rank 0 is gone) is left to the launcher, which sees
-that failure itself.
+for `STORE_TIMEOUT_S` (its host, node rank 0, is frozen, dead or cut off: a node that died with
+its link down sends no reset), the rank that notices says so and exits the same way; a reset
+connection (the host's processes are gone) is left to the launcher, which sees that failure
+itself. The deadline is the watchdog's own (a second thread times every store call): torch's
+TCPStore client (2.13) logs its own timeout, then retries the request without end.
 """
 
 from __future__ import annotations
@@ -204,6 +206,7 @@ class Watchdog:
         self.thread = threading.Thread(target=self._run, name="ddpkit-watchdog", daemon=True)
         self.dumped = False
         self.fired = False  # this attempt's hang flag was raised (here or by another rank)
+        self.store_call_since: float | None = None  # when the store call in progress began
 
     def start(self) -> None:
         self.thread.start()
@@ -215,8 +218,9 @@ class Watchdog:
         return f"ddpkit/hb/{self.attempt}/{rank}"
 
     def _run(self) -> None:
+        threading.Thread(target=self._time_the_store, name="ddpkit-watchdog-store", daemon=True).start()
         try:
-            store = store_client()
+            store = _TimedStore(self, self._timed(store_client))
         except Exception as e:  # noqa: BLE001  (no watchdog is better than a failed run)
             print(f"ddpkit watchdog: off on rank {self.rank}: cannot reach the store ({e})", file=sys.stderr)
             return
@@ -232,6 +236,24 @@ class Watchdog:
                     self._store_lost(e)
                 return
             self.done.wait(PUBLISH_EVERY_S)
+
+    def _timed(self, call: Any, *args: Any) -> Any:
+        """`call(*args)`, a store call, with `_time_the_store` watching its duration."""
+        self.store_call_since = time.time()
+        try:
+            return call(*args)
+        finally:
+            self.store_call_since = None
+
+    def _time_the_store(self) -> None:
+        """A store call of this rank's watchdog that has not returned in `STORE_TIMEOUT_S`: the
+        store's host does not answer, so this rank says so and leaves (the calling thread stays
+        blocked in torch's retries)."""
+        while not self.done.wait(1.0):
+            since = self.store_call_since
+            if since is not None and time.time() - since > STORE_TIMEOUT_S:
+                self._store_lost(TimeoutError(f"no answer in {time.time() - since:.0f}s"))
+                return
 
     def _tick(self, store: Any) -> None:
         store.set(self._key(self.rank), json.dumps(self.hb.as_dict()))
@@ -287,8 +309,9 @@ class Watchdog:
     def _store_lost(self, err: Exception) -> None:
         self._dump()
         self._finish({"attempt": self.attempt, "reporter": self.rank, "cause": "frozen", "culprits": [0],
-                      "explain": f"the job's store on {os.environ.get('MASTER_ADDR')} (rank 0's process) "
-                                 f"does not answer ({type(err).__name__}): rank 0 is frozen or gone",
+                      "explain": f"the job's store on {os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')} "
+                                 f"does not answer ({type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else '-'}): node rank 0, its host, is "
+                                 "frozen, gone or cut off",
                       "others": f"rank {self.rank} in {self.hb.phase} at step {self.hb.step}",
                       "debug_dir": str(self.debug_dir)})
 
@@ -313,6 +336,17 @@ class Watchdog:
             on_hang, self.on_hang = self.on_hang, None
             with contextlib.suppress(Exception):
                 on_hang(found)
+
+
+class _TimedStore:
+    """A store whose every call the watchdog times (`Watchdog._timed`)."""
+
+    def __init__(self, watchdog: Watchdog, store: Any) -> None:
+        self._watchdog, self._store = watchdog, store
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self._store, name)
+        return lambda *args: self._watchdog._timed(call, *args)
 
 
 def leave() -> None:
