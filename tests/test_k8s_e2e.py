@@ -901,7 +901,7 @@ def test_a_node_death_with_no_restarts_left_ends_failed_naming_the_node(cluster,
     testbed.kill_node(int(dead.rsplit("-", 1)[1]))
     try:
         for flavor, handle in runs.items():
-            line = wait_for_line(cluster, handle, "FAILED (node rank ", timeout=150)
+            line = wait_for_line(cluster, handle, "FAILED (node rank ", timeout=240)
             assert f"on lost node {dead}: NotReady" in line, line
             named = time.monotonic() - killed
             why = ddpkit("why", handle, env=cluster).stdout
