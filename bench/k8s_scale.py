@@ -28,6 +28,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_common import Result  # noqa: E402
 
 from deploy.k8s.submit import pods_by_rank  # noqa: E402
 from deploy.testbed import k8s as testbed  # noqa: E402
@@ -124,9 +127,22 @@ def main() -> None:
                           f"ranks contiguous per rack: {r['ranks_contiguous_per_rack']}", flush=True)
     finally:
         testbed.fake_nodes(0)
-    out = REPO / "bench" / "report" / "results" / "k8s_scale.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(rows, indent=1))
+    report(rows).save()
+
+
+COLUMNS = ["flavor", "nodes", "all pods bound (s)", "distinct nodes", "racks", "fewest racks",
+           "ranks contiguous per rack"]
+
+
+def report(rows: list[dict]) -> Result:
+    """The rows as a bench result (bench/report.py draws BENCHMARKS.md from it)."""
+    res = Result("k8s_scale", "k8s testbed + kwok: submit -> every pod bound at 8/32/64 fake GPU nodes")
+    res.text(__doc__.split("\n\nNeeds root")[0])
+    res.table("submit -> every pod bound by the real scheduler, per flavor and job size (8 GPUs a pod)", COLUMNS,
+              [[r["flavor"], r["nodes"], round(r["scheduled_s"], 1), r["distinct_nodes"], r["racks"],
+                r["fewest_racks"], r["ranks_contiguous_per_rack"]] for r in rows])
+    res.doc["data"]["rows"] = rows
+    return res
 
 
 if __name__ == "__main__":
