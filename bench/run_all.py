@@ -37,6 +37,9 @@ SCRIPTS = [
     ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "30", "--repeats", "2"], 300),
     ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
+    # 2 local ranks with the hang watchdog on and off, interleaved: ~3 min here
+    ("watchdog_overhead", "watchdog_overhead.py", ["--rounds", "3", "--steps", "400"],
+     ["--rounds", "3", "--steps", "300"], 600),
     # kill -> next first step, cold vs warm restarts (trainer/warm.py): ~4 min here
     ("restart_time", "launch_time.py", ["--kills", "6"], ["--kills", "5"], 600),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),
@@ -60,6 +63,7 @@ SCRIPTS = [
 ]
 QUICK = {"trainer_vs_textbook": ["--steps", "30", "--repeats", "1"], "dp_vs_ddp": ["--steps", "10", "--repeats", "1"],
          "step_profile": ["--steps", "8", "--repeats", "1"], "launch_time": ["--repeats", "1"],
+         "watchdog_overhead": ["--rounds", "1", "--steps", "60"],
          "restart_time": ["--kills", "2"],
          "checkpoint_save": ["--repeats", "1", "--small"], "render_speed": ["--repeats", "2"],
          "lint_speed": ["--repeats", "1"], "resize": ["--steps", "2", "--ranks", "1", "2"],
