@@ -425,6 +425,24 @@ class Spread(Strict):
         "DoNotSchedule", description="What the scheduler does when it cannot meet max_skew.")
 
 
+class KueueTopology(Strict):
+    """Kueue's topology-aware scheduling for the job's pods (README "Topology")."""
+
+    level: str = Field(description="The node label of the topology level the pods should share "
+                       "(a rack or block label: `ddpkit.io/rack`, `cloud.google.com/gce-topology-block`): "
+                       "a level of the Topology that the queue's ResourceFlavor names.")
+    required: bool = Field(True, description="`true`: every pod in one domain of that level, or the "
+                           "job waits (`podset-required-topology`); `false`: in as few domains as fit, "
+                           "going a level up when one is too small (`podset-preferred-topology`).")
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        if not QUALIFIED_NAME.match(v) or len(v.rsplit("/", 1)[-1]) > 63:
+            raise ValueError(f"{v!r} is not a node label key (prefix/name, name at most 63 chars)")
+        return v
+
+
 #: Kubernetes 1.34 PodSpec fields (k8s.io/api core/v1 types.go), the keys `k8s.pod_patch.spec` may use.
 POD_SPEC_FIELDS = (
     "activeDeadlineSeconds", "affinity", "automountServiceAccountToken", "containers",
@@ -506,6 +524,10 @@ class K8sSection(Strict):
         None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label on the workload "
         "object): Kueue admits the job whole when its quota has room, else `ddpkit status` says "
         "QUEUED with Kueue's reason; every flavor (README \"Kueue\").")
+    topology: KueueTopology | None = Field(
+        None, description="Kueue topology-aware scheduling (needs `k8s.queue`): the pods share one "
+        "domain of a node label (a rack, a block), placed in node-rank order, so that ranks next to "
+        "each other sit close; README \"Topology\".")
     scheduler_name: K8sName | None = Field(None, description="Pod schedulerName (e.g. `volcano`).")
     gang: bool = Field(False, description="Gang-schedule all nodes (PyTorchJob schedulingPolicy.minAvailable).")
     ttl_after_finished: Seconds | None = Field(None, description="Delete the finished job after this duration (`1h`).")
@@ -585,6 +607,10 @@ class K8sSection(Strict):
         if queue is not None and queue != self.queue:
             problems.append(Problem(f"labels.{KUEUE_QUEUE_LABEL}", f"contradicts k8s.queue "
                                     f"({self.queue!r})", "set the queue with k8s.queue only"))
+        if self.topology is not None and not self.queue:
+            problems.append(Problem("topology", "is Kueue's topology-aware scheduling: it needs k8s.queue",
+                                    "set k8s.queue to a LocalQueue whose ClusterQueue's ResourceFlavor "
+                                    "names a Topology with this level"))
         names = [c.name for c in [*self.init_containers, *self.sidecars]]
         for i, name in enumerate(names):
             if name in names[:i] or name in ("trainer", "pytorch", "node", "init-pytorch"):

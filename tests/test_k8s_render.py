@@ -10,7 +10,12 @@ import yaml
 from deploy.errors import UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import render as k8s
-from deploy.kube import KUEUE_QUEUE_LABEL
+from deploy.kube import (
+    KUEUE_PODSET_GROUP,
+    KUEUE_PREFERRED_TOPOLOGY,
+    KUEUE_QUEUE_LABEL,
+    KUEUE_REQUIRED_TOPOLOGY,
+)
 from deploy.lint import command as lint
 from deploy.load import load_job, parse_job
 from deploy.run.docker import controller_pods, resolve_env
@@ -234,6 +239,30 @@ def test_kueue_queue_label_on_the_workload_when_a_queue_is_set(flavor):
     assert KUEUE_QUEUE_LABEL not in workload(objects(job(), flavor))["metadata"]["labels"]
     labels = workload(objects(job(k8s={"queue": "team-a"}), flavor))["metadata"]["labels"]
     assert labels[KUEUE_QUEUE_LABEL] == "team-a"
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_kueue_topology_is_asked_on_every_pod_template(flavor):
+    """`k8s.topology`: Kueue's required (or preferred) topology annotation on every pod of the
+    job; a PyTorchJob's Master and Worker form one pod-set group (one domain for both)."""
+    for required, key in ((True, KUEUE_REQUIRED_TOPOLOGY), (False, KUEUE_PREFERRED_TOPOLOGY)):
+        spec = job(nodes=4, k8s={"queue": "gpus", "topology": {"level": "ddpkit.io/rack", "required": required}})
+        templates = pods(objects(spec, flavor))
+        assert len(templates) == 4
+        for tpl in templates:
+            annotations = tpl["metadata"]["annotations"]
+            assert annotations[key] == "ddpkit.io/rack"
+            assert {KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY} - {key} - set(annotations)
+            assert (annotations.get(KUEUE_PODSET_GROUP) == "nodes") == (flavor == "pytorchjob"), annotations
+    for tpl in pods(objects(job(nodes=4, k8s={"queue": "gpus"}), flavor)):
+        assert not {KUEUE_REQUIRED_TOPOLOGY, KUEUE_PREFERRED_TOPOLOGY, KUEUE_PODSET_GROUP} & set(tpl["metadata"]["annotations"])
+
+
+def test_kueue_topology_without_a_queue_or_with_a_bad_label_is_refused():
+    with pytest.raises(UserError, match="k8s.topology: is Kueue's topology-aware scheduling: it needs k8s.queue"):
+        job(k8s={"topology": {"level": "ddpkit.io/rack"}})
+    with pytest.raises(UserError, match="not a node label key"):
+        job(k8s={"queue": "gpus", "topology": {"level": "rack label"}})
 
 
 def test_pytorchjob_has_one_master_and_nodes_minus_one_workers_named_pytorch():

@@ -22,7 +22,9 @@ from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
     JOB_FILE_PATH,
+    KUEUE_PREFERRED_TOPOLOGY,
     KUEUE_QUEUE_LABEL,
+    KUEUE_REQUIRED_TOPOLOGY,
     POD_VOLUMES,
     common_labels,
     configmap_name,
@@ -247,7 +249,17 @@ def tolerations(job: JobSpec) -> list[dict]:
 
 
 def pod_metadata(job: JobSpec) -> dict:
-    return {"labels": labels(job), "annotations": {**SIDECARS_OFF, **job.k8s.annotations}}
+    return {"labels": labels(job), "annotations": {**SIDECARS_OFF, **topology(job), **job.k8s.annotations}}
+
+
+def topology(job: JobSpec) -> dict[str, str]:
+    """`k8s.topology` as Kueue's request on the pod template: Kueue gates the pods, finds a
+    domain of that level with room for all of them, and assigns nodes in pod-index order
+    (the completion index, JobSet's job index, the replica index), which is the node rank."""
+    t = job.k8s.topology
+    if t is None:
+        return {}
+    return {KUEUE_REQUIRED_TOPOLOGY if t.required else KUEUE_PREFERRED_TOPOLOGY: t.level}
 
 
 def pod_template(job: JobSpec, main: dict, *, restart_policy: str, subdomain: str | None = None) -> dict:
