@@ -101,12 +101,10 @@ TERMINAL_STATES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 #: (kubernetes pkg/apis/batch/types.go JobCompletionIndexAnnotation).
 COMPLETION_INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-#: Kueue's topology-aware scheduling requests on a pod template, and the group that makes two
-#: pod sets (a PyTorchJob's Master and Worker) share one domain (kueue apis/kueue/v1beta2
+#: Kueue's topology-aware scheduling requests on a pod template (kueue apis/kueue/v1beta2
 #: topology_types.go).
 KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
-KUEUE_PODSET_GROUP = "kueue.x-k8s.io/podset-group-name"
 #: The label Kueue puts on a job's Workload: the job's UID (kueue pkg/controller/constants).
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 #: Kueue's Workload objects (the admission record of one job).

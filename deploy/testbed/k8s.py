@@ -229,6 +229,36 @@ def fake_node_objects(count: int) -> list[dict]:
             for i in range(count)]
 
 
+#: With Kueue on: the fake nodes' own queue (LocalQueue FAKE_QUEUE in `default`), a ClusterQueue
+#: of that name whose ResourceFlavor selects them and names the Topology FAKE_TOPOLOGY: zone,
+#: rack, node (every fake node is in one zone, so a job too big for a rack fits a level up)
+FAKE_QUEUE = "fake"
+FAKE_TOPOLOGY = "fake-racks"
+FAKE_TOPOLOGY_LEVELS = ("topology.kubernetes.io/zone", "ddpkit.io/rack", "kubernetes.io/hostname")
+
+
+def fake_node_queue(count: int) -> list[dict]:
+    """Kueue's Topology, ResourceFlavor, ClusterQueue and LocalQueue for `count` fake nodes: the
+    quota is their whole capacity, and the flavor's topology lets a job ask for topology-aware
+    scheduling (`k8s.topology`)."""
+    api = f"{KUEUE_GROUP}/v1beta2"
+    key, value = FAKE_NODE_LABEL
+    quota = {"cpu": str(32 * count), "memory": f"{256 * count}Gi", "nvidia.com/gpu": str(8 * count)}
+    return [
+        {"apiVersion": api, "kind": "Topology", "metadata": {"name": FAKE_TOPOLOGY},
+         "spec": {"levels": [{"nodeLabel": label} for label in FAKE_TOPOLOGY_LEVELS]}},
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": FAKE_QUEUE},
+         "spec": {"nodeLabels": {key: value}, "topologyName": FAKE_TOPOLOGY,
+                  "tolerations": [{"key": FAKE_NODE_TAINT["key"], "operator": "Exists",
+                                   "effect": FAKE_NODE_TAINT["effect"]}]}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": FAKE_QUEUE},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [{"coveredResources": list(quota), "flavors": [
+             {"name": FAKE_QUEUE, "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}]}]}},
+        {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": FAKE_QUEUE, "namespace": "default"},
+         "spec": {"clusterQueue": FAKE_QUEUE}},
+    ]
+
+
 def revive_node(index: int) -> None:
     """Node `index`, killed by `kill_node`, boots again (cluster.sh `revive-node`): its link
     comes up, its containerd and kubelet start on the state they left (images included), and the
@@ -625,7 +655,10 @@ if __name__ == "__main__":  # the steps cluster.sh hands to Python
         import yaml
 
         out = Path(sys.argv[3])
-        (out / "nodes.yaml").write_text(yaml.safe_dump_all(fake_node_objects(int(sys.argv[2])), sort_keys=False))
+        fakes = fake_node_objects(int(sys.argv[2]))
+        if (out.parent / "kueue" / "enabled").exists():  # cluster.sh kueue ran: their queue too
+            fakes += fake_node_queue(int(sys.argv[2]))
+        (out / "nodes.yaml").write_text(yaml.safe_dump_all(fakes, sort_keys=False))
         stages = [d for d in yaml.safe_load_all(Path(sys.argv[4]).read_text()) if d]
         (out / "stages.yaml").write_text(yaml.safe_dump_all(
             [d for d in stages if d["metadata"]["name"] not in FAKE_NODE_DROPPED_STAGES], sort_keys=False))

@@ -23,7 +23,6 @@ import copy
 from typing import TYPE_CHECKING
 
 from deploy.k8s import pod as podlib
-from deploy.kube import KUEUE_PODSET_GROUP
 from deploy.problems import Problem
 
 if TYPE_CHECKING:
@@ -54,9 +53,6 @@ MANAGED_BY = "kubeflow.org/training-operator"
 INIT_CONTAINER = "init-pytorch"
 INIT_IMAGE = "alpine:3.10"
 INIT_MAX_TRIES = 100
-#: With `k8s.topology`: the Kueue pod-set group of Master (1 pod) and Worker, placed in one
-#: domain together (Kueue accepts groups of two pod sets, one of a single pod; not a number).
-PODSET_GROUP = "nodes"
 
 
 def check(job: JobSpec) -> list[Problem]:
@@ -104,8 +100,6 @@ def objects(job: JobSpec) -> list[dict]:
         roles = [("Worker", job.nodes.max)]
     else:
         roles = [("Master", 1)] + ([("Worker", job.nodes.max - 1)] if job.nodes.max > 1 else [])
-    if k8s.topology is not None and len(roles) == 2:  # Master and Worker in one domain
-        template["metadata"]["annotations"][KUEUE_PODSET_GROUP] = PODSET_GROUP
     spec["pytorchReplicaSpecs"] = {
         role: {"replicas": n, "restartPolicy": restart_policy, "template": copy.deepcopy(template)}
         for role, n in roles}
