@@ -520,13 +520,12 @@ def test_a_time_limit_signals_the_trainer_even_without_requeue(tmp_path):
     the job is not requeued (real bash; the trainer stand-in exits 143 on the signal)."""
     script = render_slurm(job_from(BASE))  # time_limit 30m, no requeue
     assert "--signal=B:USR2@120" in directives(script)
-    body = "trap 'echo checkpointed; exit 143' USR2; while :; do sleep 0.1; done"
+    body = "trap 'echo checkpointed; exit 143' USR2; : > \"$FAKE_DIR/trapped\"; while :; do sleep 0.1; done"
     proc = start_script(tmp_path, script, body=body)
     deadline = time.monotonic() + 20
-    while not (tmp_path / "srun.args").exists():
+    while not (tmp_path / "trapped").exists():  # the step's trap is set (a fixed sleep raced on a loaded machine)
         assert time.monotonic() < deadline and proc.poll() is None, "step never started"
         time.sleep(0.05)
-    time.sleep(0.3)
     proc.send_signal(signal.SIGUSR2)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 143, out
