@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from deploy.testbed import k8s as testbed
-from tests.conftest import ddpkit
+from tests.conftest import REPO, ddpkit, require
 from tests.test_k8s_e2e import (
     JOB_TIMEOUT_S,
     describe,
@@ -206,3 +206,50 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_bit_exact(kueu
     assert not uninterrupted.get("resumed_from_step"), uninterrupted
     assert {r["params_sha256"] for r in final["ranks"]} == {r["params_sha256"] for r in uninterrupted["ranks"]}
     assert len({r["params_sha256"] for r in final["ranks"]}) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# issue 19 item 5: topology-aware scheduling on kwok fake nodes
+
+
+def test_topology_places_each_flavor_in_the_fewest_racks_with_ranks_in_rack_order(kueue, handles, tmp_path):
+    """16 kwok fake nodes (2 racks of 8 x 8 GPUs) and their Kueue queue (a Topology zone/rack/node):
+    a 16-node GPU job of each flavor with `k8s.topology` (rack, preferred) is bound one pod per
+    node, node ranks 0-7 in one rack and 8-15 in the other; a PyTorchJob's Master is a pod set
+    of its own, placed apart from its Workers' rank order (README "Topology"), so there the
+    Workers' ranks 1-15 are the ones in rack order."""
+    from deploy.k8s.submit import pods_by_rank
+
+    require((testbed.bin_dir() / "kwok").exists(), "kwok is not built (DDPKIT_K8S_EXTRAS=kwok bash k8s/testbed/build.sh)")
+    key, value = testbed.FAKE_NODE_LABEL
+    testbed.fake_nodes(16)
+    try:
+        for flavor in ("job", "pytorchjob", "jobset", "trainjob"):
+            name = f"e2e-tas-{flavor}"
+            job = yaml.safe_load((REPO / "examples" / "quickstart-2node.yaml").read_text())
+            job.pop("procs_per_node", None)
+            job.update(name=name, image="ddpkit:test", nodes=16, gpus_per_node=8,
+                       resources={"cpus_per_node": 4, "memory": "16Gi", "shm": "1Gi"})
+            job["k8s"] = {"flavor": flavor, "queue": testbed.FAKE_QUEUE, "node_selector": {key: value},
+                          "termination_grace": "1s", "topology": {"level": "ddpkit.io/rack", "required": False}}
+            path = tmp_path / f"{name}.yaml"
+            path.write_text(yaml.safe_dump(job, sort_keys=False))
+            handle = submit(kueue, handles, path)
+            deadline = time.monotonic() + 180
+            while len(placed := [p for p in pods(kueue, name) if p["spec"].get("nodeName")]) < 16:
+                assert time.monotonic() < deadline, describe(kueue, handle)
+                time.sleep(1)
+            racks = {n["metadata"]["name"]: n["metadata"]["labels"]["ddpkit.io/rack"] for n in json.loads(
+                kubectl(kueue, "get", "nodes", "-l", f"{key}={value}", "-o", "json").stdout)["items"]}
+            by_rank = pods_by_rank(flavor, placed)
+            order = [racks[by_rank[r]["spec"]["nodeName"]] for r in sorted(by_rank)]
+            assert sorted(by_rank) == list(range(16)) and len({p["spec"]["nodeName"] for p in placed}) == 16
+            ranked = order[1:] if flavor == "pytorchjob" else order
+            changes = sum(a != b for a, b in zip(ranked, ranked[1:], strict=False))
+            assert len(set(order)) == 2 and changes == 1, order
+            ddpkit("cancel", handle, "--wait", "0", env=kueue)
+            while pods(kueue, name):
+                assert time.monotonic() < deadline + 120, describe(kueue, handle)
+                time.sleep(1)
+    finally:
+        testbed.fake_nodes(0)
