@@ -37,9 +37,10 @@ SCRIPTS = [
     ("dp_vs_ddp", "dp_vs_ddp.py", ["--steps", "60", "--repeats", "2"], ["--steps", "30", "--repeats", "2"], 300),
     ("step_profile", "step_profile.py", ["--steps", "50", "--repeats", "2"], ["--steps", "40", "--repeats", "2"], 420),
     ("launch_time", "launch_time.py", ["--repeats", "3"], ["--repeats", "2"], 240),
-    # 2 local ranks with the hang watchdog on and off, interleaved: ~3 min here
-    ("watchdog_overhead", "watchdog_overhead.py", ["--rounds", "3", "--steps", "400"],
-     ["--rounds", "3", "--steps", "300"], 600),
+    # 2 local ranks with the hang watchdog on and off, interleaved (400-step runs differed by
+    # -32% to +10% from noise alone here): ~10 min
+    ("watchdog_overhead", "watchdog_overhead.py", ["--rounds", "6", "--steps", "1000"],
+     ["--rounds", "4", "--steps", "600"], 1500),
     # kill -> next first step, cold vs warm restarts (trainer/warm.py): ~4 min here
     ("restart_time", "launch_time.py", ["--kills", "6"], ["--kills", "5"], 600),
     ("checkpoint_save", "checkpoint_save.py", ["--repeats", "5"], ["--repeats", "3"], 240),

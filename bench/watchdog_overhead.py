@@ -10,7 +10,7 @@ watchdog adds per step: the main thread's heartbeat (`Heartbeat.beat`, a few att
 per phase); beside it a thread per rank publishes the heartbeat to the store once a second and
 times its own store calls (a second thread, waking once a second).
 
-    python bench/watchdog_overhead.py [--rounds 3] [--steps 400]
+    python bench/watchdog_overhead.py [--rounds 6] [--steps 1000]
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def run_once(work: Path, name: str, steps: int, watchdog: bool) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=1000)
     args = ap.parse_args()
     res = Result("watchdog_overhead", "The hang watchdog's cost on a training step (2 local CPU ranks)")
     res.text(__doc__.split("\n\n    python")[0])
