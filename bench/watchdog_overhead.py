@@ -4,7 +4,8 @@ and off, interleaved.
 Each run is the `cnn` workload as 2 local ranks (gloo, one thread each) through `python -m
 trainer.launch`, as every target starts it, for `--steps` steps. The figure is the trainer's own
 steady-state throughput (`samples_per_s` of the summary: the first 20 steps excluded). The runs
-alternate on / off `--rounds` times, so that a drift of the machine's load hits both alike; the
+come in pairs, on then off and off then on in turn, `--rounds` times, so that a drift of the
+machine's load and the order hit both alike; the
 overhead is the median over the rounds of (off throughput / on throughput - 1). What the
 watchdog adds per step: the main thread's heartbeat (`Heartbeat.beat`, a few attribute writes
 per phase); beside it a thread per rank publishes the heartbeat to the store once a second and
@@ -67,8 +68,14 @@ def main() -> None:
     rows, overheads = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            on = run_once(Path(tmp), f"on-{i}", args.steps, True)
-            off = run_once(Path(tmp), f"off-{i}", args.steps, False)
+            # which goes first alternates: the second run of a pair was slower in 5 of 6
+            # rounds once (on first each time), a bias as big as the effect sought
+            if i % 2:
+                off = run_once(Path(tmp), f"off-{i}", args.steps, False)
+                on = run_once(Path(tmp), f"on-{i}", args.steps, True)
+            else:
+                on = run_once(Path(tmp), f"on-{i}", args.steps, True)
+                off = run_once(Path(tmp), f"off-{i}", args.steps, False)
             overheads.append(off / on - 1)
             rows.append([i + 1, fmt(on, ".1f"), fmt(off, ".1f"), fmt(100 * overheads[-1], "+.2f")])
             print(f"round {i + 1}: on {on:.1f} samples/s, off {off:.1f}: overhead {100 * overheads[-1]:+.2f}%", flush=True)
