@@ -442,3 +442,35 @@ def test_a_node_whose_store_host_froze_ends_instead_of_waiting_for_good(tmp_path
     out = logs[1].read_text()
     assert "does not answer (TimeoutError" in out and "node rank 0, its host, is frozen, gone or cut off" in out, out[-3000:]
     assert "its rendezvous store 127.0.0.1:" in out and "ending torchrun: exit 1" in out, out[-3000:]
+
+
+def test_a_node_lost_before_the_deadlines_are_timed_is_found_by_its_silent_heartbeat(tmp_path):
+    """Two nodes of one rank, `restarts: 0`, a step's deadline out of reach (`hang_factor`
+    1000, and the collective timeout, 600 s, before 5 timed steps). Node 1 (not the store's
+    host) freezes whole in its first steps, as a node that died with its link down: node 0's
+    rank waits in the all-reduce and, past `hang_floor_s`, reads that the next rank's heartbeat
+    has stopped: the verdict names rank 1 frozen and node 0 ends within a minute, not after
+    600 s (CI once saw a Job's pod stay Running past 240 s after its peer's node died early)."""
+    import time
+
+    train = {"batch_size": 128, "data_samples": 1 << 16, "epochs": 100, "hang_floor_s": 10, "hang_factor": 1000}
+    job, port = write_job(tmp_path, "lost", train, {"every_steps": 1000}), free_port()
+    run_dir, logs = tmp_path / "runs" / "lost", [tmp_path / f"node{i}.log" for i in (0, 1)]
+    node0, node1 = (start_node(job, tmp_path, i, port, logs[i], nnodes="2", restarts=0) for i in (0, 1))
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) >= 1, 240, "a first step at 2 ranks")
+        for pid in descendants(node1.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen = time.monotonic()
+        assert node0.wait(timeout=120) != 0, logs[0].read_text()[-3000:]
+        print(f"node 1 frozen at step {max(logged_steps(run_dir))} -> node 0 ended: {time.monotonic() - frozen:.0f} s")
+    finally:
+        for p in (node0, node1):
+            for pid in descendants(p.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    out = logs[0].read_text()
+    hang = [json.loads(line.split("ddpkit-hang ", 1)[1]) for line in out.splitlines() if "ddpkit-hang {" in line]
+    assert hang and hang[0]["cause"] == "frozen" and hang[0]["culprits"] == [1], out[-3000:]
+    assert "rank 1 on " in hang[0]["explain"] and "stopped answering" in hang[0]["explain"], hang[0]

@@ -14,7 +14,9 @@ deadline:
 - `checkpoint` and `eval`: max(floor, factor x the longest one of this attempt so far), the
   first one `train.timeout_s`.
 
-The first rank whose phase outlives its deadline raises the job's hang flag in the store. Every
+The first rank whose phase outlives its deadline raises the job's hang flag in the store; so
+does a rank that has waited in a collective for over `train.hang_floor_s` while the next rank's
+heartbeat is older than that (a rank frozen, or lost with its node, whatever the deadline). Every
 rank that sees the flag writes its stacks (`faulthandler`, all threads) to
 `RUN_DIR/debug/attempt-N/rank-R.txt`. The rank that raised the flag waits `DUMP_WAIT_S` for
 them, reads every rank's heartbeat and writes the verdict (`verdict.txt` beside the stacks, and
@@ -65,6 +67,7 @@ STALE_S = 8.0
 DUMP_WAIT_S = 3.0
 WARM_STEPS = 5
 STORE_TIMEOUT_S = 10.0
+PEER_CHECK_EVERY_S = 2.0
 PREFIX = "ddpkit-hang "
 
 
@@ -207,6 +210,7 @@ class Watchdog:
         self.dumped = False
         self.fired = False  # this attempt's hang flag was raised (here or by another rank)
         self.store_call_since: float | None = None  # when the store call in progress began
+        self.peer_check_at = 0.0  # when `_next_rank_lost` asks the store next
 
     def start(self) -> None:
         self.thread.start()
@@ -274,11 +278,28 @@ class Watchdog:
                 time.sleep(0.2)
             leave()
         age = time.time() - self.hb.since
-        if age > self.hb.deadline(self.floor_s, self.factor, self.timeout_s):
+        if age > self.hb.deadline(self.floor_s, self.factor, self.timeout_s) or self._next_rank_lost(store, age):
             self.fired = True
             if store.add(self.flag, 1) == 1:  # the first to see it reports
                 self._report(store, age)
             self._dump()
+
+    def _next_rank_lost(self, store: Any, age: float) -> bool:
+        """Waiting in a collective for over `floor_s`: has the next rank (a ring: each rank asks
+        about one other, once every `PEER_CHECK_EVERY_S`) stopped publishing its heartbeat for
+        over `floor_s`? Its watchdog thread stops only with the process: it is frozen, dead, or
+        its node is gone (link down: no reset reaches the others). Without this a rank lost
+        before `WARM_STEPS` steps or in the first checkpoint, whose deadline is the collective
+        timeout, would hold the others for `timeout_s`. A rank that never published is left to
+        the deadlines."""
+        now = time.time()
+        if self.world < 2 or self.hb.phase not in COLLECTIVE or age < self.floor_s or now < self.peer_check_at:
+            return False
+        self.peer_check_at = now + PEER_CHECK_EVERY_S
+        key = self._key((self.rank + 1) % self.world)
+        if not store.check([key]):
+            return False
+        return now - json.loads(store.get(key))["t"] > max(self.floor_s, STALE_S)
 
     def _dump(self) -> None:
         if self.dumped:
