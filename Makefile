@@ -21,9 +21,11 @@ demo: $(STAMP)
 	rm -rf runs/quickstart  # a fresh run each time (a finished job would otherwise not train again)
 	$(VENV)/bin/ddpkit run examples/quickstart.yaml --local
 
-## test: the whole test suite (end-to-end tests skip off-CI when root/Slurm/Docker are missing)
+## test: the whole test suite (end-to-end tests skip off-CI when root/Slurm/Docker are missing);
+##   the Kubernetes testbed's tier runs beside the rest (tests/run.py). One plain pytest session:
+##   make test PYTEST_ARGS="-k lint"
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m tests.run $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

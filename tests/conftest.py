@@ -91,10 +91,14 @@ def build_test_image(tag: str, base_image: str) -> str:
     the disk with them)."""
     from deploy.image import docker_binary
 
-    built = ddpkit("image", "build", "--offline", "--base-image", base_image, "--tag", tag, timeout=1800)
-    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    subprocess.run([docker_binary(), "image", "prune", "--force", "--filter",
-                    "label=org.opencontainers.image.title=ddpkit"], capture_output=True, timeout=300)
+    # one build at a time: tests/run.py runs the Kubernetes tier beside the Docker tests, and
+    # both builds fill the same wheelhouse/ (the second finds it full, and Docker's cache warm)
+    with open(REPO / "wheelhouse.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = ddpkit("image", "build", "--offline", "--base-image", base_image, "--tag", tag, timeout=1800)
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        subprocess.run([docker_binary(), "image", "prune", "--force", "--filter",
+                        "label=org.opencontainers.image.title=ddpkit"], capture_output=True, timeout=300)
     return tag
 
 

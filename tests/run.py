@@ -1,0 +1,52 @@
+"""`make test`: the whole suite as two pytest sessions side by side.
+
+The Kubernetes testbed's tier (`K8S_TESTBED_MODULES` in tests/conftest.py) mostly waits: on
+pods, controllers, a node's NotReady, Kueue's admission (load about 1 on the 2-core CI
+machine); the rest is CPU-bound trainer runs. One after the other they took about 40 + 27
+minutes; side by side, the wall time is the longer of the two (figures in
+k8s/testbed/README.md). The Kubernetes tier waits on `k8s/testbed/build.sh`'s lock while a cold
+build is still compiling, as it did when it ran last.
+
+The Kubernetes tier writes to `.pytest-k8s-tier.log` (printed after the other tier's output,
+and while it runs with `tail -f`); the exit status is the worse of the two. With arguments
+(`python -m tests.run -k lint`), or `DDPKIT_TEST_SERIAL=1`, it is one plain pytest session.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import K8S_TESTBED_MODULES
+
+REPO = Path(__file__).resolve().parent.parent
+LOG = REPO / ".pytest-k8s-tier.log"
+
+
+def main(argv: list[str]) -> int:
+    pytest = [sys.executable, "-m", "pytest"]
+    if argv or os.environ.get("DDPKIT_TEST_SERIAL"):
+        return subprocess.call(pytest + argv, cwd=REPO)
+    k8s_tier = sorted(f"tests/{name}" for name in K8S_TESTBED_MODULES)
+    print(f"tests/run.py: the Kubernetes tier ({len(k8s_tier)} modules) runs beside the rest; its output: {LOG.name}",
+          flush=True)
+    with LOG.open("w") as log:
+        beside = subprocess.Popen(pytest + ["-p", "no:cacheprovider", *k8s_tier], cwd=REPO,
+                                  stdout=log, stderr=subprocess.STDOUT)
+        try:
+            rest = subprocess.call(pytest + [arg for m in k8s_tier for arg in ("--ignore", m)], cwd=REPO)
+            k8s = beside.wait()
+        finally:
+            if beside.poll() is None:  # interrupted: the tier's session fixtures take the testbed down
+                beside.terminate()
+                beside.wait()
+    print(f"\n--- the Kubernetes tier ({LOG.name}), exit {k8s}:", flush=True)
+    sys.stdout.write(LOG.read_text(errors="replace"))
+    print(f"--- tests/run.py: the rest exited {rest}, the Kubernetes tier {k8s}", flush=True)
+    return rest or k8s
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
