@@ -29,9 +29,10 @@ def pytest_addoption(parser):
 
 
 #: Test modules that need the Kubernetes testbed's Go binaries (k8s/testbed/build.sh) or its
-#: cluster. They run last: `.ci/run` starts the binaries' cold build in the background (tens of
-#: minutes on a fresh 2-core machine), and everything else runs while it compiles; the first of
-#: these tests to bring the testbed up waits on build.sh's lock until the build is done.
+#: cluster. `make test` runs them as a session of their own beside the rest (tests/run.py); in
+#: one session they run last. `.ci/run` starts the binaries' cold build in the background (tens
+#: of minutes on a fresh 2-core machine); the first of these tests to bring the testbed up waits
+#: on build.sh's lock until the build is done.
 K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_k8s_kueue.py",
                        "test_lint_corpus.py", "test_testbed_k8s.py", "test_pod_patch_merge.py"}
 
