@@ -139,6 +139,10 @@ def test_a_sigstopped_rank_is_named_frozen_with_its_process_state(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     found = check_run(out, run_dir, "frozen")
     assert "process state T (stopped)" in found["explain"], found
+    # rank 1 cannot write its own stacks: rank 0, on its node, read them with py-spy
+    frozen = (run_dir / "debug" / "attempt-0" / "rank-1.txt").read_text()
+    assert "stopped (T (stopped)); its stacks read from outside by py-spy" in frozen, frozen
+    assert "Thread " in frozen and "trainer/train.py" in frozen, frozen
     # wherever SIGSTOP found it: a step's phases, the bookkeeping after one (log), a checkpoint
     assert any(f"in {phase} at step" in found["explain"] for phase in ("data", "forward", "backward", "optimizer", "vote", "log", "checkpoint"))
     print(f"SIGSTOP -> run finished in {time.monotonic() - stopped_at:.0f} s")

@@ -34,7 +34,8 @@ Then the reporter exits `EXIT_HANG` (124), and the other ranks that saw the flag
 later (a rank stuck in a collective would otherwise sit out its stop grace period): the attempt
 ends, and torchrun (or the target) restarts the group, counted against `restarts`. A frozen
 (SIGSTOPped) rank cannot exit: its launcher kills it after the stop grace period
-(`DDPKIT_STOP_GRACE_S`, torchrun's `--shutdown-timeout`). If the store itself stops answering
+(`DDPKIT_STOP_GRACE_S`, torchrun's `--shutdown-timeout`); before that, a live rank of its
+node writes the frozen rank's stacks, read from outside by py-spy. If the store itself stops answering
 for `STORE_TIMEOUT_S` (its host, node rank 0, is frozen, dead or cut off: a node that died with
 its link down sends no reset), the rank that notices says so and exits the same way; a reset
 connection (the host's processes are gone) is left to the launcher, which sees that failure
@@ -313,6 +314,8 @@ class Watchdog:
             fh.flush()
             faulthandler.dump_traceback(fh, all_threads=True)
         print(f"ddpkit watchdog: rank {self.rank}: stacks in {path}", file=sys.stderr, flush=True)
+        for rank, pid in stopped_siblings():
+            dump_from_outside(rank, pid, self.debug_dir, self.attempt)
 
     def _report(self, store: Any, age: float) -> None:
         self._dump()
@@ -357,6 +360,49 @@ class Watchdog:
             on_hang, self.on_hang = self.on_hang, None
             with contextlib.suppress(Exception):
                 on_hang(found)
+
+
+def stopped_siblings() -> list[tuple[int, int]]:
+    """(rank, pid) of this node's other ranks that are stopped (SIGSTOP, a debugger): the
+    processes beside this one under the same launcher, in state T or t."""
+    found = []
+    me, parent = os.getpid(), str(os.getppid())
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+            if ppid != parent or int(pid) == me or state not in ("T", "t"):
+                continue
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if comm.startswith("ddpkit-rank"):  # forked by the warm template (trainer/warm.py)
+                found.append((int(comm.removeprefix("ddpkit-rank")), int(pid)))
+                continue
+            env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
+            if "RANK" in env:  # a worker torchrun started: its environment from exec
+                found.append((int(env["RANK"]), int(pid)))
+    return sorted(found)
+
+
+def dump_from_outside(rank: int, pid: int, debug_dir: Path, attempt: int) -> None:
+    """`rank-R.txt` of a stopped rank, which cannot run faulthandler itself: its Python stacks
+    read from outside by py-spy (`dump --nonblocking`: the process is not touched), written once
+    per node (the first live rank there to get to it), or why there are none."""
+    import shutil
+    import subprocess
+
+    try:
+        fh = (debug_dir / f"rank-{rank}.txt").open("x")
+    except OSError:  # another rank of this node wrote it
+        return
+    with fh:
+        fh.write(f"rank {rank} on {socket.gethostname()} (pid {pid}), attempt {attempt}: stopped "
+                 f"({process_state(pid)}); its stacks read from outside by py-spy\n\n")
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        try:
+            out = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True,
+                                 text=True, timeout=20)
+            fh.write(out.stdout + out.stderr)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            fh.write(f"no stacks: py-spy could not run ({e}); pip install py-spy (the image has it)\n")
 
 
 class _TimedStore:
