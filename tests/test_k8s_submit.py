@@ -751,3 +751,29 @@ def test_a_job_kueue_holds_is_queued_with_kueues_reasons_read_from_its_workload(
     stored["spec"]["suspend"] = False  # admitted
     stored["status"] = {"active": 2, "ready": 2}
     assert sub.describe(handle, cluster=cluster) == "RUNNING"
+
+
+def test_why_reads_the_log_of_the_container_before_an_in_place_restart():
+    """A PyTorchJob's container (restartPolicy OnFailure) that the watchdog ended is restarted
+    in place by the kubelet: the verdict is in the previous container's log, not the running
+    one's; `why` reads both, the previous first."""
+    from trainer.watchdog import PREFIX
+
+    labels = {PYTORCHJOB_REPLICA_TYPE: "master", PYTORCHJOB_REPLICA_INDEX: "0"}
+    master = {**pod("demo-master-0", **labels), "spec": {"nodeName": "node-a"},
+              "status": {"containerStatuses": [{
+                  "name": "pytorch", "restartCount": 1, "state": {"running": {}},
+                  "lastState": {"terminated": {"exitCode": 124, "reason": "Error"}}}]}}
+    verdict = {"attempt": 0, "reporter": 0, "host": "demo-master-0", "cause": "stuck-outside-collective",
+               "culprits": [1], "explain": "rank 1 on demo-master-0 in data at step 27 for 23s",
+               "others": "rank 0 in backward at step 27", "debug_dir": "/out/debug/attempt-0"}
+    cluster = FakeCluster(pods=[master], logs={
+        "demo-master-0 previous": ["10:00 ddpkit rank 0 INFO step 27\n", PREFIX + json.dumps(verdict) + "\n"],
+        "demo-master-0": ["10:01 ddpkit rank 0 INFO resumed from step 20\n"]})
+    cluster.objects[("PyTorchJob", "ml", "demo")] = {
+        "kind": "PyTorchJob", "metadata": {"name": "demo", "namespace": "ml"},
+        "status": {"conditions": [{"type": "Running", "status": "True"}]}}
+    lines = sub.why("k8s://ml/pytorchjob/demo", cluster=cluster)
+    assert lines[0].startswith("hang: ") and "rank 1 on demo-master-0 in data" in lines[0], lines
+    logs = [c for c in cluster.calls if c[0] == "log"]
+    assert logs == [("log", "demo-master-0", "pytorch", False, "previous"), ("log", "demo-master-0", "pytorch", False)]

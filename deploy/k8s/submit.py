@@ -523,18 +523,31 @@ def pod_failed(pod: dict) -> str | None:
     restart: `OOMKilled (exit 137) on node-b`; None when none did."""
     status = pod.get("status") or {}
     for container in status.get("containerStatuses") or []:
-        for state in (container.get("state") or {}, container.get("lastState") or {}):
-            ended = state.get("terminated") or {}
-            if ended and ended.get("exitCode", 0) != 0:
+        for state in ("state", "lastState"):
+            ended = _ended_badly(container, state)
+            if ended:
                 node = (pod.get("spec") or {}).get("nodeName")
                 return (f"{ended.get('reason') or 'Error'} (exit {ended.get('exitCode')})"
                         + (f" on {node}" if node else ""))
     return None
 
 
+def _ended_badly(container: dict, state: str) -> dict:
+    """A container status's `state` or `lastState` `terminated` with a non-zero exit, or {}."""
+    ended = (container.get(state) or {}).get("terminated") or {}
+    return ended if ended and ended.get("exitCode", 0) != 0 else {}
+
+
+def failed_before_a_restart(pod: dict) -> bool:
+    """Whether a container of `pod` failed and the kubelet restarted it (`lastState`): what it
+    said is in the previous container's log (`kubectl logs --previous`)."""
+    return any(_ended_badly(c, "lastState") for c in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
     """`ddpkit why`: the state line, the first pod whose container failed in the kubelet's
-    words, and that pod's log (else rank 0's), read by deploy/why.py."""
+    words, and that pod's log (else rank 0's; a container restarted in place: the previous
+    container's log too), read by deploy/why.py."""
     from deploy.why import explain
 
     cluster = _cluster(cluster)
@@ -546,13 +559,15 @@ def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
         state_line += f" [node rank {rank}: {said}]"
     # every failed pod's log, by node rank (the watchdog's verdict is in the log of the rank
     # that found the hang, on any node), else rank 0's
+    # (a container restarted in place: the one before the restart first, then the running one)
     text = ""
     for pod in [pods[r] for r in failed] or [p for p in [pods.get(0)] if p is not None]:
-        try:
-            text += "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
-                                        False, tail_lines=TAIL_LINES))
-        except ApiError:
-            continue
+        for previous in (True, False) if failed_before_a_restart(pod) else (False,):
+            try:
+                text += "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
+                                            False, tail_lines=TAIL_LINES, previous=previous))
+            except ApiError:
+                continue
     return explain(state_line, text)
 
 
