@@ -30,8 +30,8 @@ def pytest_addoption(parser):
 
 
 #: Test modules that need the Kubernetes testbed's Go binaries (k8s/testbed/build.sh) or its
-#: cluster. `make test` runs them as a session of their own beside the rest (tests/run.py); in
-#: one session they run last. `.ci/run` starts the binaries' cold build in the background (tens
+#: cluster. In one session they run last; `make test-side-by-side` (tests/run.py) runs them
+#: as a session of their own beside the rest. `.ci/run` starts the binaries' cold build in the background (tens
 #: of minutes on a fresh 2-core machine); the first of these tests to bring the testbed up waits
 #: on build.sh's lock until the build is done.
 K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_k8s_kueue.py",
@@ -152,7 +152,7 @@ def held_testbed(module):
     if not was_up:
         try:
             module.up()
-        except RuntimeFailure as e:  # a loaded machine (tests/run.py runs two sessions): once more
+        except RuntimeFailure as e:  # a loaded machine: once more (`up` removed the partial one)
             print(f"testbed: {e}; bringing it up once more", file=sys.stderr)
             module.up()
     env = module.client_env()
