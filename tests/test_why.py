@@ -7,6 +7,7 @@ recovers from, and a clean run. The hang is checked in tests/test_watchdog.py's 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -370,6 +371,14 @@ def test_a_script_job_leaves_every_ranks_stacks_and_a_verdict(tmp_path):
     assert lines[0].startswith(f"hang: rank 1 on {socket.gethostname()}, attempt 0: collective timeout on rank 0 (RuntimeError: "), lines
     assert f"rank 1: on {socket.gethostname()} at hang.py:20 in main (outside any collective)" in lines[0], lines
     assert "rank 0: on" in lines[0] and "hang.py:21 in main (waiting in all_reduce)" in lines[0], lines
+    # on Slurm, srun may stop node 0's launcher after another node's ranks timed out
+    from trainer import guard
+
+    timed_out = (debug / "verdict.txt").read_text()
+    (debug / "verdict.txt").unlink()
+    again = guard.write_verdict(run_dir, 2, stopped="a stop signal")
+    assert again and again["cause"] == "collective-timeout" and again["culprits"] == [1], again
+    assert json.loads(timed_out)["explain"] == again["explain"]
 
     job = {"name": "why-script-stop", "script": "hang.py"}
     path = tmp_path / "stop.yaml"

@@ -163,7 +163,9 @@ def where_is(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
 def write_verdict(run_dir: Path, world: int, stopped: str | None = None) -> dict[str, Any] | None:
     """After torchrun ended with a failure (or was stopped: `stopped` names the signal): for each
     attempt with stacks and no verdict yet, the verdict when a rank's exception is a collective
-    timeout or the stop came from outside. None when there is nothing to say."""
+    timeout or the stop came from outside. A timeout wins over a stop: on Slurm a node whose
+    ranks timed out first ends its task, and srun then stops node 0's launcher, whose stop is
+    the timeout's consequence. None when there is nothing to say."""
     errors = read_records(run_dir / ATTEMPTS_DIR / ERRORS_DIR)
     found = None
     for directory in sorted((run_dir / "debug").glob("attempt-*")):
@@ -190,7 +192,7 @@ def write_verdict(run_dir: Path, world: int, stopped: str | None = None) -> dict
         parts = [f"rank {r}: {places[r][1]}" for r in elsewhere]
         parts += [f"rank {r}: no stacks (frozen or killed: SIGSTOP, SIGKILL, a node gone)" for r in silent]
         others = ", ".join(f"rank {r}: {places[r][1]}" for r in waiting) or "none"
-        if stopped:
+        if stopped and not timed_out:  # a stop after a timeout (srun ending the other nodes) is its echo
             cause, culprits = "stopped", []
             explain = f"stopped by {stopped}; where each rank was: " + "; ".join(
                 [f"rank {r}: {p[1]}" if p else f"rank {r}: no stacks" for r, p in sorted(places.items())])
