@@ -700,13 +700,13 @@ def test_reimporting_a_tag_leaves_no_replaced_image_behind(cluster):
 
 def corpus_hang_job(tmp_path: Path, name: str, flavor: str, where: str, restarts: int) -> Path:
     """quickstart-2node at 0.4 CPU a pod (both hang jobs and the small ones fit the 2-CPU node at once);
-    rank 3 (node rank 1's second worker) stops once: asleep in its forward, or stuck in its
-    DataLoader worker. Its run directory (stacks, verdict) on the hostPath volume."""
+    rank 3 (node rank 1's second worker) stops once: asleep in its forward, stuck in its
+    DataLoader worker, or SIGSTOPped in its forward (`where`). Its run directory (stacks, verdict) on the hostPath volume."""
     directory = tmp_path / name
     directory.mkdir()
     path = job_file(directory, name, flavor, max_steps=60, epochs=100, batch_size=32, log_every_steps=5,
                     num_workers=1 if where == "data" else 0, model="tests.user_workloads:hang",
-                    model_args={"where": where, "rank": 3, "after": 30 if where == "forward" else 1200,
+                    model_args={"where": where, "rank": 3, "after": 1200 if where == "data" else 30,
                                 "marker": "/out/hung-once"})
     job = yaml.safe_load(path.read_text())
     job.update(restarts=restarts, resources={**job["resources"], "cpus_per_node": 0.4})
@@ -752,7 +752,7 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
     that is not on the node (pull policy Never): `image` in the kubelet's words
     (ErrImageNeverPull). (4) a ConfigMap volume that does not exist: `mount` (the kubelet's
     FailedMount event). (5) a 1500 MiB pod whose rank 1 allocates until the OOM killer ends it:
-    `oom`."""
+    `oom`. (6) Job, rank 3 SIGSTOPped, restarts 0: `frozen`, its stacks read by py-spy."""
     jobs = {
         "hang-pytorchjob": corpus_hang_job(tmp_path, "hang-pytorchjob", "pytorchjob", "data", restarts=1),
         "hang-job": corpus_hang_job(tmp_path, "hang-job", "job", "forward", restarts=0),
@@ -799,6 +799,20 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
             assert why[0].startswith("completed: "), why
             lines = ddpkit("why", str(run_dir), env=cluster).stdout.splitlines()
             assert lines[0].startswith("completed: attempt 1") and lines[1].startswith(f"  attempt 0: hang: rank 3 on {host}"), lines
+
+    # (6) once the others are done (their CPU): a Job whose rank 3 SIGSTOPs itself, restarts 0
+    name, host = "hang-stop", "hang-stop-1"
+    ddpkit("cancel", f"k8s://default/job/{name}", "--wait", "0", env=cluster)  # an earlier run's
+    handle = submit(cluster, handles, corpus_hang_job(tmp_path, name, "job", "stop", restarts=0))
+    why = why_at_end(cluster, handle, {"FAILED"})
+    debug = tmp_path / name / "out" / name / "debug" / "attempt-0"
+    found = json.loads((debug / "verdict.txt").read_text().split("\n}", 1)[0] + "\n}")
+    print(f"{name}: found {found['age_s']}s after rank 3 stopped: {found['explain']}")
+    assert found["culprits"] == [3] and found["cause"] == "frozen" and found["age_s"] <= 30, found
+    assert f"rank 3 on {host} (pid " in found["explain"], found
+    frozen = (debug / "rank-3.txt").read_text()  # rank 2, in the same pod, read it with py-spy
+    assert "stopped (T (stopped)); its stacks read from outside by py-spy" in frozen and "maybe_hang" in frozen, frozen
+    assert why[0].startswith(f"hang: rank 3 on {host}: rank 3 on {host} (pid "), why
 
 
 # --------------------------------------------------------------------------------------------

@@ -542,20 +542,21 @@ def hang_train(where: str, marker: Path) -> dict:
     return {"model": "tests.user_workloads:hang", "max_steps": 400, "epochs": 100, "batch_size": 32,
             "threads": 1, "eval_every_epochs": 0, "plot": False, "log_every_steps": 5,
             "num_workers": 1 if where == "data" else 0,
-            "model_args": {"where": where, "rank": 3, "after": 30 if where == "forward" else 1200,
+            "model_args": {"where": where, "rank": 3, "after": 1200 if where == "data" else 30,
                            "marker": str(marker)}}
 
 
 def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
     """Submitted together (the last starts when a node has a CPU free), then each checked: (1) torchrun mode, rank 3 stuck in a DataLoader
-    worker; (2) srun mode, rank 3 asleep in its forward: the watchdog names rank 3 on node 2
+    worker; (2) srun mode, rank 3 asleep in its forward; (2b) torchrun mode, rank 3 SIGSTOPped
+    (frozen: its stacks read by py-spy from rank 2): the watchdog names rank 3 on node 2
     within 30 s, every rank's stacks under the run directory, `why` says hang, rank and node;
     (3) your own torchrun script (tests/hang_script.py) whose rank 3 sleeps: rank 0's 10 s
     process-group timeout fires, every rank's stacks are written and the launcher's verdict
     names rank 3 on node 2; (4) a job that ignores the warning signal and outlives its 1-minute
     limit: Slurm ends it TIMEOUT, `why` says time-limit. `why` answers within 10 s of each end."""
     shutil.copy(REPO / "tests" / "hang_script.py", tmp_path / "hang_script.py")
-    cases = {  # in this order: the last one waits for a node's 4th CPU (srun mode takes 2)
+    cases = {  # in this order: the last ones wait for a CPU of node 1 (4 each; srun mode takes 2)
         "time-limit": corpus_job(tmp_path / "time-limit", "time-limit", nodes=1, procs_per_node=1, time_limit="1m",
                                  command=["bash", "-c", "trap '' USR2; exec sleep 600"],
                                  slurm={"signal_seconds": 10}, checkpoint={"ephemeral": True}),
@@ -564,6 +565,7 @@ def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
         "hang-srun": corpus_job(tmp_path / "hang-srun", "hang-srun", slurm={"launcher": "srun"},
                                 resources={"cpus_per_node": 2, "memory": "2Gi"},
                                 train=hang_train("forward", tmp_path / "hung-forward")),
+        "hang-stop": corpus_job(tmp_path / "hang-stop", "hang-stop", train=hang_train("stop", tmp_path / "hung-stop")),
         "script-timeout": corpus_job(tmp_path / "script-timeout", "script-timeout", train=None, checkpoint=None,
                                      script=str(tmp_path / "hang_script.py"), env={"HANG_RANK": "3", "TIMEOUT_S": "10"}),
     }
@@ -584,21 +586,28 @@ def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
         return why.stdout.splitlines()
 
     node2 = NODES[1]
-    for name in ("hang-torchrun", "hang-srun"):
+    expected = {"hang-torchrun": ("stuck-outside-collective", f"rank 3 on {node2} in data"),
+                "hang-srun": ("stuck-outside-collective", f"rank 3 on {node2} in forward"),
+                "hang-stop": ("frozen", f"rank 3 on {node2} (pid ")}
+    for name, (cause, said) in expected.items():
         why = ended(name, {"FAILED"})
         log = job_log(cluster, handles[name])
         verdicts = [json.loads(line.split("ddpkit-hang ", 1)[1]) for line in log.splitlines() if "ddpkit-hang " in line]
         assert verdicts, log[-3000:]
         found = verdicts[0]
         print(f"{name}: found {found['age_s']}s after rank 3 stopped: {found['explain']}")
-        assert found["culprits"] == [3] and found["cause"] == "stuck-outside-collective", found
+        assert found["culprits"] == [3] and found["cause"] == cause, found
         assert found["age_s"] <= 30, found
-        assert f"rank 3 on {node2} in {'data' if name == 'hang-torchrun' else 'forward'}" in found["explain"]
+        assert said in found["explain"], found
         debug = tmp_path / name / "runs" / name / "debug" / "attempt-0"
         stacks = sorted(p.name for p in debug.glob("rank-*.txt"))
         assert stacks == [f"rank-{r}.txt" for r in range(4)], stacks
         assert "Thread" in (debug / "rank-3.txt").read_text()
-        assert why[0].startswith(f"hang: rank 3 on {node2}, attempt 0: rank 3 on {node2} in "), why
+        if cause == "frozen":  # rank 2, on its node, read the stopped rank's stacks with py-spy
+            frozen = (debug / "rank-3.txt").read_text()
+            assert "stopped (T (stopped)); its stacks read from outside by py-spy" in frozen, frozen
+            assert "maybe_hang" in frozen, frozen
+        assert why[0].startswith(f"hang: rank 3 on {node2}, attempt 0: {said}"), why
 
     why = ended("script-timeout", {"FAILED"})
     debug = tmp_path / "script-timeout" / "runs" / "script-timeout" / "debug" / "attempt-0"

@@ -111,14 +111,18 @@ class _Hang:
         args = cfg.model_args
         self.armed = enabled and int(os.environ.get("RANK", "0")) == int(args.get("rank", 1))
         self.after, self.marker, self.count = int(args.get("after", 10)), str(args["marker"]), 0
+        self.stop = args.get("where") == "stop"
 
     def maybe_hang(self) -> None:
         import os
+        import signal
         import time
 
         self.count += 1
         if self.armed and self.count > self.after and not os.path.exists(self.marker):
             open(self.marker, "w").close()
+            if self.stop:
+                os.kill(os.getpid(), signal.SIGSTOP)
             time.sleep(3600)
 
 
@@ -147,11 +151,12 @@ class SleepyData(Dataset):
 
 def hang(cfg) -> Workload:
     """A rank that stops once (the hang watchdog's tests): `model_args.where` is `forward`
-    (sleeps in the model's forward) or `data` (in the data set, i.e. a DataLoader worker)."""
+    (sleeps in the model's forward), `data` (in the data set, i.e. a DataLoader worker) or
+    `stop` (SIGSTOPs itself in the forward: frozen whole, as a rank whose GPU or host froze)."""
     x, y = _blobs(int(cfg.model_args.get("samples", 4096)))
     where = cfg.model_args.get("where", "forward")
     torch.manual_seed(0)
-    model = SleepyModel(_Hang(cfg, enabled=where == "forward"))
+    model = SleepyModel(_Hang(cfg, enabled=where in ("forward", "stop")))
     data = SleepyData(x, y, _Hang(cfg)) if where == "data" else TensorDataset(x, y)
     return Workload(model, data)
 
