@@ -157,3 +157,30 @@ def test_a_clean_run_with_checkpoints_and_evaluation_raises_no_alarm(tmp_path):
     out = finish(proc)
     assert proc.returncode == 0, out[-3000:]
     assert not hang_verdicts(out) and not (run_dir / "debug").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", [0, 1])
+def test_a_clean_run_on_a_machine_that_gets_loaded_mid_run_raises_no_alarm(tmp_path, trial):
+    """The same clean run at a 2 s floor (the default is 20 s), and after its first 20 steps,
+    timed on an idle machine, 4 busy processes per core take the CPUs away until it ends: the
+    steps slow down several times over, the deadlines follow, and no alarm is raised."""
+    proc, run_dir = start(tmp_path, f"loaded-{trial}", {"where": "none", "marker": str(tmp_path / "unused"), "samples": 1024},
+                          max_steps=600, eval_every_epochs=1, hang_floor_s=2)
+    hogs = []
+    try:
+        wait_for(lambda: len(logged_steps(run_dir)) >= 20, 300, "20 training steps")
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4 * (os.cpu_count() or 1))]
+        loaded_at, t0 = len(logged_steps(run_dir)), time.monotonic()
+        out = finish(proc)
+        took = time.monotonic() - t0
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    steps = logged_steps(run_dir)
+    assert len(steps) - loaded_at > 100, (loaded_at, len(steps))  # most of the run was loaded
+    print(f"{len(steps) - loaded_at} steps (evaluations, checkpoints) in {took:.0f} s under load, no alarm")
+    assert not hang_verdicts(out) and not (run_dir / "debug").exists(), out[-3000:]
