@@ -19,6 +19,7 @@ them (kubernetes for a Kubernetes handle, torch only in the trainer's processes)
 from __future__ import annotations
 
 import io
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,6 +131,7 @@ class Handle:
     def __init__(self, text: str):
         self._target = of_handle(str(text))
         self.text = str(text)
+        self._said: set[str] = set()  # what `wait` has shown of `tend`
 
     def status(self) -> str:
         """The state, one of `STATES`."""
@@ -146,13 +148,29 @@ class Handle:
         return self._target.report(self.text)
 
     def wait(self, timeout: float | None = None, *, poll_s: float = 5.0) -> str:
-        """Block until the job has ended; its final state. TimeoutError after `timeout` s."""
+        """Block until the job has ended; its final state. TimeoutError after `timeout` s.
+        Watches as `ddpkit status --watch` does (`tend`), its lines to stderr."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while (state := self.status()) not in TERMINAL_STATES:
+            self._say(self.tend(ended=False))
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self.text} still {state} after {timeout:g}s")
             time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+        self._say(self.tend(ended=True))
         return state
+
+    def tend(self, *, ended: bool) -> list[str]:
+        """What a watcher does beside reading, once a refresh: on Kubernetes, while the job
+        runs, label the nodes lost under it so that its pods stay off them (`k8s.avoid_lost_nodes`,
+        deploy/k8s/blame.py), and once it has `ended` take the labels off. The lines to show."""
+        tend = getattr(self._target, "tend", None)
+        return tend(self.text, ended) if tend else []
+
+    def _say(self, lines: list[str]) -> None:
+        for line in lines:
+            if line not in self._said:
+                self._said.add(line)
+                print(line, file=sys.stderr, flush=True)
 
     def logs(self, rank: int | None = None, *, worker_rank: int | None = None, every: bool = False,
              grep: str | None = None, attempt: int | None = None, previous: bool = False,

@@ -551,6 +551,10 @@ class K8sSection(Strict):
                                "dnsPolicy ClusterFirstWithHostNet).")
     one_pod_per_node: bool = Field(False, description="Never two pods of the job on one node "
                                    "(required podAntiAffinity on kubernetes.io/hostname).")
+    avoid_lost_nodes: bool = Field(True, description="A node lost under the job (NotReady while "
+                                   "it held a pod) gets no pod of the job again: a required node "
+                                   "affinity on the label `avoid.ddpkit.io/<name>`, which `ddpkit status "
+                                   "--watch` puts on such a node (README \"A node dies\").")
     topology_spread: list[Spread] = Field(default_factory=list, description="Spread the pods "
                                           "over node topology domains (topologySpreadConstraints).")
     init_containers: list[Container] = Field(default_factory=list, description="Containers run "

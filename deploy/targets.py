@@ -137,6 +137,12 @@ class Target:
         on every target (default 0), `worker_rank` a global rank (deploy/logs.py)."""
         return self._jobs().logs(handle, query=query, follow=follow, out=out) or 0
 
+    def tend(self, handle: str, ended: bool) -> list[str]:
+        """What a watcher does beside reading, once a refresh (Kubernetes: keep the job's pods
+        off the nodes lost under it, deploy/k8s/blame.py); the lines to show."""
+        tend = getattr(self._jobs(), "tend", None)
+        return tend(handle, ended) if tend else []
+
     def cancel(self, handle: str, *, wait_s: float | None) -> None:
         jobs = self._jobs()
         jobs.cancel(handle) if wait_s is None else jobs.cancel(handle, wait_s=wait_s)

@@ -45,8 +45,12 @@ def rank_rates(record: dict[str, Any]) -> str:
 
 
 def watch(handles: list[Any], *, every_s: float = 2.0) -> int:
-    """Refresh until every job is in a terminal state; 0. (`handles`: `deploy.api.Handle`s.)"""
+    """Refresh until every job is in a terminal state; 0. (`handles`: `deploy.api.Handle`s.)
+    Each refresh also tends the jobs that still run (`Handle.tend`: on Kubernetes, keep a job's
+    pods off the nodes lost under it), and the last one those that have ended; what that
+    did is shown once, above the table."""
     every_s = max(0.2, every_s)
+    said: set[str] = set()
 
     def rows() -> list[tuple[str, Report]]:
         return [(h.text, h.report()) for h in handles]
@@ -54,9 +58,19 @@ def watch(handles: list[Any], *, every_s: float = 2.0) -> int:
     def ended(current: list[tuple[str, Report]]) -> bool:
         return all(report.state in TERMINAL_STATES for _, report in current)
 
+    def tended(current: list[tuple[str, Report]]) -> list[str]:
+        last = ended(current)
+        lines = [line for h, (_, report) in zip(handles, current, strict=True)
+                 if last or report.state not in TERMINAL_STATES
+                 for line in h.tend(ended=report.state in TERMINAL_STATES) if line not in said]
+        said.update(lines)
+        return lines
+
     current = rows()
     if not sys.stdout.isatty():
         while True:
+            for line in tended(current):
+                print(line, flush=True)
             for handle, report in current:
                 print(f"{handle}  {report.text()}", flush=True)
             if ended(current):
@@ -67,7 +81,11 @@ def watch(handles: list[Any], *, every_s: float = 2.0) -> int:
 
     try:
         with Live(table(current, time.time()), auto_refresh=False) as live:
-            while not ended(current):
+            while True:
+                for line in tended(current):
+                    live.console.print(line)
+                if ended(current):
+                    break
                 time.sleep(every_s)
                 current = rows()
                 live.update(table(current, time.time()), refresh=True)

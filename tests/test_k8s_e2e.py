@@ -923,3 +923,74 @@ def test_a_node_death_with_no_restarts_left_ends_failed_naming_the_node(cluster,
             print(f"node death with restarts 0, {flavor}: kill -> FAILED naming {dead} {named:.0f} s")
     finally:
         testbed.revive_node(int(dead.rsplit("-", 1)[1]))
+
+
+def node_label(cluster, node: str, key: str) -> str:
+    escaped = key.replace(".", "\\.")
+    return kubectl(cluster, "get", "node", node, "-o", f"jsonpath={{.metadata.labels.{escaped}}}",
+                   check=False).stdout.strip()
+
+
+def test_a_node_lost_and_back_gets_none_of_the_jobs_pods_again(cluster, image, handles, tmp_path):
+    """k8s.avoid_lost_nodes (issue 21 item 4): node rank 1's node dies while `ddpkit status
+    --watch` follows the job; once the node is NotReady the watcher labels it
+    `avoid.ddpkit.io/<job>=lost`. The node then comes back (Ready, before anything evicted the
+    pod), the kubelet finds the pod's container gone and fails it, and the Job makes another
+    pod. The topology spread (ScheduleAnyway, max skew 1) would put it back on that node, the
+    emptier one; the rendered node affinity keeps it off, so it joins the survivor's node,
+    training resumes from the last checkpoint and the job succeeds; the watcher then takes the
+    label off."""
+    require(node_count(cluster) >= 2, "a node death needs 2 nodes")
+    name = "e2e-avoid"
+    path = job_file(tmp_path, name, "job", max_steps=200, epochs=100)
+    job = yaml.safe_load(path.read_text())
+    job["restarts"] = 2
+    job["k8s"] = {"flavor": "job", "topology_spread": [
+        {"max_skew": 1, "topology_key": "kubernetes.io/hostname", "when_unsatisfiable": "ScheduleAnyway"}]}
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    handle = submit(cluster, handles, path)
+    key = f"avoid.ddpkit.io/{name}"
+    watched = tmp_path / "watch.log"
+    with watched.open("w") as sink:
+        watcher = subprocess.Popen([sys.executable, "-m", "deploy", "status", "--watch", "1", handle],
+                                   env={**os.environ, **cluster}, stdout=sink, stderr=subprocess.STDOUT)
+    out, revived = tmp_path / "out", True
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while max(metric_steps(out), default=0) < 50:  # past the checkpoints at steps 20 and 40
+            assert time.monotonic() < deadline, describe(cluster, handle)
+            time.sleep(0.5)
+        victim = next(p for p in pods(cluster, name)
+                      if p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_KEY) == "1")
+        dead = victim["spec"]["nodeName"]
+        assert len({p["spec"]["nodeName"] for p in pods(cluster, name)}) == 2  # spread: one pod per node
+        testbed.kill_node(int(dead.rsplit("-", 1)[1]))
+        revived = False
+        killed = time.monotonic()
+        while node_label(cluster, dead, key) != "lost":
+            assert time.monotonic() - killed < 120, watched.read_text()[-2000:] + describe(cluster, handle)
+            time.sleep(1)
+        print(f"avoid: kill -> {dead} labelled {time.monotonic() - killed:.0f} s")
+        testbed.revive_node(int(dead.rsplit("-", 1)[1]))
+        revived = True
+        while not [p for p in pods(cluster, name) if p["metadata"]["uid"] != victim["metadata"]["uid"]
+                   and p["metadata"].get("annotations", {}).get(COMPLETION_INDEX_KEY) == "1"
+                   and p["spec"].get("nodeName")]:
+            assert time.monotonic() - killed < JOB_TIMEOUT_S, describe(cluster, handle)
+            time.sleep(1)
+        wait_for(cluster, handle, {"SUCCEEDED"})
+        final = summaries(logs(cluster, handle, 0))[-1]
+        assert final["steps"] == 200 and final["params_identical"] is True, final
+        assert final["resumed_from_step"] and final["resumed_from_step"] >= 40, final
+        placed = [p["spec"].get("nodeName") for p in pods(cluster, name)
+                  if p["metadata"]["uid"] != victim["metadata"]["uid"]]
+        assert dead not in placed, placed
+        watcher.wait(timeout=60)  # it ends with the job, after taking the label off
+        said = watched.read_text()
+        assert f"node {dead} was lost under the job: its pods stay off it (label {key}=lost)" in said, said
+        assert f"node {dead} may take the job's pods again" in said, said
+        assert node_label(cluster, dead, key) == ""
+    finally:
+        watcher.kill()
+        if not revived:
+            testbed.revive_node(int(dead.rsplit("-", 1)[1]))

@@ -28,6 +28,7 @@ class FakeCluster:
         self.errors = errors or {}  # (verb, kind) -> ApiError
         self._pods = list(pods)
         self._logs = logs or {}
+        self.node_labels: dict[str, dict[str, str]] = {}
 
     def _maybe_fail(self, verb, kind):
         if (verb, kind) in self.errors:
@@ -76,6 +77,22 @@ class FakeCluster:
     def log(self, namespace, pod, container, follow, tail_lines=None, previous=False):
         self.calls.append(("log", pod, container, follow) + (("previous",) if previous else ()))
         yield from self._logs.get(pod + (" previous" if previous else ""), [])
+
+    def nodes(self, selector):
+        """Nodes (self.node_labels: name -> labels) that have the label key `selector`."""
+        self.calls.append(("nodes", selector))
+        self._maybe_fail("nodes", "Node")
+        return [{"metadata": {"name": n, "labels": dict(labels)}}
+                for n, labels in sorted(self.node_labels.items()) if selector in labels]
+
+    def label_node(self, node, key, value):
+        self.calls.append(("label_node", node, key, value))
+        self._maybe_fail("label_node", "Node")
+        labels = self.node_labels.setdefault(node, {})
+        if value is None:
+            labels.pop(key, None)
+        else:
+            labels[key] = value
 
 
 def job(**fields):
@@ -304,6 +321,42 @@ def test_status_names_the_node_that_stopped_answering():
     assert sub.describe(handle, cluster=cluster) == "FAILED"
 
 
+def test_a_watcher_keeps_the_jobs_pods_off_a_node_lost_under_it_until_the_job_ends():
+    """k8s.avoid_lost_nodes (deploy/k8s/blame.py): the rendered pods ask for nodes without the
+    job's avoid label; a watcher's refresh labels the node of a lost pod once, and takes the
+    label off when the job has ended or is cancelled; a cluster that refuses says so."""
+    from deploy.k8s import blame
+    from deploy.k8s.render import render_objects
+
+    key = "avoid.ddpkit.io/demo"
+    for flavor in ("job", "pytorchjob", "jobset", "trainjob"):
+        text = yaml.safe_dump(render_objects(job(), flavor=flavor))
+        assert f"key: {key}\n" in text and "operator: DoesNotExist" in text, flavor
+    off = job(k8s={"namespace": "ml", "avoid_lost_nodes": False})
+    assert key not in yaml.safe_dump(render_objects(off, flavor="job"))
+
+    cluster = FakeCluster()
+    sub.submit(job(), flavor="pytorchjob", cluster=cluster)
+    handle = "k8s://ml/pytorchjob/demo"
+    ready = [{"type": t, "status": "True"} for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]
+    lost = [c for c in ready if c["type"] != "Ready"] + [LOST_NODE_READY]
+    cluster._pods = [{"metadata": {"name": "demo-master-0"}, "spec": {"nodeName": "n0"}, "status": {"phase": "Running", "conditions": ready}},
+                     {"metadata": {"name": "demo-worker-0"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "conditions": lost}}]
+    cluster.node_labels = {"n0": {}, "n1": {}, "n2": {}}
+    assert sub.tend(handle, False, cluster=cluster) == [
+        f"{handle}: node n1 was lost under the job: its pods stay off it (label {key}=lost)"]
+    assert cluster.node_labels == {"n0": {}, "n1": {key: "lost"}, "n2": {}}
+    assert sub.tend(handle, False, cluster=cluster) == []  # once
+    assert sub.tend(handle, True, cluster=cluster) == [f"{handle}: node n1 may take the job's pods again (label {key} removed)"]
+    assert cluster.node_labels["n1"] == {}
+    blame.avoid_lost_nodes(handle, cluster=cluster)
+    sub.cancel(handle, cluster=cluster, wait_s=0)
+    assert cluster.node_labels["n1"] == {}
+    cluster.errors[("label_node", "Node")] = sub.ApiError(403, "Forbidden", "nodes is forbidden")
+    [line] = sub.tend(handle, False, cluster=cluster)
+    assert "cannot label node" in line and "403 Forbidden" in line and "patch nodes" in line, line
+
+
 def test_cancel_deletes_the_workload_then_its_configmap_and_service():
     cluster = FakeCluster()
     sub.submit(job(), flavor="job", cluster=cluster)
@@ -358,7 +411,8 @@ def test_cancel_that_outlasts_its_wait_says_so_and_how_not_to_wait():
     sub.submit(job(), flavor="job", cluster=cluster)
     before = len(cluster.calls)
     sub.cancel("k8s://ml/job/demo", cluster=cluster, wait_s=0)
-    assert [c[0] for c in cluster.calls[before:]] == ["delete"] * 3  # no get: it did not wait
+    # no get: it did not wait (`nodes`: the nodes that k8s.avoid_lost_nodes kept off, none)
+    assert [c[0] for c in cluster.calls[before:]] == ["delete"] * 3 + ["nodes"]
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)

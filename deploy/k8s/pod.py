@@ -213,12 +213,23 @@ def extra_containers(job: JobSpec) -> list[dict]:
     return out
 
 
+#: the node label that keeps a job's pods off a node lost under it (`k8s.avoid_lost_nodes`):
+#: AVOID_LABEL + the job's name, set by `ddpkit status --watch` (deploy/k8s/blame.py)
+AVOID_LABEL = "avoid.ddpkit.io/"
+
+
 def affinity(job: JobSpec) -> dict:
-    if not job.k8s.one_pod_per_node:
-        return {}
-    return {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-        {"labelSelector": {"matchLabels": pod_selector(job.name)},
-         "topologyKey": "kubernetes.io/hostname"}]}}
+    """`k8s.avoid_lost_nodes`: only nodes without the job's avoid label; `k8s.one_pod_per_node`:
+    never beside another pod of the job."""
+    out: dict[str, Any] = {}
+    if job.k8s.avoid_lost_nodes:
+        out["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": AVOID_LABEL + job.name, "operator": "DoesNotExist"}]}]}}
+    if job.k8s.one_pod_per_node:
+        out["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": pod_selector(job.name)},
+             "topologyKey": "kubernetes.io/hostname"}]}
+    return out
 
 
 def topology_spread(job: JobSpec) -> list[dict]:
@@ -305,7 +316,7 @@ POD_SPEC_SOURCES = {"nodeSelector": "k8s.node_selector", "serviceAccountName": "
                     "priorityClassName": "k8s.priority_class", "schedulerName": "k8s.scheduler_name",
                     "imagePullSecrets": "k8s.image_pull_secrets", "volumes": "volumes",
                     "topologySpreadConstraints": "k8s.topology_spread",
-                    "affinity": "k8s.one_pod_per_node", "terminationGracePeriodSeconds": "k8s.termination_grace"}
+                    "terminationGracePeriodSeconds": "k8s.termination_grace"}
 _INDEXED = re.compile(r"(\w+)\[(\d+)\](?:\.(\w+))?")
 _MOUNT = re.compile(r"(?:initC|c)ontainers\[\d+\]\.volumeMounts\[(\d+)\].*")
 _RESOURCE = re.compile(r"containers\[\d+\]\.resources\.(?:limits|requests)\.(.+)")

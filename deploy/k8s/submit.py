@@ -103,6 +103,8 @@ class Cluster(Protocol):
     def listed(self, kind: str, namespace: str, selector: str) -> list[dict]: ...
     def log(self, namespace: str, pod: str, container: str, follow: bool,
             tail_lines: int | None = None, previous: bool = False) -> Iterator[str]: ...
+    def nodes(self, selector: str) -> list[dict]: ...
+    def label_node(self, node: str, key: str, value: str | None) -> None: ...
 
 
 class KubeCluster:
@@ -186,6 +188,14 @@ class KubeCluster:
         """The objects of `kind` in `namespace` whose labels match `selector`."""
         found = self._call(self._resource(kind).get, namespace=namespace, label_selector=selector)
         return self._dict(found).get("items") or []
+
+    def nodes(self, selector: str) -> list[dict]:
+        found = self._call(self.core.list_node, label_selector=selector)
+        return self.api.sanitize_for_serialization(found).get("items", [])
+
+    def label_node(self, node: str, key: str, value: str | None) -> None:
+        """Set the node's label `key` (None: take it off), a merge patch of its labels alone."""
+        self._call(self.core.patch_node, node, {"metadata": {"labels": {key: value}}})
 
     def log(self, namespace: str, pod: str, container: str, follow: bool,
             tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
@@ -633,8 +643,19 @@ def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0
                 missing = err
     if missing is not None and not deleted:
         raise RuntimeFailure(explain(missing, h.kind, h.namespace, h.name, "delete"))
+    from deploy.k8s import blame
+
+    blame.forget(handle, cluster=cluster)  # k8s.avoid_lost_nodes: the nodes it kept off
     if missing is None and wait_s > 0:
         _wait_until_gone(cluster, h, wait_s, poll_s)
+
+
+def tend(handle: str, ended: bool, *, cluster: Cluster | None = None) -> list[str]:
+    """A watcher's refresh beside reading (deploy/k8s/blame.py): the nodes lost under the job
+    labelled so that its pods stay off them, or the labels taken off once it has ended."""
+    from deploy.k8s import blame
+
+    return blame.tend(handle, ended, cluster=cluster)
 
 
 def _wait_until_gone(cluster: Cluster, h: Handle, wait_s: float, poll_s: float) -> None:

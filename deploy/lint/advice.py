@@ -111,7 +111,8 @@ def needs_shm(kind: str, container: dict) -> bool:
     (upstream's examples), so it gets no advice."""
     if not runs_torch(kind, container):
         return False
-    limits = (container.get("resources") or {}).get("limits")
+    resources = container.get("resources")
+    limits = resources.get("limits") if isinstance(resources, dict) else None
     gpus = [units.quantity(v) for k, v in limits.items() if "gpu" in str(k).lower()] if isinstance(limits, dict) else []
     return runs_trainer_launch(container) or any(q is not None and q > 1 for q in gpus)
 
@@ -204,11 +205,14 @@ def _gpus(resources: Any, nproc: Any, path: str) -> list[Advice]:
 
 def shm_ok(pod: dict, container: dict | None) -> bool:
     listed = pod.get("volumes")
-    volumes = {v.get("name"): v for v in listed if isinstance(v, dict)} if isinstance(listed, list) else {}
+    volumes = {v["name"]: v for v in listed if isinstance(v, dict) and isinstance(v.get("name"), str)} \
+        if isinstance(listed, list) else {}
     mounts = (container or {}).get("volumeMounts")
     for mount in mounts if isinstance(mounts, list) else []:
         if isinstance(mount, dict) and mount.get("mountPath") == "/dev/shm":
-            empty_dir = (volumes.get(mount.get("name")) or {}).get("emptyDir")
+            name = mount.get("name")
+            volume = volumes.get(name) if isinstance(name, str) else None
+            empty_dir = (volume if isinstance(volume, dict) else {}).get("emptyDir")
             return isinstance(empty_dir, dict) and empty_dir.get("medium") == "Memory"
     return False
 
