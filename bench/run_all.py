@@ -49,6 +49,8 @@ SCRIPTS = [
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
+    # a rank killed inside a running Slurm job, in the step (warm, cold) and a new step: ~4 min
+    ("slurm_restart_in_step", "slurm_restart_in_step.py", ["--kills", "3"], ["--kills", "2"], 900),
     ("k8s_testbed", "k8s_testbed.py", ["--runs", "1"], ["--runs", "1"], 900),
     # a queued job's admission once capacity frees, per flavor (Kueue on the testbed): ~3 min
     ("kueue_admission", "kueue_admission.py", ["--runs", "3"], ["--runs", "2"], 600),
@@ -88,6 +90,11 @@ def skip_reason(name: str) -> str | None:
 
         if len(k8s.node_sockets()) < 2:
             return "the Kubernetes testbed is not up with 2+ nodes (`sudo ddpkit testbed k8s up`, image loaded)"
+    if name == "slurm_restart_in_step":
+        from deploy.testbed import slurm
+
+        if not is_root() or not slurm.status(quiet=True):
+            return "the Slurm testbed is not up (`sudo ddpkit testbed slurm up`)"
     if name == "slurm_testbed" and not is_root():
         return "needs root (the Slurm testbed uses network namespaces)"
     return None
