@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-stamp
 WHEELS := $(wildcard ../shared/wheels)
 export PIP_FIND_LINKS := $(if $(WHEELS),$(abspath $(WHEELS)),$(PIP_FIND_LINKS))
 
-.PHONY: demo test test-side-by-side lint docs bench clean image
+.PHONY: demo test test-serial lint docs bench clean image
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,14 +21,15 @@ demo: $(STAMP)
 	rm -rf runs/quickstart  # a fresh run each time (a finished job would otherwise not train again)
 	$(VENV)/bin/ddpkit run examples/quickstart.yaml --local
 
-## test: the whole test suite (end-to-end tests skip off-CI when root/Slurm/Docker are missing)
+## test: the whole test suite (end-to-end tests skip off-CI when root/Slurm/Docker are missing),
+##   the Kubernetes testbed's tier as a second pytest session beside the rest (tests/run.py);
+##   with PYTEST_ARGS (`make test PYTEST_ARGS="-k lint"`) one plain session
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m tests.run $(PYTEST_ARGS)
 
-## test-side-by-side: the same, the Kubernetes testbed's tier as a second session beside the
-##   rest (tests/run.py): shorter, not yet the default (see its docstring)
-test-side-by-side: $(STAMP)
-	$(PY) -m tests.run
+## test-serial: the whole suite as one pytest session, one test after the other (~68 min cold)
+test-serial: $(STAMP)
+	$(PY) -m pytest
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

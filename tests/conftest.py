@@ -30,7 +30,7 @@ def pytest_addoption(parser):
 
 
 #: Test modules that need the Kubernetes testbed's Go binaries (k8s/testbed/build.sh) or its
-#: cluster. In one session they run last; `make test-side-by-side` (tests/run.py) runs them
+#: cluster. In one session they run last; `make test` (tests/run.py) runs them
 #: as a session of their own beside the rest. `.ci/run` starts the binaries' cold build in the background (tens
 #: of minutes on a fresh 2-core machine); the first of these tests to bring the testbed up waits
 #: on build.sh's lock until the build is done.

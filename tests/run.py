@@ -1,22 +1,21 @@
-"""`make test-side-by-side`: the whole suite as two pytest sessions side by side.
+"""`make test`: the whole suite as two pytest sessions side by side.
 
 The Kubernetes testbed's tier (`K8S_TESTBED_MODULES` in tests/conftest.py) mostly waits: on
 pods, controllers, a node's NotReady, Kueue's admission (load about 1 on the 2-core CI
-machine); the rest is CPU-bound trainer runs. One after the other they took about 40 + 27
-minutes; side by side, the wall time is the longer of the two (figures in
-k8s/testbed/README.md). The Kubernetes tier waits on `k8s/testbed/build.sh`'s lock while a cold
-build is still compiling, as it did when it ran last.
+machine); the rest is CPU-bound trainer runs. One after the other they took about 40 + 27-35
+minutes; side by side, the wall time is the longer of the two (a whole warm `.ci/run`: 46 min,
+the rest 44.5, the Kubernetes tier 35.4 beside it). The Kubernetes tier waits on
+`k8s/testbed/build.sh`'s lock while a cold build is still compiling.
 
 The Kubernetes tier writes to `.pytest-k8s-tier.log` (printed after the other tier's output,
 and while it runs with `tail -f`); the exit status is the worse of the two. With arguments
-(`python -m tests.run -k lint`), or `DDPKIT_TEST_SERIAL=1`, it is one plain pytest session.
+(`python -m tests.run -k lint`), or `DDPKIT_TEST_SERIAL=1`, it is one plain pytest session
+(`make test-serial`: the whole suite so).
 
-Not `make test`'s default yet. Its one whole trial (session 11) found the testbed's
-training-operator exiting when the machine was loaded (it could start before its webhook
-certificate was copied in: fixed in cluster.sh, and a failed `up` is tried once more), and a
-Slurm lost-node test failed beside a Kubernetes tier that was importing a 5 GB image (load 13):
-side by side, every timing-bound test has less slack. Make it the default once a few whole
-runs pass.
+Side by side, every timing-bound test has less slack: its first whole trial (session 11) found
+the testbed's training-operator exiting on a loaded machine (it could start before its webhook
+certificate was copied in: fixed in cluster.sh, and a failed `up` is tried once more); the
+second (session 12) passed whole.
 """
 
 from __future__ import annotations
