@@ -16,11 +16,12 @@ checkpoint. Printed per checkpoint interval:
   seconds from a kill to the first step of the next attempt;
 - the same run without faults, for comparison.
 
-    python bench/goodput.py [--fault-every 60] [--train-s 240] [--intervals 20 100] [--warm]
+    python bench/goodput.py [--fault-every 60] [--train-s 240] [--intervals 20 100] [--warm [--async-save]]
 
 `--warm` runs each fault run twice, interleaved: on the cold path (`DDPKIT_WARM=0`: torchrun
 starts `python -m trainer.train` afresh) and on the warm path (`DDPKIT_WARM=1`: the workers are
-forked from the node's template, trainer/warm.py), and adds their ratios.
+forked from the node's template, trainer/warm.py), and adds their ratios; `--async-save` adds a
+third, warm with `checkpoint.async_save: true`.
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def ledger_of(run_dir: Path) -> dict | None:
 
 
 def run_once(work: Path, name: str, every: int, max_steps: int, nproc: int, fault_every: float | None,
-             tree: Path = REPO, warm: bool | None = None) -> dict:
+             tree: Path = REPO, warm: bool | None = None, async_save: bool = False) -> dict:
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {**TRAIN, "max_steps": max_steps},
-                                   "checkpoint": {"every_steps": every, "keep": 2}}))
+                                   "checkpoint": {"every_steps": every, "keep": 2, "async_save": async_save}}))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_", "TORCHELASTIC_", "DDPKIT_"))}
     env.update({"PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1", "DDPKIT_JOB_FILE": str(job),
                 "DDPKIT_NPROC_PER_NODE": str(nproc), "DDPKIT_MASTER_PORT": str(free_port()),
@@ -202,6 +203,8 @@ def main() -> int:
     ap.add_argument("--warm", action="store_true", help="run every fault run on the cold path (DDPKIT_WARM=0) "
                     "and on the warm path (DDPKIT_WARM=1, trainer/warm.py), interleaved, with warm / cold "
                     "ratios (the fault-free runs are skipped)")
+    ap.add_argument("--async-save", action="store_true", help="with --warm: a third run, warm with "
+                    "`checkpoint.async_save` (the copy to host memory in the step, the write beside training)")
     ap.add_argument("--baseline", type=Path, help="an earlier source tree (e.g. `git archive COMMIT | tar -x "
                     "-C DIR`): its trainer runs the same fault runs, interleaved with this one's, and the "
                     "table gets this / baseline ratios (the fault-free runs are skipped)")
@@ -213,12 +216,15 @@ def main() -> int:
         max_steps = max(50, int(args.train_s / calib["median_step_s"]))
         print(f"calibration: {calib['median_step_s'] * 1000:.0f} ms/step -> max_steps {max_steps}", flush=True)
         rows, data, ratios = [], {}, []
-        trees = [("this", REPO, None)] + ([("baseline", args.baseline.resolve(), None)] if args.baseline else [])
+        trees = [("this", REPO, None, False)] + ([("baseline", args.baseline.resolve(), None, False)]
+                                                  if args.baseline else [])
         if args.warm:
-            trees = [("cold", REPO, False), ("warm", REPO, True)]
+            trees = [("cold", REPO, False, False), ("warm", REPO, True, False)]
+            trees += [("warm+async", REPO, True, True)] if args.async_save else []
         runs = [("faults", args.fault_every)] + ([] if args.baseline or args.warm else [("none", None)])
-        for every, (label, fault), (tag, tree, warm) in itertools.product(args.intervals, runs, trees):
-            r = run_once(work, f"c{every}-{label}-{tag}", every, max_steps, args.nproc, fault, tree, warm)
+        for every, (label, fault), (tag, tree, warm, async_save) in itertools.product(args.intervals, runs, trees):
+            r = run_once(work, f"c{every}-{label}-{tag.replace('+', '-')}", every, max_steps, args.nproc, fault,
+                         tree, warm, async_save)
             data[f"{tag}-every{every}-{label}"] = r
             lost = r["lost"]
             rows.append([every if tag == "this" else f"{every} ({tag})",

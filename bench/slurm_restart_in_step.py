@@ -6,9 +6,10 @@ first step, with no requeue (the job keeps its allocation), side by side in one 
   template (trainer/warm.py);
 - `in the step, cold`: the same with `train.warm_restarts: false` (every worker imports torch
   again);
-- `new step`: elastic `nodes: 1:2` (README "Restarts inside the allocation"): torchrun restarts
-  nothing, the batch shell probes the nodes and starts a new job step on the healthy ones, so
-  every node's launcher and its template start afresh.
+- `new step`: elastic `nodes: 1:2` and a spare (README "Restarts inside the allocation": Slurm
+  then allocates both nodes, and the step runs on both): torchrun restarts nothing, the batch
+  shell probes the nodes and starts a new job step on the healthy ones, so every node's
+  launcher and its template start afresh.
 
 The job is examples/quickstart-2node.yaml (2 nodes x 2 gloo ranks) with a long `max_steps`; once
 the attempt has trained 30 steps, `kill -9` of rank 3's process on node 2 (the testbed's nodes
@@ -44,7 +45,7 @@ from deploy.testbed import slurm as testbed  # noqa: E402
 JOB = REPO / "examples" / "quickstart-2node.yaml"
 SETTINGS = {"in the step, warm": {"warm_restarts": True},
             "in the step, cold": {"warm_restarts": False},
-            "new step": {"warm_restarts": True, "nodes": "1:2"}}
+            "new step": {"warm_restarts": True, "nodes": "1:2", "spare_nodes": 1}}
 
 
 def rank_pid(rank: int) -> int | None:
@@ -82,7 +83,8 @@ def submit(env: dict, work: Path, name: str, setting: dict, kills: int) -> str:
     job.update(name=name, restarts=kills + 1)
     if "nodes" in setting:
         job["nodes"] = setting["nodes"]
-    job["slurm"] = {**job.get("slurm", {}), "venv": sys.prefix, "requeue": False}
+    job["slurm"] = {**job.get("slurm", {}), "venv": sys.prefix, "requeue": False,
+                    "spare_nodes": setting.get("spare_nodes", 0)}
     job["train"].update(max_steps=100000, epochs=1000, plot=False, warm_restarts=setting["warm_restarts"])
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(job, sort_keys=False))

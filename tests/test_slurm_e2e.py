@@ -546,29 +546,36 @@ def hang_train(where: str, marker: Path) -> dict:
                            "marker": str(marker)}}
 
 
+#: the watchdog's cases: where rank 3 stops -> (cause, what the verdict says of rank 3 on node 2)
+HANG_KINDS = {"data": ("stuck-outside-collective", "rank 3 on {node} in data"),
+              "forward": ("stuck-outside-collective", "rank 3 on {node} in forward"),
+              "stop": ("frozen", "rank 3 on {node} (pid ")}
+
+
 def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
-    """Submitted together (the last starts when a node has a CPU free), then each checked: (1) torchrun mode, rank 3 stuck in a DataLoader
-    worker; (2) srun mode, rank 3 asleep in its forward; (2b) torchrun mode, rank 3 SIGSTOPped
-    (frozen: its stacks read by py-spy from rank 2): the watchdog names rank 3 on node 2
-    within 30 s, every rank's stacks under the run directory, `why` says hang, rank and node;
-    (3) your own torchrun script (tests/hang_script.py) whose rank 3 sleeps: rank 0's 10 s
-    process-group timeout fires, every rank's stacks are written and the launcher's verdict
-    names rank 3 on node 2; (4) a job that ignores the warning signal and outlives its 1-minute
-    limit: Slurm ends it TIMEOUT, `why` says time-limit. `why` answers within 10 s of each end."""
+    """Submitted together (Slurm starts each when its nodes have the CPUs), then each checked:
+    (1) rank 3 stuck in a DataLoader worker, asleep in its forward, or SIGSTOPped (frozen: its
+    stacks read by py-spy from rank 2), each in torchrun mode and in srun mode: the watchdog
+    names rank 3 on node 2 within 30 s, every rank's stacks under the run directory, `why`
+    says hang, rank and node; (2) your own torchrun script (tests/hang_script.py) whose rank 3
+    sleeps: rank 0's 10 s process-group timeout fires, every rank's stacks are written and the
+    launcher's verdict names rank 3 on node 2; (3) a job that ignores the warning signal and
+    outlives its 1-minute limit: Slurm ends it TIMEOUT, `why` says time-limit. `why` answers
+    within 10 s of each end."""
     shutil.copy(REPO / "tests" / "hang_script.py", tmp_path / "hang_script.py")
-    cases = {  # in this order: the last ones wait for a CPU of node 1 (4 each; srun mode takes 2)
+    cases = {  # 4 CPUs a node: srun mode takes 2, torchrun mode 1; the later ones wait their turn
         "time-limit": corpus_job(tmp_path / "time-limit", "time-limit", nodes=1, procs_per_node=1, time_limit="1m",
                                  command=["bash", "-c", "trap '' USR2; exec sleep 600"],
                                  slurm={"signal_seconds": 10}, checkpoint={"ephemeral": True}),
-        "hang-torchrun": corpus_job(tmp_path / "hang-torchrun", "hang-torchrun",
-                                    train=hang_train("data", tmp_path / "hung-data")),
-        "hang-srun": corpus_job(tmp_path / "hang-srun", "hang-srun", slurm={"launcher": "srun"},
-                                resources={"cpus_per_node": 2, "memory": "2Gi"},
-                                train=hang_train("forward", tmp_path / "hung-forward")),
-        "hang-stop": corpus_job(tmp_path / "hang-stop", "hang-stop", train=hang_train("stop", tmp_path / "hung-stop")),
-        "script-timeout": corpus_job(tmp_path / "script-timeout", "script-timeout", train=None, checkpoint=None,
-                                     script=str(tmp_path / "hang_script.py"), env={"HANG_RANK": "3", "TIMEOUT_S": "10"}),
     }
+    for where in HANG_KINDS:
+        for mode in ("torchrun", "srun"):
+            name = f"hang-{where}-{mode}"
+            cases[name] = corpus_job(tmp_path / name, name, train=hang_train(where, tmp_path / f"hung-{name}"),
+                                     **({"slurm": {"launcher": "srun"}, "resources": {"cpus_per_node": 2, "memory": "2Gi"}}
+                                        if mode == "srun" else {}))
+    cases["script-timeout"] = corpus_job(tmp_path / "script-timeout", "script-timeout", train=None, checkpoint=None,
+                                         script=str(tmp_path / "hang_script.py"), env={"HANG_RANK": "3", "TIMEOUT_S": "10"})
     handles = {}
     for name, path in cases.items():
         proc = ddpkit("submit", "slurm", path, cwd=Path(path).parent, env=cluster)
@@ -586,9 +593,8 @@ def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
         return why.stdout.splitlines()
 
     node2 = NODES[1]
-    expected = {"hang-torchrun": ("stuck-outside-collective", f"rank 3 on {node2} in data"),
-                "hang-srun": ("stuck-outside-collective", f"rank 3 on {node2} in forward"),
-                "hang-stop": ("frozen", f"rank 3 on {node2} (pid ")}
+    expected = {f"hang-{where}-{mode}": (cause, said.format(node=node2))
+                for where, (cause, said) in HANG_KINDS.items() for mode in ("torchrun", "srun")}
     for name, (cause, said) in expected.items():
         why = ended(name, {"FAILED"})
         log = job_log(cluster, handles[name])

@@ -308,7 +308,12 @@ class Watchdog:
         self.dumped = True
         self.debug_dir.mkdir(parents=True, exist_ok=True)
         path = self.debug_dir / f"rank-{self.rank}.txt"
-        with path.open("w") as fh:
+        # there already: read from outside while this rank was stopped (dump_from_outside), and
+        # it runs again (Slurm's kill sequence sends SIGCONT before SIGTERM): both are kept
+        again = path.exists()
+        with path.open("a" if again else "w") as fh:
+            if again:
+                fh.write("\n--- then it ran again (SIGCONT) and wrote its own:\n")
             fh.write(f"rank {self.rank} on {socket.gethostname()} (pid {os.getpid()}), attempt {self.attempt}, "
                      f"in {self.hb.phase} at step {self.hb.step} for {time.time() - self.hb.since:.1f}s\n\n")
             fh.flush()
