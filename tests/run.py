@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import K8S_TESTBED_MODULES
+from tests.conftest import K8S_TESTBED_MODULES, testbed_order
 
 REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / ".pytest-k8s-tier.log"
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if argv or os.environ.get("DDPKIT_TEST_SERIAL"):
         return subprocess.call(pytest + argv, cwd=REPO)
-    k8s_tier = sorted(f"tests/{name}" for name in K8S_TESTBED_MODULES)
+    k8s_tier = [f"tests/{name}" for name in sorted(K8S_TESTBED_MODULES, key=lambda n: (testbed_order(n), n))]
     print(f"tests/run.py: the Kubernetes tier ({len(k8s_tier)} modules) runs beside the rest; its output: {LOG.name}",
           flush=True)
     with LOG.open("w") as log:

@@ -223,7 +223,7 @@ def test_topology_places_each_flavor_in_the_fewest_racks_with_ranks_in_rack_orde
     Workers' ranks 1-15 are the ones in rack order."""
     from deploy.k8s.submit import pods_by_rank
 
-    require((testbed.bin_dir() / "kwok").exists(), "kwok is not built (DDPKIT_K8S_EXTRAS=kwok bash k8s/testbed/build.sh)")
+    require((testbed.bin_dir() / "kwok").exists(), "kwok is not built (bash k8s/testbed/build.sh kwok)")
     key, value = testbed.FAKE_NODE_LABEL
     testbed.fake_nodes(16)
     try:

@@ -119,8 +119,9 @@ def test_kueue_manifests_point_at_loopback_and_keep_only_the_used_integrations(t
     APIService; every webhook (and CRD conversion webhook) on https://127.0.0.1:19446 with our
     CA; webhook entries only for Kueue's own kinds and the four integrations the testbed turns
     on (an entry for pods would refuse every pod while Kueue is down: failurePolicy Fail)."""
+    k8s.wait_for_build()  # CI's background build compiles Kueue after the cluster's components
     require(k8s.manifests_dir("kueue").is_dir() and (k8s.bin_dir() / "kubectl").exists(),
-            "build.sh's cache has no Kueue (bash k8s/testbed/build.sh)")
+            "build.sh's cache has no Kueue (bash k8s/testbed/build.sh kueue)")
     import base64
 
     import yaml
@@ -151,3 +152,54 @@ def test_kueue_queues_are_sized_to_the_nodes_allocatable():
     assert cq["spec"]["preemption"] == {"withinClusterQueue": "LowerPriority"}
     assert lq["spec"]["clusterQueue"] == cq["metadata"]["name"] == lq["metadata"]["name"] == k8s.KUEUE_QUEUE
     assert flavor["kind"] == "ResourceFlavor" and lq["metadata"]["namespace"] == "default"
+
+
+def _cached_build(cache, versions):
+    """A build.sh cache in which every component of `versions` is built (a stamp, a binary):
+    build.sh then compiles nothing, and only its locking and linking run."""
+    v = versions
+    dirs = {f"kubernetes-{v}": [], f"etcd-{v}": [], f"containerd-{v}": [],
+            f"training-operator-{v}": ["manifests"],
+            f"controllers-trainer{v}-jobset{v}-coredns{v}": ["manifests/trainer", "manifests/jobset"],
+            f"kueue-{v}-trainer{v}-jobset{v}": ["manifests/kueue"], f"kwok-{v}": ["manifests/kwok"]}
+    for d, subdirs in dirs.items():
+        for sub in ["bin", *subdirs]:
+            (cache / d / sub).mkdir(parents=True)
+        (cache / d / "bin" / d.split("-")[0]).write_text("")
+        (cache / d / ".done").write_text("")
+    names = ["KUBERNETES", "ETCD", "CONTAINERD", "COREDNS", "TRAINING_OPERATOR", "JOBSET", "TRAINER",
+             "KUEUE", "KWOK"]
+    return {f"{n}_VERSION": v for n in names}
+
+
+def test_build_lets_the_cluster_go_on_while_the_extras_compile(tmp_path):
+    """CI's background `build.sh kueue kwok` holds the extras' lock while Kueue and kwok compile:
+    a `build.sh` that needs only the cluster's components (`testbed k8s up`) returns at once, while
+    `build.sh --wait` and `build.sh kueue` (Kueue's tests) wait for the extras to be built."""
+    import os
+    import signal
+    import time
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, DDPKIT_K8S_CACHE=str(cache), **_cached_build(cache, "0.0.1"))
+    build = ["bash", str(SCRIPTS[0])]
+    cache.mkdir(exist_ok=True)
+    holder = subprocess.Popen(["flock", str(cache / ".extras.lock"), "sleep", "60"], start_new_session=True)
+    try:
+        while subprocess.run(["flock", "-n", str(cache / ".extras.lock"), "true"]).returncode == 0:
+            time.sleep(0.05)  # until the holder has it
+        core = subprocess.run(build, env=env, capture_output=True, text=True, timeout=30)
+        assert core.returncode == 0, core.stderr
+        assert core.stdout.strip() == str(cache / "bin") and (cache / "bin" / "kubernetes").exists()
+        assert not (cache / "bin" / "kueue").exists()  # not asked for: not linked
+        waiters = [subprocess.Popen(build + args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True) for args in (["--wait"], ["kueue"])]
+        time.sleep(2)
+        assert [w.poll() for w in waiters] == [None, None], "returned while the extras' lock was held"
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)  # flock and its sleep, which holds the lock too
+        holder.wait()
+    outs = [w.communicate(timeout=30) for w in waiters]
+    assert [w.returncode for w in waiters] == [0, 0], outs
+    assert "waiting for it to finish" in outs[1][1] and (cache / "bin" / "kueue").exists()
+    assert (cache / "components").read_text().split()[-2:] == ["kueue-0.0.1-trainer0.0.1-jobset0.0.1", "kwok-0.0.1"]

@@ -129,13 +129,19 @@ def ensure_packages() -> None:
         apt_install(PACKAGES)
 
 
-def ensure_binaries() -> None:
-    """Build the Go binaries unless build.sh's cache already has them. From a source checkout
-    with Go on PATH build.sh always runs: it returns at once when every component of its pinned
-    versions is cached, and when another build.sh is compiling (CI starts one in the
-    background) it waits for that one."""
-    needed = ["kube-apiserver", "kubelet", "kubectl", "etcd", "containerd", "coredns",
-              "training-operator.v1", "jobset", "trainer-controller-manager", "pause", "kueue"]
+#: build.sh's binaries: the cluster's, and each extra's (built after them, on request)
+CLUSTER_BINARIES = ("kube-apiserver", "kubelet", "kubectl", "etcd", "containerd", "coredns",
+                    "training-operator.v1", "jobset", "trainer-controller-manager", "pause")
+EXTRA_BINARIES = {"kueue": "kueue", "kwok": "kwok"}
+
+
+def ensure_binaries(*extras: str) -> None:
+    """Build the cluster's Go binaries, and the `extras` ("kueue", "kwok"), unless build.sh's
+    cache already has them. From a source checkout with Go on PATH build.sh always runs: it
+    returns at once when every component asked for is cached, and when another build.sh is
+    compiling (CI starts one in the background) it waits for that one's phase it needs: the
+    cluster's components, or also its extras."""
+    needed = [*CLUSTER_BINARIES, *(EXTRA_BINARIES[x] for x in extras)]
     have = all((bin_dir() / b).exists() for b in needed) and (cache_dir() / "manifests").is_dir()
     build = scripts_dir() / "build.sh"  # not in the wheel: the binaries are built from a checkout
     if shutil.which("go") is None or not build.is_file():
@@ -147,8 +153,16 @@ def ensure_binaries() -> None:
     if not have:
         print("testbed: building the Kubernetes testbed binaries (once; tens of minutes on 2 cores)",
               file=sys.stderr)
-    if subprocess.run(["bash", str(build)], stdout=subprocess.DEVNULL).returncode != 0:
+    if subprocess.run(["bash", str(build), *extras], stdout=subprocess.DEVNULL).returncode != 0:
         raise RuntimeFailure("k8s/testbed/build.sh failed (see above)")
+
+
+def wait_for_build() -> None:
+    """Wait for a build.sh that is compiling (both its phases; `build.sh --wait`), build nothing:
+    for checks that read what the build leaves, e.g. Kueue's manifests."""
+    build = scripts_dir() / "build.sh"
+    if shutil.which("go") is not None and build.is_file():
+        subprocess.run(["bash", str(build), "--wait"], stdout=subprocess.DEVNULL, check=False)
 
 
 def _script(action: str, *args: str, quiet: bool = False) -> int:
@@ -191,7 +205,7 @@ def enable_kueue() -> None:
     """Start Kueue on the running cluster (cluster.sh `kueue`; `ddpkit testbed k8s up --kueue`),
     with the LocalQueue KUEUE_QUEUE in namespace default; a no-op when it runs."""
     _require_root()
-    ensure_binaries()
+    ensure_binaries("kueue")
     if _script("kueue") != 0:
         raise RuntimeFailure("Kueue did not start on the Kubernetes testbed (see above)")
 
@@ -200,6 +214,8 @@ def fake_nodes(count: int) -> None:
     """`count` kwok fake nodes beside the real ones (cluster.sh `fake-nodes`; 0 removes them):
     the real scheduler places pods there and kwok plays their kubelet (Ready, pods Running)."""
     _require_root()
+    if count:
+        ensure_binaries("kwok")
     if _script("fake-nodes", str(count)) != 0:
         raise RuntimeFailure(f"could not make {count} fake nodes (see above)")
 

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Build the Kubernetes testbed's Go binaries from their published Go modules, once per version.
 #
-#   bash k8s/testbed/build.sh            # builds what is missing, prints the cache's bin dir last
-#   DDPKIT_K8S_EXTRAS=kwok bash k8s/testbed/build.sh   # also the opt-in extra kwok (fake nodes;
-#   bash k8s/testbed/build.sh kwok                      #  no test uses it yet). Kueue is built always.
+#   bash k8s/testbed/build.sh            # the cluster's components; prints the cache's bin dir last
+#   bash k8s/testbed/build.sh kueue kwok # ... and then the extras: Kueue (`testbed k8s up --kueue`),
+#   DDPKIT_K8S_EXTRAS="kueue kwok" bash k8s/testbed/build.sh   #  kwok (fake nodes)
+#   bash k8s/testbed/build.sh --wait     # waits for a running build.sh (both phases), builds nothing
 #
 # Everything lands in $DDPKIT_K8S_CACHE/<component>-<version>/ (default /var/cache/ddpkit/k8s),
 # outside the clone, so a later clone (and CI on the same machine) reuses an earlier build.
 # Each component has its own stamp: an interrupted build resumes with the next component.
-# Builds take a lock on the cache: a concurrent build.sh waits for the running one.
+# Two phases, each under its own lock on the cache: the cluster's components, then the extras. A
+# build.sh that needs only the cluster waits for a running build's first phase, not its extras:
+# on a cold CI machine the Kubernetes tests start while Kueue and kwok still compile (~6 min).
+# DDPKIT_K8S_EXTRAS_NICE=N: the extras phase runs at niceness N (CI: 19, the cluster's at 5).
 set -euo pipefail
 
 KUBERNETES_VERSION=${KUBERNETES_VERSION:-1.34.10}
@@ -21,14 +25,14 @@ TRAINER_VERSION=${TRAINER_VERSION:-2.3.0}
 KUEUE_VERSION=${KUEUE_VERSION:-0.18.4}   # README: "Kueue and kwok"
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 
-# Kueue after the controllers always; kwok only when asked for (env or arguments): a plain
-# build.sh builds, caches and lists exactly the testbed's components.
+# Extras, built after the controllers when asked for (env or arguments), in this order
 read -ra asked <<< "${DDPKIT_K8S_EXTRAS:-} $*"
-EXTRAS=(kueue)   # Kueue is part of the testbed (`testbed k8s up --kueue`, tests/test_k8s_kueue.py)
+EXTRAS=() WAIT_ONLY=0
 for x in "${asked[@]}"; do
   case $x in
     kueue|kwok) [[ " ${EXTRAS[*]} " == *" $x "* ]] || EXTRAS+=("$x") ;;
-    *) echo "build.sh: unknown extra '$x' (known: kueue kwok)" >&2; exit 2 ;;
+    --wait) WAIT_ONLY=1 ;;
+    *) echo "build.sh: unknown extra '$x' (known: kueue kwok, or --wait)" >&2; exit 2 ;;
   esac
 done
 
@@ -204,16 +208,35 @@ kwok() {
     > "$out/../manifests/kwok/stage-fast.yaml"
 }
 
-# One build at a time: a second build.sh (`ddpkit testbed k8s up` while .ci/run's background
-# build is still compiling) waits for the first, then finds everything cached.
-exec 9>"$CACHE/.build.lock"
-if ! flock -n 9; then
-  log "another build.sh is building into $CACHE: waiting for it to finish"
-  flock 9
-fi
+# Locks: .build.lock for the cluster's components, .extras.lock for the extras. A build with
+# extras takes the second before it lets the first go, so a build.sh that took the first after it
+# (`--wait`, or `build.sh kueue`) finds the extras' lock held until they are built.
+take_lock() {   # FD FILE WHAT
+  eval "exec $1>\"\$CACHE/$2\""
+  if ! flock -n "$1"; then
+    log "another build.sh is building $3 into $CACHE: waiting for it to finish"
+    flock "$1"
+  fi
+}
+take_lock 9 .build.lock "the cluster's components"
+if (( WAIT_ONLY )); then exec 9>&-; take_lock 8 .extras.lock "the extras"; exit 0; fi
+
+# link DIR...: $CACHE/bin/<binary> and $CACHE/manifests/<controller> -> the built component's
+link() {
+  mkdir -p "$CACHE/manifests"
+  for d in "$@"; do
+    ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
+    case $d in
+      training-operator-*) ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/training-operator" ;;
+      controllers-*) for m in trainer jobset; do ln -sfn "$CACHE/$d/manifests/$m" "$CACHE/manifests/$m"; done ;;
+      kueue-*|kwok-*) ln -sfn "$CACHE/$d/manifests/${d%%-*}" "$CACHE/manifests/${d%%-*}" ;;
+    esac
+  done
+}
 
 start=$SECONDS
 CONTROLLERS=trainer$TRAINER_VERSION-jobset$JOBSET_VERSION-coredns$COREDNS_VERSION
+KUEUE_DIR=kueue-$KUEUE_VERSION-trainer$TRAINER_VERSION-jobset$JOBSET_VERSION
 COMPONENTS=("kubernetes-$KUBERNETES_VERSION" "etcd-$ETCD_VERSION" "containerd-$CONTAINERD_VERSION"
   "training-operator-$TRAINING_OPERATOR_VERSION" "controllers-$CONTROLLERS")
 build kubernetes "$KUBERNETES_VERSION" kubernetes
@@ -221,22 +244,23 @@ build etcd "$ETCD_VERSION" etcd
 build containerd "$CONTAINERD_VERSION" containerd
 build training-operator "$TRAINING_OPERATOR_VERSION" training_operator
 build controllers "$CONTROLLERS" controllers
-for x in "${EXTRAS[@]}"; do   # after the controllers: they reuse the controllers' compiled packages
-  case $x in
-    kueue) COMPONENTS+=("kueue-$KUEUE_VERSION-trainer$TRAINER_VERSION-jobset$JOBSET_VERSION")
-      build kueue "$KUEUE_VERSION-trainer$TRAINER_VERSION-jobset$JOBSET_VERSION" kueue ;;
-    kwok) COMPONENTS+=("kwok-$KWOK_VERSION"); build kwok "$KWOK_VERSION" kwok ;;
-  esac
-done
-mkdir -p "$CACHE/manifests"
-for d in "${COMPONENTS[@]}"; do
-  ln -sf "$CACHE/$d/bin/"* "$CACHE/bin/"
-  case $d in   # $CACHE/manifests/<controller> -> its upstream manifests
-    training-operator-*) ln -sfn "$CACHE/$d/manifests" "$CACHE/manifests/training-operator" ;;
-    controllers-*) for m in trainer jobset; do ln -sfn "$CACHE/$d/manifests/$m" "$CACHE/manifests/$m"; done ;;
-    kueue-*|kwok-*) ln -sfn "$CACHE/$d/manifests/${d%%-*}" "$CACHE/manifests/${d%%-*}" ;;
-  esac
-done
-printf '%s\n' "${COMPONENTS[@]}" > "$CACHE/components"   # what bench/k8s_testbed.py reports
+link "${COMPONENTS[@]}"
+if (( ${#EXTRAS[@]} )); then
+  take_lock 8 .extras.lock "the extras"
+  exec 9>&-   # the cluster's components are built: a build.sh that needs only them goes on
+  # CI: the extras compile beside the Kubernetes tests, which should not wait on the CPU for them
+  [[ -z ${DDPKIT_K8S_EXTRAS_NICE:-} ]] || renice -n "$DDPKIT_K8S_EXTRAS_NICE" -p $$ >/dev/null
+  for x in "${EXTRAS[@]}"; do   # after the controllers: they reuse the controllers' compiled packages
+    case $x in
+      kueue) build kueue "${KUEUE_DIR#kueue-}" kueue; link "$KUEUE_DIR" ;;
+      kwok) build kwok "$KWOK_VERSION" kwok; link "kwok-$KWOK_VERSION" ;;
+    esac
+  done
+fi
+# what bench/k8s_testbed.py reports: the pinned components built so far
+for d in "${COMPONENTS[@]}" "$KUEUE_DIR" "kwok-$KWOK_VERSION"; do
+  [[ -f $CACHE/$d/.done ]] && echo "$d"
+done > "$CACHE/components.$$"
+mv "$CACHE/components.$$" "$CACHE/components"
 log "all built or cached in $((SECONDS - start)) s; $(du -sh "$CACHE" --exclude=go-build | cut -f1) of binaries"
 echo "$CACHE/bin"

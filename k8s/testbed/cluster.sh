@@ -603,7 +603,7 @@ training_operator_ready() {
 kueue() { # Kueue as a host process on the running cluster (idempotent): its CRDs, RBAC and
   # webhooks (deploy/testbed/k8s.py write_kueue_manifests), then the manager, then the queues
   # (through its own webhooks, so after its readyz). `up` does it with DDPKIT_K8S_TESTBED_KUEUE=1.
-  [ -x "$BIN/kueue" ] || fail "missing $BIN/kueue: build it first (bash k8s/testbed/build.sh)"
+  [ -x "$BIN/kueue" ] || fail "missing $BIN/kueue: build it first (bash k8s/testbed/build.sh kueue)"
   if kueue_on && pid_ok kueue; then
     log "Kueue already running"
     return 0
