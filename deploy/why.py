@@ -27,6 +27,7 @@ from trainer.attempts import (
     FAILED_WORKER,
     LAUNCH_DIR,
     OOM_LINE,
+    PEER_GONE,
     read_records,
     read_verdicts,
     signal_name,
@@ -57,9 +58,6 @@ CATEGORIES = {
     "failed": "the job failed, and no record says how (see the log)",
 }
 _TERM = {"SIGTERM"}  # what torchrun sends the rest of a group once one worker failed
-#: An exception that says only that another rank went away (gloo's and NCCL's words, c10d's).
-_PEER_GONE = re.compile(r"Connection (reset|closed)|remote worker|Broken pipe|DistNetworkError|"
-                        r"DistBackendError|peer|NCCL communicator was aborted|Socket Timeout", re.IGNORECASE)
 
 
 @dataclass
@@ -172,7 +170,7 @@ def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any]
         cause = verdict_cause(verdict)
         cause.evidence, cause.attempt = f"{cause.evidence}; the others: {verdict.get('others')}", n
         return cause
-    own = [e for e in errors if not _PEER_GONE.search(f"{e.get('type')}: {e.get('message')}")]
+    own = [e for e in errors if not PEER_GONE.search(f"{e.get('type')}: {e.get('message')}")]
     timed_out = [e for e in own if _COLLECTIVE_TIMEOUT.search(f"{e.get('type')}: {e.get('message')}")]
     if own and len(timed_out) == len(own):  # they waited for a rank that said nothing: the culprit
         return timeout_cause(timed_out, failures, hosts or {}, n)
@@ -307,7 +305,7 @@ def log_cause(text: str) -> Cause | None:
               if (f := FAILED_WORKER.search(line))]
     if failed:
         # the rank's own exception first; a peer's "connection closed" is the consequence
-        own = [(j, m) for j, m in raised if not _PEER_GONE.search(m.group(0))]
+        own = [(j, m) for j, m in raised if not PEER_GONE.search(m.group(0))]
         killed = [f for f in failed if signal_name(f[1]) and signal_name(f[1]) not in _TERM]
         if own or not killed:
             j, m = (own or raised or [(None, None)])[0]

@@ -87,6 +87,53 @@ def test_every_worker_torchrun_saw_fail_is_recorded_not_only_its_first(tmp_path)
     assert sorted((f["rank"], f["exitcode"]) for f in record.failures) == [(2, 1), (3, 3)], \
         (record.failures, proc.stderr[-3000:])
 
+DIED_THEN_PEER_RAISED = """
+import os, pathlib, signal, time
+from torch.distributed.elastic.multiprocessing.errors import record
+from trainer.train import torchrun_error_handler
+
+rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def main():
+    if restart:
+        return
+    pathlib.Path(f"ready-{rank}").touch()
+    while not all(pathlib.Path(f"ready-{r}").exists() for r in (0, 1)):
+        time.sleep(0.01)
+    if rank == 0:  # both fail in the same second, late in it: torchrun looks in a later one
+        pathlib.Path(".when").write_text(str(int(time.time()) + 1.85))
+        os.replace(".when", "when")
+    while not pathlib.Path("when").exists():
+        time.sleep(0.01)
+    time.sleep(max(0.0, float(pathlib.Path("when").read_text()) - time.time()))
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.05)  # gloo's words when the peer's socket closes
+    raise RuntimeError("Read error [127.0.0.1]:4242: Connection reset by peer")
+
+
+record(main, torchrun_error_handler())()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_names_the_rank_that_died_not_the_peer_that_raised_after_it(tmp_path):
+    """With restarts left torchrun prints one `failed (exitcode ...)` line, for the failure with
+    the smallest whole-second timestamp, and no table: rank 0's error file, dated when it raised,
+    would beat rank 1's death, dated when torchrun looked. The trainer's error handler dates a
+    peer's "connection reset" later, so torchrun itself names rank 1 and its SIGKILL."""
+    (tmp_path / "worker.py").write_text(DIED_THEN_PEER_RAISED)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "RANK"))}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--master-port", str(free_port()), "--monitor-interval", "3", "--max-restarts", "1",
+                           "worker.py"], cwd=tmp_path, capture_output=True, text=True, timeout=180,
+                          env={**env, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    failed = [line for line in proc.stderr.splitlines() if "failed (exitcode" in line]
+    assert len(failed) == 1 and "failed (exitcode: -9) local_rank: 1 " in failed[0], proc.stderr[-3000:]
+
+
 def test_the_scheduler_words_win_for_what_only_it_knows():
     line = ("JobId=7 JobName=demo JobState=NODE_FAIL Reason=NodeDown Dependency=(null) Requeue=0 "
             "Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:01:02 TimeLimit=00:10:00")

@@ -41,6 +41,13 @@ TABLE_RANK = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: (\d+)\)")
 TABLE_EXIT = re.compile(r"^\s*exitcode\s*: (-?\d+) \(pid: (\d+)\)")
 #: the launcher's line when its memory cgroup counted OOM kills (a log says so too)
 OOM_LINE = "the OOM killer ended"
+#: An exception that says only that another rank went away (gloo's and NCCL's words, c10d's):
+#: the consequence of the rank that died, never the cause.
+PEER_GONE = re.compile(r"Connection (reset|closed)|remote worker|Broken pipe|DistNetworkError|"
+                       r"DistBackendError|peer|NCCL communicator was aborted|Socket Timeout", re.IGNORECASE)
+#: How much later than it happened torchrun's error file dates an exception that only says a
+#: peer went away (`postdate_error_file`).
+CONSEQUENCE_LATER_S = 60
 
 
 def run_directory(output_dir: str, run_id: str) -> Path:
@@ -55,6 +62,24 @@ def write_json(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, path)
+
+
+def postdate_error_file(path: str | None, seconds: int) -> None:
+    """Date torchrun's error file `seconds` later. torchrun names the failure with the smallest
+    timestamp, in whole seconds, first: in its `failed (exitcode ...)` line (the only one when it
+    restarts the group) and as the root cause of its summary. A worker killed by a signal leaves
+    no error file and is dated when torchrun notices it; its peer, whose collective then broke,
+    raises a moment earlier than that when a second ticks over in between, and would be named
+    instead. Dated later, the consequence comes after the rank that died."""
+    if not path:
+        return
+    try:
+        data = json.loads(Path(path).read_text())
+        info = data["message"]["extraInfo"]
+        info["timestamp"] = str(int(info["timestamp"]) + seconds)
+        Path(path).write_text(json.dumps(data))
+    except (OSError, ValueError, KeyError, TypeError):
+        return
 
 
 def signal_name(exitcode: int) -> str | None:

@@ -1427,11 +1427,28 @@ def main() -> int:
     # `entry`'s @record, which writes torchrun's error file so its failure summary names it.
 
 
+def torchrun_error_handler() -> Any:
+    """torchrun's error handler (its `@record` writes the error file), except that an exception
+    that only says a peer went away is dated later (attempts.py `postdate_error_file`), so
+    torchrun names the rank that died rather than its peer."""
+    from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+    from trainer.attempts import CONSEQUENCE_LATER_S, PEER_GONE, postdate_error_file
+
+    class ConsequenceLast(ErrorHandler):
+        def record_exception(self, e: BaseException) -> None:
+            super().record_exception(e)
+            if PEER_GONE.search(f"{type(e).__name__}: {e}"):
+                postdate_error_file(self._get_error_file_path(), CONSEQUENCE_LATER_S)
+
+    return ConsequenceLast()
+
+
 def entry() -> None:
     """`python -m trainer.train` / `python -m trainer`: main() under torchrun's `@record`."""
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    sys.exit(record(main)())
+    sys.exit(record(main, torchrun_error_handler())())
 
 
 if __name__ == "__main__":
