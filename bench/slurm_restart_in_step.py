@@ -41,8 +41,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_common import Result, fmt  # noqa: E402
 from deploy.testbed import slurm as testbed  # noqa: E402
+from trainer.attempts import ATTEMPTS_DIR, LAUNCH_DIR, read_records  # noqa: E402
 
 JOB = REPO / "examples" / "quickstart-2node.yaml"
+PHASES = ("torchrun ended", "new launcher", "first step")
 SETTINGS = {"in the step, warm": {"warm_restarts": True},
             "in the step, cold": {"warm_restarts": False},
             "new step": {"warm_restarts": True, "nodes": "1:2", "spare_nodes": 1}}
@@ -95,19 +97,54 @@ def submit(env: dict, work: Path, name: str, setting: dict, kills: int) -> str:
     return proc.stdout.strip()
 
 
-def kill_and_time(run_dir: Path, attempt: int) -> float:
+def kill_and_time(run_dir: Path, attempt: int) -> tuple[float, float, float]:
+    """Kill rank 3 once attempt `attempt - 1` trained 30 steps: the seconds to attempt
+    `attempt`'s first step, the kill's wall-clock time and the first step's."""
     until(f"attempt {attempt - 1} past 30 steps", lambda: steps_logged(run_dir) >= 30 * attempt, every=0.5)
     pid = until("rank 3's process", lambda: rank_pid(3), timeout=60)
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), time.time()
     os.kill(pid, signal.SIGKILL)
     step_file = run_dir / "attempts" / f"attempt-{attempt}.step"
     until(f"attempt {attempt}'s first step", lambda: step_file.exists() and step_file.stat().st_size > 0)
-    return time.monotonic() - killed
+    return time.monotonic() - killed, killed_at, time.time()
+
+
+def last_launch_marks(run_dir: Path, wait_s: float = 20) -> dict[str, float]:
+    """The launch marks of the run's summary (written when the cancelled attempt stopped)."""
+    path, deadline = run_dir / "metrics.jsonl", time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        lines = path.read_text().splitlines() if path.exists() else []
+        summary = next((json.loads(x) for x in reversed(lines) if '"summary"' in x), None)
+        if summary and summary.get("launch_marks"):
+            return summary["launch_marks"]
+        time.sleep(0.5)
+    return {}
+
+
+def where_it_went(run_dir: Path, kills: list[tuple[float, float]]) -> list[dict]:
+    """Per kill (its wall time, the next first step's), from the nodes' launch records (written
+    when each launcher ends): the old launchers' torchrun noticing and ending (kill -> the last
+    one ended), the shell's part (-> the first new launcher started: the step's end, the probes,
+    the new `srun`), and the new attempt's start (-> its first step: torchrun, the rendezvous,
+    the workers, the checkpoint). In-step restarts keep their launchers: the first two are empty."""
+    launches = read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR)
+    out = []
+    for killed_at, first_step in kills:
+        old = [x["ended"] for x in launches if x["started"] < killed_at <= x.get("ended", 0)]
+        new = [x["started"] for x in launches if killed_at < x["started"] < first_step]
+        if not (old and new):
+            out.append({})
+            continue
+        out.append({"torchrun ended": max(old) - killed_at, "new launcher": min(new) - max(old),
+                    "first step": first_step - min(new)})
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS), metavar="SETTING",
+                        help=f"which restarts to time (default all: {', '.join(map(repr, SETTINGS))})")
     args = parser.parse_args()
     if not testbed.status(quiet=True):
         raise SystemExit("the Slurm testbed is down: sudo ddpkit testbed slurm up")
@@ -116,26 +153,39 @@ def main() -> None:
     rows, runs = [], []
     with tempfile.TemporaryDirectory(prefix="ddpkit-instep-") as tmp:
         os.chmod(tmp, 0o755)
-        for label, setting in SETTINGS.items():
+        for label, setting in ((k, SETTINGS[k]) for k in args.settings):
             name = "bench-instep-" + label.replace(",", "").replace(" ", "-")
             work = Path(tmp) / name
             work.mkdir()
-            handle, times = submit(env, work, name, setting, args.kills), []
+            handle, times, kills = submit(env, work, name, setting, args.kills), [], []
             try:
                 for kill in range(1, args.kills + 1):
-                    times.append(kill_and_time(work / "runs" / name, kill))
+                    took, killed_at, first_step = kill_and_time(work / "runs" / name, kill)
+                    times.append(took)
+                    kills.append((killed_at, first_step))
             except RuntimeError as err:  # the figures so far stand; the failure is reported
                 res.note(f"{label}: {err}")
             finally:
                 subprocess.run([sys.executable, "-m", "deploy", "cancel", handle], env=env, capture_output=True)
             if times:
-                print(json.dumps({"setting": label, "kill_to_first_step_s": times}), flush=True)
-                runs.append({"setting": label, "kill_to_first_step_s": times})
-                rows.append([label, fmt(statistics.median(times)), f"{min(times):.2f}-{max(times):.2f}", len(times)])
+                phases = where_it_went(work / "runs" / name, kills)
+                marks = last_launch_marks(work / "runs" / name)
+                if marks:  # the last attempt's own marks, seconds after its node's launcher started
+                    res.note(f"{label}: the last attempt, s after its launcher started: "
+                             + ", ".join(f"{k} {v:.2f}" for k, v in marks.items()))
+                print(json.dumps({"setting": label, "kill_to_first_step_s": times, "phases_s": phases}), flush=True)
+                runs.append({"setting": label, "kill_to_first_step_s": times, "phases_s": phases})
+                parts = {k: statistics.median(p[k] for p in phases if p) for k in PHASES if any(phases)}
+                rows.append([label, fmt(statistics.median(times)), f"{min(times):.2f}-{max(times):.2f}", len(times),
+                             *(fmt(parts[k]) if parts else "-" for k in PHASES)])
     res.text("`kill -9` of rank 3 (node 2) while quickstart-2node trains on the testbed (2 nodes x 2 "
              "ranks); the job keeps its allocation (no requeue); timed to the new attempt's first step.")
     res.table("kill -> the next attempt's first step inside a running Slurm job",
-              ["restart", "kill -> first step s (median)", "range", "kills"], rows)
+              ["restart", "kill -> first step s (median)", "range", "kills",
+               *(f"{k} s" for k in PHASES)], rows)
+    res.text("A new step's time by part (medians; from the nodes' launch records): kill -> the old "
+             "step's last torchrun ended; -> the first new launcher started (the step's end, the batch "
+             "shell's probes, the new srun); -> the first step (torchrun, rendezvous, workers, checkpoint).")
     res.doc["data"]["runs"] = runs
     res.save()
 
