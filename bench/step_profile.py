@@ -2,9 +2,9 @@
 
 The step is the trainer's (`trainer/train.py`): the `cnn` workload and its data loader
 (`GlobalBatches` + whole-batch `__getitems__`), channels-last, forward + cross-entropy, backward
-under DDP, SGD step, LR scheduler, `zero_grad(set_to_none=True)` and the stop vote (a 1-element
-asynchronous all-reduce per step). Each phase is timed with `perf_counter` on every step
-(`data`, `forward`, `backward` = compute + the all-reduce time DDP could not hide, `optimizer`,
+under DDP, SGD step, LR scheduler, `zero_grad(set_to_none=True)` and the stop vote
+(`trainer.train.StopVote`: a small asynchronous all-reduce about every 0.2 s of steps). Each
+phase is timed with `perf_counter` on every step (`data`, `forward`, `backward` = compute + the all-reduce time DDP could not hide, `optimizer`,
 `vote`), and the `baseline` variant is also run under `torch.profiler` to show which operators
 and collectives the time is spent in.
 
@@ -20,7 +20,8 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
 - `bucket_1mb`, `bucket_100mb`, `no_bucket_view`, `fp16_hook`, `bf16_hook` (gradient
   compression hooks), `optim_in_backward` (DDP's fused optimizer: each bucket's SGD step runs
   as soon as its all-reduce is done; not offered by the trainer, README "DDP settings"),
-  `no_vote` (without the stop vote), `timed_hook` (the trainer's all-reduce: torch's
+  `no_vote` (without the stop vote), `vote_every_step` (the stop vote at every step boundary,
+  the trainer's schedule before 2026-12-04), `timed_hook` (the trainer's all-reduce: torch's
   `allreduce_hook` in Python behind the straggler finder's clock, `trainer.stragglers.BucketClock`,
   instead of DDP's built-in C++ one), each the baseline with that one change.
 
@@ -46,8 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
+from trainer.train import StopVote  # noqa: E402
+
 VARIANTS = ["baseline", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
-            "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "timed_hook"]
+            "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook"]
 PHASES = ["data", "forward", "backward", "optimizer", "vote"]
 WARMUP = 10
 
@@ -111,7 +114,7 @@ class Variant:
         self.model, self.ddp, self.loader, self.batches, self.opt, self.sched, self.loss_fn = build(name, world, threads)
         self.times: dict[str, list[float]] = {p: [] for p in PHASES}
         self.stamps: list[float] = []
-        self.vote_buf, self.vote = None, None
+        self.vote = StopVote(None, world > 1, exact=name == "vote_every_step")  # the trainer's
         self.epoch = 0
         self.batches.start(0)
         self.it = iter(self.loader)
@@ -122,7 +125,6 @@ class Variant:
         import contextlib
 
         import torch
-        import torch.distributed as dist
 
         forward = self.ddp or self.model
         prof = None
@@ -155,21 +157,15 @@ class Variant:
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
             t4 = time.perf_counter()
-            if self.world > 1 and self.name != "no_vote":  # trainer.train.StopVote.poll
-                if self.vote is not None:
-                    self.vote.wait()
-                    bool(self.vote_buf.item())
-                self.vote_buf = torch.tensor([0])
-                self.vote = dist.all_reduce(self.vote_buf, op=dist.ReduceOp.MAX, async_op=True)
+            if self.world > 1 and self.name != "no_vote":
+                self.vote.poll(False)
             t5 = time.perf_counter()
             if record:
                 for p, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=False):
                     self.times[p].append(dt)
                 self.stamps.append(t5 - t_prev)
             t_prev = t5
-        if self.vote is not None:  # a chunk ends with no collective in flight
-            self.vote.wait()
-            self.vote = None
+        self.vote.close()  # a chunk ends with no collective in flight
         if prof is not None:
             prof.__exit__(None, None, None)
             self.top = [(e.key, e.count, e.cpu_time_total / 1e3, e.self_cpu_time_total / 1e3)

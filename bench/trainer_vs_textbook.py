@@ -11,7 +11,8 @@ per rank, at 1 and 2 ranks, under the same launcher (torchrun; ours through
 - launch-to-first-step seconds (from starting the launcher process to the end of step 1).
 
 Ours runs with its defaults for this job, checkpoints included (every 200 steps and at the
-end); evaluation and the plot are off because the textbook loop has neither.
+end); evaluation and the plot are off because the textbook loop has neither, and `epochs: 100`
+lets `--steps` end both (the textbook loop runs epochs until then).
 
     python bench/trainer_vs_textbook.py [--steps 200] [--repeats 3] [--baseline TREE]
 
@@ -72,7 +73,7 @@ def run_ours(work: Path, nproc: int, steps: int, threads: int, device: str, i: i
     name = f"ours-{nproc}-{i}" + ("" if tree == REPO else "-baseline")
     job = work / f"{name}.yaml"
     job.write_text(yaml.safe_dump({"name": name, "train": {
-        "model": model, "max_steps": steps, "threads": threads, "eval_every_epochs": 0,
+        "model": model, "max_steps": steps, "epochs": 100, "threads": threads, "eval_every_epochs": 0,
         "plot": False, "device": device, "log_every_steps": 50}}))
     env = {**base_env(threads, tree), "DDPKIT_JOB_FILE": str(job), "DDPKIT_NPROC_PER_NODE": str(nproc),
            "DDPKIT_MASTER_PORT": str(free_port()), "DDPKIT_LAUNCH_T0": repr(time.time())}

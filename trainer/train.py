@@ -116,30 +116,66 @@ class StopRequest:
 
 
 class StopVote:
-    """All ranks agree to stop at the same step, one step after any of them was signalled.
+    """All ranks agree to stop at the same step boundary, soon after any of them was signalled.
 
-    The vote is an asynchronous MAX all-reduce on a CPU (gloo) group started at one step
-    boundary and read at the next, so it never blocks the GPU stream or adds latency.
+    A vote is an asynchronous MAX all-reduce on a CPU (gloo) group, started at one step boundary
+    and read at the next, so it never blocks the GPU stream or adds latency. It carries three
+    numbers: stop (a rank was signalled), the slowest rank's mean step in microseconds since the
+    last vote, and exact (a rank has `DDPKIT_STOP_AT_STEP`). Every rank reads the same result and
+    so starts the next vote at the same boundary: `steps_between(...)` steps after the last one,
+    about `VOTE_EVERY_S` apart (at most `MAX_STEPS_BETWEEN` steps), and every step while steps
+    take longer than that, or when `exact`. A signal is acted on within about
+    `VOTE_EVERY_S` plus a step; fast steps (a small model, many ranks over gloo) do not pay
+    for a collective each. `DDPKIT_STOP_AT_STEP=N` stops after step N + 1, as a signal at step
+    N did when every step voted.
     """
 
-    def __init__(self, group: Any, distributed: bool):
-        self.group, self.distributed = group, distributed
+    VOTE_EVERY_S = 0.2
+    MAX_STEPS_BETWEEN = 20
+
+    def __init__(self, group: Any, distributed: bool, exact: bool = False):
+        self.group, self.distributed, self.exact = group, distributed, exact
         self.pending: Any = None
         self.buf: Any = None
+        self.boundary = 0  # step boundaries seen
+        self.started_at = 0  # the boundary of the last vote started
+        self.next_at = 1  # the boundary of the next vote
+        self.t_started: float | None = None  # perf_counter of the last vote started
+
+    @classmethod
+    def steps_between(cls, step_us: int, exact: bool) -> int:
+        """Steps from one vote to the next, from the slowest rank's mean step (0: not known)."""
+        if exact or step_us <= 0:
+            return 1
+        return max(1, min(cls.MAX_STEPS_BETWEEN, math.ceil(cls.VOTE_EVERY_S * 1e6 / step_us)))
 
     def poll(self, requested: bool) -> bool:
+        """At a step boundary: True when the ranks agreed to stop here."""
         if not self.distributed:
             return requested
+        self.boundary += 1
+        if self.pending is not None:
+            self.pending.wait()
+            stop, step_us, exact = (int(v) for v in self.buf.tolist())
+            self.pending = None
+            self.next_at = self.started_at + self.steps_between(step_us, bool(exact))
+            if stop:
+                return True
+        if self.boundary >= self.next_at:
+            self.start(requested)
+        return False
+
+    def start(self, requested: bool) -> None:
         import torch
         import torch.distributed as dist
 
-        stop = False
-        if self.pending is not None:
-            self.pending.wait()
-            stop = bool(self.buf.item())
-        self.buf = torch.tensor([int(requested)])
+        now = time.perf_counter()
+        step_us = 0
+        if self.t_started is not None:
+            step_us = int(1e6 * (now - self.t_started) / max(1, self.boundary - self.started_at))
+        self.t_started, self.started_at = now, self.boundary
+        self.buf = torch.tensor([int(requested), step_us, int(self.exact)], dtype=torch.int64)
         self.pending = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        return stop
 
     def close(self) -> None:
         if self.pending is not None:
@@ -324,7 +360,7 @@ class Trainer:
             import datetime
 
             self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.timeout_s))
-        self.vote = StopVote(self.control, self.distributed)
+        self.vote = StopVote(self.control, self.distributed, exact=stop.after_step > 0)
         self.ledger = ledger or Ledger(t0, phase="setup")  # rank 0's is the one written
         self.hb = Heartbeat()  # where this rank is, for the hang watchdog
         self.step_times = StepTimes()  # this rank's, per step (trainer/stragglers.py)
