@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -55,9 +56,21 @@ if [[ $1 == show && $2 == hostnames ]]; then printf 'nodeA\\nnodeB\\n'; exit 0; 
 """
 
 
+#: Where the sandboxes go: a directory of pytest's own temporary tree (`sandboxes_under`), which
+#: pytest prunes, so Hypothesis's hundreds of examples leave nothing behind in /tmp.
+SANDBOXES: list[Path] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def sandboxes_under(tmp_path_factory):
+    SANDBOXES[:] = [tmp_path_factory.mktemp("hostile-sandboxes")]
+    yield
+    shutil.rmtree(SANDBOXES.pop(), ignore_errors=True)
+
+
 def sandbox_run(script: str, extra_env: dict[str, str] | None = None) -> tuple[Path, subprocess.CompletedProcess]:
     """Run `script` with bash in a fresh directory (also its cwd); return the directory."""
-    d = Path(tempfile.mkdtemp(prefix="ddpkit-hostile-"))
+    d = Path(tempfile.mkdtemp(prefix="sandbox-", dir=SANDBOXES[0]))
     (d / "bin").mkdir()
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
         (d / "bin" / name).write_text(text)

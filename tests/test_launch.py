@@ -201,11 +201,15 @@ TINY = {"max_steps": 3, "data_samples": 512}
 
 @pytest.mark.slow
 def test_two_nodes_rendezvous_when_the_worker_node_starts_first(tmp_path):
-    """Indexed-Job context, 2 nodes x 1 process: node 1 waits for node 0's port, then trains."""
+    """Indexed-Job context, 2 nodes x 1 process: node 1 waits for node 0's port, then trains.
+    Neither node leaves anything in its temporary directory (torchrun's own log directory,
+    /tmp/torchelastic_* without --log-dir, goes inside the launcher's, which is removed)."""
     job = write_job(tmp_path, "twonode", TINY)
     port = str(free_port())
+    scratch = tmp_path / "tmpdir"
+    scratch.mkdir()
     common = {"DDPKIT_NNODES": "2", "DDPKIT_MASTER_ADDR": "127.0.0.1", "DDPKIT_MASTER_PORT": port,
-              "DDPKIT_RUN_ID": "twonode"}
+              "DDPKIT_RUN_ID": "twonode", "TMPDIR": str(scratch)}
     worker = start(job, tmp_path, nproc=1, JOB_COMPLETION_INDEX="1", **common)
     time.sleep(3)  # the worker node is waiting: nothing listens yet
     assert worker.poll() is None
@@ -218,6 +222,8 @@ def test_two_nodes_rendezvous_when_the_worker_node_starts_first(tmp_path):
     assert "context indexed-job, node rank 1" in out_w
     s = summary(tmp_path / "runs" / "twonode")
     assert s["world_size"] == 2 and s["params_identical"] and s["steps"] == 3
+    # (torch's compile cache, torchinductor_USER, is one per user, reused by every run)
+    assert sorted(p.name for p in scratch.iterdir() if not p.name.startswith("torchinductor_")) == []
 
 
 @pytest.mark.slow

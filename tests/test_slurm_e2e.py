@@ -81,8 +81,29 @@ def wait_for(cluster, handle: str, states: set[str], timeout: float = JOB_TIMEOU
         if state in states:
             return state
         if state in submit_slurm.TERMINAL or time.monotonic() > deadline:
-            pytest.fail(f"{handle} is {state}, expected {sorted(states)}\n{job_log(cluster, handle)}")
+            pytest.fail(f"{handle} is {state}, expected {sorted(states)}\n{job_log(cluster, handle)}"
+                        f"\n{daemon_log_lines(submit_slurm.job_id(handle))}")
         time.sleep(0.5)
+
+
+#: Daemon log lines that say nothing about a failure (the testbed logs slurmd at debug2).
+DAEMON_LOG_NOISE = re.compile(r"PING|ping agent|node_did_resp|(Start|Finish) processing RPC|REQUEST_FED_INFO|"
+                              r"REQUEST_JOB_INFO|pmix|MPI|profile signaling|debug levels are")
+#: ... and those that do: RPCs a node got, signals, kills, requeues, a node's comings and goings.
+DAEMON_LOG_EVENTS = re.compile(r"RPC|signal|[Kk]ill|CANCEL|[Tt]erminat|[Rr]equeu|responding|returned|"
+                               r"[Ll]aunch|done with job|error", re.ASCII)
+
+
+def daemon_log_lines(job_id: str, most: int = 40) -> str:
+    """The testbed daemons' last log lines about this job or its nodes' RPCs, for a failure
+    message: Slurm's own side of a step that was killed (who sent the signal, and when). The
+    logs hold every job of the session: the lines are the last ones, most of them this job's."""
+    out = []
+    for log in sorted((testbed.testbed_dir() / "log").glob("slurm*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if DAEMON_LOG_EVENTS.search(line) and not DAEMON_LOG_NOISE.search(line)]
+        out += [f"{log.name}: {line[:240]}" for line in lines[-most:]]
+    return "\n".join(out) or "(no daemon log lines)"
 
 
 def job_log(cluster, handle: str) -> str:

@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -677,6 +678,10 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     stop_dir = tempfile.mkdtemp(prefix="ddpkit-launch-")
     stop_file = os.path.join(stop_dir, "stopped")
     env = {**env, STOP_FILE_VAR: stop_file, TORCHRUN_T0_VAR: repr(time.time())}  # a launch mark
+    # torchrun's own directory (the workers' error files) goes in ours, which goes at the end:
+    # without --log-dir torchrun makes a /tmp/torchelastic_* per run and never removes it.
+    # PET_LOG_DIR is torchrun's --log-dir default; a --log-dir in train.torchrun_args wins.
+    env.setdefault("PET_LOG_DIR", os.path.join(stop_dir, "torchelastic"))
     template = None
     if warm:
         sock = os.path.join(stop_dir, "warm.sock")
@@ -708,10 +713,7 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
         saved = open(stop_file).read().strip() or "?"
     except OSError:
         saved = None
-    with contextlib.suppress(OSError):
-        os.unlink(stop_file)
-    with contextlib.suppress(OSError):
-        os.rmdir(stop_dir)
+    shutil.rmtree(stop_dir, ignore_errors=True)
     code = _exit_code(rc, saved, stopped, log)
     if record is not None:
         record.write(rc, code)
