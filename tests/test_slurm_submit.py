@@ -425,18 +425,14 @@ def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
 
 
 def script_launch(script: str) -> list[str]:
-    """The words of the script's job step, `srun ...` to the entry point (not the step of the
-    allocation's resident templates, which restarts inside the allocation also start)."""
+    """The words of the script's job step, `srun ...` to the entry point."""
     lines = script.splitlines()
-    commands = []
-    for start in (i for i, line in enumerate(lines) if line.strip().startswith("srun --nodes=")):
-        command = lines[start].strip()
-        while command.endswith(" \\"):
-            start += 1
-            command = command[:-2] + " " + lines[start].strip()
-        commands.append(shlex.split(command.removesuffix(" &").removesuffix(" || rc=$?")))
-    [step] = [words for words in commands if "--resident" not in words]
-    return step
+    [start] = [i for i, line in enumerate(lines) if line.strip().startswith("srun --nodes=")]
+    command = lines[start].strip()
+    while command.endswith(" \\"):
+        start += 1
+        command = command[:-2] + " " + lines[start].strip()
+    return shlex.split(command.removesuffix(" &").removesuffix(" || rc=$?"))
 
 
 def test_submitit_gets_the_sbatch_scripts_resources(tmp_path, fake_sbatch, monkeypatch):
