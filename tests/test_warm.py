@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.trainer_util import REPO, wait_for
+from trainer import launch
 from trainer.config import TRAINER_ENTRY
+from trainer.contract import resident_socket
 from trainer.launch import JobSettings, LaunchError, plan_launch, warm_start
 
 PY = "/usr/bin/python3"
@@ -196,22 +198,91 @@ def test_a_template_that_may_not_fork_has_every_worker_start_cold(tmp_path):
         template.wait(timeout=30)
 
 
+# torchrun's stand-in: what it was forked with, then one worker through its own client.
+AGENT = """
+import json, os, subprocess, sys
+seen = {"torch": "torch" in sys.modules, "trainer": "trainer.train" in sys.modules, "ppid": os.getppid(),
+        "comm": open("/proc/self/comm").read().strip(), "socket": os.environ.get("DDPKIT_WARM_SOCKET")}
+worker = subprocess.run([sys.executable, "-m", "trainer.warm", sys.argv[1], "4"], capture_output=True, text=True)
+print(json.dumps({**seen, "worker": json.loads(worker.stdout), "worker_rc": worker.returncode}), flush=True)
+sys.exit(7)
+"""
+
+
 @pytest.mark.slow
-def test_a_template_told_now_imports_before_any_client_then_forks_the_first(tmp_path):
-    """`--now` (the launcher's choice on a one-node job): the imports run beside torchrun's
-    start, not after the first client connects; the client is served as ever."""
+def test_torchrun_itself_is_forked_after_torch_alone_and_its_workers_by_the_same_template(tmp_path):
+    """The launcher's client (`--agent`, torchrun's stand-in): the template imports torch, forks
+    the agent before the trainer's imports (named ddpkit-agent, the socket left in its
+    environment for its workers), and forks the agent's own clients' workers; the agent's
+    client ends with the agent's code."""
     sock = tmp_path / "t.sock"
-    template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock), "--now"],
-                                env=env_for(), stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock)], env=env_for(),
+                                stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        assert "ready" in template.stderr.readline()  # no client has connected yet
+        (tmp_path / "agent.py").write_text(AGENT)
         (tmp_path / "echo.py").write_text(ECHO)
-        proc = client(sock, tmp_path / "echo.py", "3")
-        out, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 3 and json.loads(out)["ppid"] == template.pid
+        proc = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--agent", str(tmp_path / "agent.py"),
+                                 str(tmp_path / "echo.py")], env=env_for(sock), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 7, err
+        seen = json.loads(out)
+        assert seen["torch"] and not seen["trainer"], seen  # forked after torch, before the trainer
+        assert seen["ppid"] == template.pid and seen["comm"] == "ddpkit-agent", seen
+        assert seen["socket"] == str(sock)
+        assert seen["worker_rc"] == 4 and seen["worker"]["ppid"] == template.pid, seen
+        assert "starting" not in err  # nothing cold
     finally:
         template.stdin.close()
         template.wait(timeout=30)
+    assert "ready in" in template.stderr.read()  # the trainer's imports were done after the agent's fork
+
+
+@pytest.mark.slow
+def test_a_resident_template_outlives_its_clients_and_ends_after_its_workers_on_sigterm(tmp_path):
+    """`--resident` (a Slurm allocation's, started by its batch shell in its own step): it makes
+    its socket's private directory, imports at once with no stdin (srun gives a task none),
+    serves one client after another, and on SIGTERM (a time limit signals every step at once)
+    waits for the worker it forked to end before it ends 0 and removes its directory. The
+    directory is the node's own (its name ends in Slurm's name for the node): nodes may share /tmp."""
+    sock = tmp_path / "warm-node-a" / "warm.sock"
+    assert resident_socket(str(tmp_path / "warm"), {"SLURMD_NODENAME": "node-a"}) == str(sock)
+    assert resident_socket(str(tmp_path / "warm"), {"SLURMD_NODENAME": "node-b"}) != str(sock)
+    template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--resident", str(tmp_path / "warm")],
+                                env=env_for(SLURMD_NODENAME="node-a"),
+                                stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "ready in" in template.stderr.readline()  # no client asked: it imported at once
+        assert (sock.parent.stat().st_mode & 0o777) == 0o700
+        (tmp_path / "echo.py").write_text(ECHO)
+        for code in ("3", "5"):  # clients come and go; it stays
+            proc = client(sock, tmp_path / "echo.py", code)
+            out, _ = proc.communicate(timeout=60)
+            assert proc.returncode == int(code) and json.loads(out)["ppid"] == template.pid
+        proc, worker = sleeper(tmp_path, sock)
+        template.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        assert template.poll() is None and not gone(worker)  # the worker still has its stop to do
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+        assert template.wait(timeout=30) == 0
+        assert not sock.parent.exists()
+    finally:
+        if template.poll() is None:
+            template.kill()
+
+
+def test_a_resident_template_refuses_a_directory_others_may_enter(tmp_path):
+    """Its socket's directory must be this user's alone: one that others may write to could
+    hold another user's socket, which would be sent our workers' environment."""
+    folder = tmp_path / "shared-node-a"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    result = subprocess.run([sys.executable, "-m", "trainer.warm", "--resident", str(tmp_path / "shared")],
+                            env=env_for(SLURMD_NODENAME="node-a"), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "is not a directory of this user's alone (mode drwxr-xr-x" in result.stderr
+    assert not (folder / "warm.sock").exists()
 
 
 # -- the launcher's choice ---------------------------------------------------------------------
@@ -259,3 +330,27 @@ def test_a_template_no_worker_asked_for_ends_with_its_stdin_without_importing(tm
     template.stdin.close()
     assert template.wait(timeout=30) == 0
     assert template.stderr.read() == ""  # no "ready" line: nothing was imported
+
+
+def test_a_launcher_uses_its_allocations_resident_template_only_when_it_answers(tmp_path, monkeypatch):
+    """DDPKIT_WARM_RESIDENT (the batch shell's, restarts inside a Slurm allocation): a socket
+    that answers, in a directory of this user's alone, is used; none in time, a directory
+    others may enter or a socket nobody serves any more: the launcher starts its own, and says so."""
+    monkeypatch.setattr(launch, "RESIDENT_WAIT_S", 0.3)
+    said: list[str] = []
+    assert launch.resident_template(None, said.append) is None and said == []
+    folder = tmp_path / "warm"
+    folder.mkdir(mode=0o700)
+    sock = folder / "warm.sock"
+    assert launch.resident_template(str(sock), said.append) is None
+    assert said[-1].endswith(f"(no socket at {sock}): this node starts its own")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(sock))
+    server.listen(1)
+    assert launch.resident_template(str(sock), said.append) == str(sock)
+    assert "forked from the allocation's template" in said[-1]
+    folder.chmod(0o750)
+    assert launch.resident_template(str(sock), said.append) is None and "not a directory of this user's" in said[-1]
+    folder.chmod(0o700)
+    server.close()  # the file stays: a template that died
+    assert launch.resident_template(str(sock), said.append) is None and "Connection refused" in said[-1]

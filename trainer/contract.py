@@ -120,6 +120,11 @@ LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any 
 RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.guard writes stacks
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
 WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
+# A template that outlives the job steps of a Slurm allocation: the prefix of its directory
+# (`resident_socket`); a launcher uses it instead of its own. No renderer sets it yet: the
+# Slurm batch shell that started one per node (branch resident-template-wip) left a job
+# RUNNING after its step's node was killed on the testbed, not yet understood.
+RESIDENT_VAR = "DDPKIT_WARM_RESIDENT"
 
 #: Fault injection, for tests only: set by the test suite, read by the workers.
 STOP_AT_STEP_VAR = "DDPKIT_STOP_AT_STEP"  # act as if a stop signal came at step N
@@ -164,3 +169,14 @@ def read_node_line_tag(line: str) -> tuple[int, int | None, int] | None:
         return None
     rank = match.group(2)
     return int(match.group(1)), None if rank == "-" else int(rank), match.end()
+
+
+def resident_socket(prefix: str, environ: Mapping[str, str]) -> str:
+    """The socket of this node's resident template (`RESIDENT_VAR` holds `prefix`): a directory
+    per node, named after Slurm's name for it (SLURMD_NODENAME, set in every job step), since
+    nodes may share /tmp (a testbed's nodes in one host's namespaces, a /tmp on shared storage)
+    and a node must never be handed another node's template."""
+    import socket
+
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return f"{prefix}-{node}/warm.sock"

@@ -45,9 +45,10 @@ sharing off, every round picks a new port and rank 0 hosts a new, empty store: t
 opt-out, set here unless the node's environment sets it.
 
 Warm restarts (trainer/warm.py has the design and the measurements that chose it): in torchrun
-mode the shim also starts the node's template process, which imports torch and the trainer
-(and builds a built-in workload) once, when the first worker is asked for (on a one-node job at
-once, beside torchrun's own start), and torchrun runs `python -m trainer.warm ENTRY`, a
+mode the shim also starts the node's template process, which imports torch once, forks torchrun
+itself (the shim's child is `python -m trainer.warm --agent`, torchrun's stand-in), imports the
+trainer (and builds a built-in workload) while torchrun meets the other nodes, and torchrun runs
+`python -m trainer.warm ENTRY`, a
 standard-library client that has the template fork the worker and then stands in for it (its
 exit code or signal, stop signals forwarded, and a client that dies takes its worker with it).
 A restart by torchrun then costs a fork, not `import torch` and `import torch._dynamo` again.
@@ -63,8 +64,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -96,6 +97,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
     NNODES_VAR,
     NPROC_PER_NODE_VAR,
     PREFLIGHT_ONLY_VAR,
+    RESIDENT_VAR,
     RUN_DIR_VAR,
     RUN_ID_VAR,
     STOP_FILE_VAR,
@@ -103,6 +105,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
     TORCHRUN_T0_VAR,
     WARM_SOCKET_VAR,
     WARM_VAR,
+    resident_socket,
 )
 
 Env = Mapping[str, str]
@@ -636,13 +639,12 @@ def _die_with_parent(signum: int = signal.SIGTERM) -> None:
         pass
 
 
-def start_template(sock: str, env: dict[str, str], now: bool = False) -> subprocess.Popen:
+def start_template(sock: str, env: dict[str, str]) -> subprocess.Popen:
     """The node's template process (trainer/warm.py): it binds `sock` at once, imports torch
-    and the trainer (`now`: at once, else when the first worker is asked for), then forks a
+    when torchrun's agent asks to be forked, forks it, imports the trainer, then forks a
     worker per client; it ends when its stdin closes, and with SIGKILL if the shim dies. Its
     own session: a terminal's Ctrl-C is not its business."""
-    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock, *(["--now"] if now else [])],
-                            env=env,
+    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock], env=env,
                             stdin=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: _die_with_parent(signal.SIGKILL))
 
@@ -659,7 +661,7 @@ def end_template(template: subprocess.Popen) -> None:
 
 
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
-              record: attempts.LaunchRecord | None = None, warm: bool = False, warm_now: bool = False,
+              record: attempts.LaunchRecord | None = None, warm: bool = False,
               store: tuple[str, int] | None = None) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
@@ -668,9 +670,12 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     then. `EXIT_STOPPED_UNSAVED` (137): this shim got a stop signal and no checkpoint was written.
     With a `record`, torchrun's stderr passes through this process: the failed workers it
     reports and its last lines are written to the run directory (trainer/attempts.py).
-    With `warm`, the node's template process (`start_template`) runs beside torchrun, its socket
-    in the same private directory; `warm_now`: it imports at once (a one-node job: no other
-    node's rendezvous to slow down). `store`: the rendezvous store on another node
+    With `warm`, the node's template process (`start_template`) imports torch once and forks
+    torchrun's agent too: the child here is `python -m trainer.warm --agent` (standard library
+    only), which stands in for torchrun as a worker's client stands in for it (exit code or
+    signal, stop signals forwarded; if it dies the template SIGKILLs torchrun), so the node
+    imports torch once instead of once in torchrun and again in the template; its socket is in
+    the same private directory. `store`: the rendezvous store on another node
     (`wait_for_torchrun` ends torchrun when that store stops answering).
     """
     import tempfile
@@ -684,11 +689,15 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     env.setdefault("PET_LOG_DIR", os.path.join(stop_dir, "torchelastic"))
     template = None
     if warm:
-        sock = os.path.join(stop_dir, "warm.sock")
-        template = start_template(sock, env, now=warm_now)
+        prefix = env.get(RESIDENT_VAR)
+        sock = resident_template(resident_socket(prefix, env) if prefix else None, log)
+        if sock is None:
+            sock = os.path.join(stop_dir, "warm.sock")
+            template = start_template(sock, env)
+            if record is not None:
+                record.template_pid = template.pid
         env[WARM_SOCKET_VAR] = sock
-        if record is not None:
-            record.template_pid = template.pid
+        argv = [argv[0], "-m", "trainer.warm", "--agent", *argv[1:]]
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
                             stderr=subprocess.PIPE if record else None)
@@ -702,7 +711,7 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
 
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
-    rc = wait_for_torchrun(proc, store, log)
+    rc = wait_for_torchrun(proc, store, log, agent=lambda: forked_agent(stop_file) or proc.pid)
     if template is not None:
         end_template(template)
         with contextlib.suppress(OSError):
@@ -729,7 +738,51 @@ IDLE_BEFORE_PROBE_S = 5.0
 STORE_PROBE_S = 10.0
 
 
-def wait_for_torchrun(proc: subprocess.Popen, store: tuple[str, int] | None, log: Callable[[str], None]) -> int:
+def forked_agent(stop_file: str) -> int | None:
+    """The pid of torchrun's agent when a template forked it (trainer/warm.py `AGENT_NAME`):
+    the process of that name whose environment has this launcher's own stop file."""
+    from trainer.warm import AGENT_NAME
+
+    mine = f"{STOP_FILE_VAR}={stop_file}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if (Path(f"/proc/{pid}/comm").read_text().strip() == AGENT_NAME
+                    and mine in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")):
+                return int(pid)
+    return None
+
+
+#: How long a launcher waits for its allocation's resident template (started beside the first
+#: job step) to listen before it starts a template of its own.
+RESIDENT_WAIT_S = 10.0
+
+
+def resident_template(path: str | None, log: Callable[[str], None]) -> str | None:
+    """The socket of the allocation's resident template (`RESIDENT_VAR`, trainer/warm.py) when
+    it listens on this node in a directory of this user's alone; None: start our own."""
+    if not path:
+        return None
+    from trainer.warm import private_dir_problem
+
+    deadline = time.monotonic() + RESIDENT_WAIT_S
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    why = private_dir_problem(os.path.dirname(path)) if os.path.exists(path) else f"no socket at {path}"
+    if not why:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except OSError as e:  # refused: the template is gone (a socket file left behind)
+                why = f"{path}: {e.strerror}"
+    if why:
+        log(f"warm restarts: the allocation's template is not usable ({why}): this node starts its own")
+        return None
+    log(f"warm restarts: torchrun and the workers are forked from the allocation's template ({path})")
+    return path
+
+
+def wait_for_torchrun(proc: subprocess.Popen, store: tuple[str, int] | None, log: Callable[[str], None],
+                      agent: Callable[[], int] | None = None) -> int:
     """torchrun's exit code; with `store` (the rendezvous store on another node), also watch
     for a torchrun that can never exit: torch's TCPStore client (2.13) logs its timeout, then
     retries an unanswered request without end, so once the store's host is gone without a
@@ -738,7 +791,8 @@ def wait_for_torchrun(proc: subprocess.Popen, store: tuple[str, int] | None, log
     torchrun has had no worker for `IDLE_BEFORE_PROBE_S` and the store does not answer within
     `STORE_PROBE_S`, torchrun is ended and the node exits 1, as torchrun does after a failed
     worker; the target restarts the node where restarts are left. A refused or reset
-    connection (the store's process ended: a finished run) is torchrun's own to handle."""
+    connection (the store's process ended: a finished run) is torchrun's own to handle.
+    `agent`: torchrun's pid when `proc` only stands in for it (forked by the template)."""
     if store is None:
         return proc.wait()
     idle_since: float | None = None
@@ -747,7 +801,7 @@ def wait_for_torchrun(proc: subprocess.Popen, store: tuple[str, int] | None, log
             return proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             pass
-        if _children(proc.pid):
+        if _children(agent() if agent else proc.pid):
             idle_since = None
             continue
         idle_since = idle_since or time.monotonic()
@@ -1079,9 +1133,8 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
-        one_node = plan.argv[plan.argv.index("--nnodes") + 1] == "1"
         code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc),
-                         warm=plan.warm, warm_now=plan.warm and one_node, store=plan.wait_for)
+                         warm=plan.warm, store=plan.wait_for)
         if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
             script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
         return code

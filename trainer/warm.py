@@ -39,8 +39,18 @@ reports, the stop exit codes (143/137) and `ddpkit why` read as before. If the c
 close before it sent the status and SIGKILLs the worker. If the template dies, its workers get
 SIGKILL (PR_SET_PDEATHSIG), and a client that finds no template starts the worker cold.
 
-The template imports when the first client connects (`serve`), and ignores the stop signals (Slurm signals every process of a step; the workers get
-theirs through their clients) and ends when the launcher closes its stdin or dies.
+torchrun itself is forked the same way: the launcher starts `python -m trainer.warm --agent -m
+torch.distributed.run ...` as the node's first client (the agent's request keeps the socket in
+its environment, so its workers are clients too). The template imports torch when that first
+client connects, forks the agent, and imports the trainer and builds the workload while the
+agent meets the other nodes (`serve`): a node imports torch once, not once in torchrun and once
+more in the template. Measured on the Slurm testbed (`bench/slurm_restart_in_step.py`, a new
+job step on 2 nodes that share 2 cores, 4 kills each, same hour): kill -> first step 5.88 s
+against 8.51 s when torchrun imported torch itself and the template imported after torchrun's
+rendezvous, and 7.44 s when both imported at once. The template ignores the stop signals (Slurm
+signals every process of a step; the agent and the workers get theirs through their clients)
+and ends when the launcher closes its stdin or dies (then the agent and the workers get SIGKILL,
+not torchrun's graceful stop: a launcher killed outright is a node lost).
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ import struct
 import sys
 import time
 
-from trainer.contract import WARM_SOCKET_VAR
+from trainer.contract import WARM_SOCKET_VAR, resident_socket
 
 #: The signals a client passes on to its worker (those torchrun passes on to its workers: the
 #: launcher's `--signals-to-handle`); the template ignores them.
@@ -68,6 +78,14 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "
            "torch.distributed.algorithms.ddp_comm_hooks.default_hooks", "numpy", "yaml", "pydantic", "tqdm",
            "trainer.config", "trainer.dist", "trainer.data", "trainer.models", "trainer.checkpoint",
            "trainer.train", "trainer.preflight")
+#: What torchrun's agent needs: imported before the template forks it (the rest of `PRELOAD` after).
+#: Not torch.distributed.run itself: `python -m` runs it as __main__, and runpy warns when it
+#: was imported already.
+AGENT_PRELOAD = ("torch", "torch.distributed.launcher.api", "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend")
+#: Objects that must live as long as the process (the signal wakeup socket).
+_KEEP: list[socket.socket] = []
+#: The forked agent's process name (the workers' is `ddpkit-rank<R>`).
+AGENT_NAME = "ddpkit-agent"
 #: torch's thread count before the template built the workload on one thread (a worker gets it back).
 DEFAULT_THREADS: list[int] = []
 #: Set in a forked worker (`_child`): the template's, client's and torchrun agent's pids, the
@@ -104,27 +122,28 @@ def _recv(sock: socket.socket, want_fds: int = 0) -> tuple[object, list[int]] | 
 
 
 # -- the client (what torchrun runs) -------------------------------------------------------------
-def client(entry: list[str]) -> int:
+def client(entry: list[str], agent: bool = False) -> int:
     """Have the template fork the worker `entry` (what follows `python`), then be that worker
-    for torchrun; without a template, exec the worker cold."""
+    for torchrun; without a template, exec the worker cold. `agent`: the entry is torchrun
+    itself (the launcher's client), which keeps `DDPKIT_WARM_SOCKET`: its workers are clients."""
     t0 = time.time()
     path = os.environ.get(WARM_SOCKET_VAR, "")
     sock = _connect(path) if path else None
     if sock is None:
-        return _cold(entry, f"no template at {path or '(DDPKIT_WARM_SOCKET unset)'}")
-    env = {k: v for k, v in os.environ.items() if k != WARM_SOCKET_VAR}
+        return _cold(entry, f"no template at {path or '(DDPKIT_WARM_SOCKET unset)'}", agent)
+    env = {k: v for k, v in os.environ.items() if agent or k != WARM_SOCKET_VAR}
     try:
         _send(sock, {"argv": entry, "env": env, "cwd": os.getcwd(), "t0": t0, "pid": os.getpid(),
-                     "ppid": os.getppid()}, [0, 1, 2])
+                     "ppid": os.getppid(), "agent": agent}, [0, 1, 2])
         reply = _recv(sock)
     except OSError as e:
         reply, why = None, str(e)
     else:
         why = "it closed the connection"
     if reply is not None and "cold" in reply[0]:
-        return _cold(entry, reply[0]["cold"])
+        return _cold(entry, reply[0]["cold"], agent)
     if reply is None or "pid" not in reply[0]:
-        return _cold(entry, f"the template at {path} did not start the worker ({why})")
+        return _cold(entry, f"the template at {path} did not start the worker ({why})", agent)
     pid = int(reply[0]["pid"])
 
     def forward(signum: int, frame: object) -> None:
@@ -171,64 +190,83 @@ def _connect(path: str) -> socket.socket | None:
             return None
 
 
-def _cold(entry: list[str], why: str) -> int:
-    print(f"ddpkit warm: {why}; starting the worker cold", file=sys.stderr, flush=True)
-    os.environ.pop(WARM_SOCKET_VAR, None)
+def _cold(entry: list[str], why: str, agent: bool = False) -> int:
+    print(f"ddpkit warm: {why}; starting {'torchrun' if agent else 'the worker'} cold", file=sys.stderr, flush=True)
+    if not agent:  # torchrun's workers still ask the template (and learn why from it)
+        os.environ.pop(WARM_SOCKET_VAR, None)
     os.execv(sys.executable, [sys.executable, *entry])
     return 1  # not reached
 
 
 # -- the template --------------------------------------------------------------------------------
-def serve(path: str, now: bool = False) -> int:
-    """Listen on `path`; once the first client connects (`now`: at once), import `PRELOAD`;
-    then fork a worker per request until stdin closes.
+def serve(path: str, resident: bool = False) -> int:
+    """Listen on `path`; once the first client connects, import `AGENT_PRELOAD`, then fork a
+    process per request (torchrun's agent, then its workers) until stdin closes; the rest of
+    `PRELOAD` and the workload are done before the first worker is forked, while the agent
+    starts and meets the other nodes.
 
-    The imports wait for the first client: until then the node starts as on the cold path
-    (torchrun imports torch and joins the rendezvous alone; on a 2-core machine a template
-    importing beside it made a second node miss an elastic group's 5-s last call), and the
-    first attempt's workers wait for one import instead of each paying its own. A one-node job
-    has no other node to wait for: the launcher passes `now`, and the template's imports run
-    beside torchrun's own `import torch`: 2 local ranks of `cnn` took their first step 9.1 s
-    after launch instead of 11.5 s (medians of 3 interleaved runs, load 2-4 on 2 cores,
-    `bench/launch_time.py --baseline`; the textbook loop 11.2 s in the same run)."""
+    `resident`: the template of a whole Slurm allocation (`RESIDENT_VAR`), its own job step on
+    each node, that the job steps' launchers use instead of starting their own. It makes the
+    socket's private directory (`_listen`), imports at once, does not read stdin (srun gives a
+    task none), and ends on SIGTERM, SIGINT or SIGHUP once the processes it forked have ended
+    (a time limit signals every step at once: the workers must have their stop checkpoint).
+    Nothing starts one yet (contract.RESIDENT_VAR says why); `python -m trainer.warm --resident
+    PREFIX` does, by hand.
+
+    The imports wait for the first client, which is torchrun's agent (the launcher starts it as
+    a client, `--agent`, right after the template): a node imports torch once, here, instead of
+    once in torchrun and once more in the template beside it, and the agent is forked as soon
+    as torch is in (an elastic group's last call waits for nobody's second import)."""
     import selectors
 
     for signum in FORWARDED:
         signal.signal(signum, signal.SIG_IGN)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(64)
-    with selectors.DefaultSelector() as first:
-        first.register(listener, selectors.EVENT_READ, "accept")
-        first.register(0, selectors.EVENT_READ, "stdin")
-        while not now and not any(key.data == "accept" for key, _ in first.select()):
-            if not os.read(0, 4096):  # the launcher is done before any worker was asked for
-                return 0
-    t = time.time()
-    import importlib
-
+    listener = _listen(path, resident)
+    if listener is None:
+        return 1
+    end = _end_signals() if resident else None  # before the imports: a signal during them counts
+    if not resident and not _first_client(listener):
+        return 0
+    t0 = time.time()
     # numpy's OpenBLAS (torch imports numpy) starts a thread pool at import when it may use more
     # than one thread, and a process with threads must not fork: one thread here. A forked
     # worker's numpy BLAS stays single-threaded (the trainer uses numpy for RNG state only;
     # torch's threads are set per rank as before); a node that sets it keeps its own (and cold
     # workers, if it is above 1).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    for name in PRELOAD:
-        importlib.import_module(name)
-    built = _prebuild()
-    unsafe = _fork_unsafe()
-    print(f"ddpkit warm: template {os.getpid()} ready in {time.time() - t:.2f}s ({built})"
-          + (f"; {unsafe}: forking is unsafe, the workers start cold" if unsafe else ""),
-          file=sys.stderr, flush=True)
+    _import(AGENT_PRELOAD)
+    preloaded: list[str] = []  # what `preload` did, once it ran
+
+    def preload() -> None:
+        if not preloaded:
+            _import(PRELOAD)
+            preloaded.append(_prebuild())
+            unsafe = _fork_unsafe()
+            print(f"ddpkit warm: template {os.getpid()} ready in {time.time() - t0:.2f}s ({preloaded[0]})"
+                  + (f"; {unsafe}: forking is unsafe, the workers start cold" if unsafe else ""),
+                  file=sys.stderr, flush=True)
+
+    if resident:
+        preload()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(0, selectors.EVENT_READ, "stdin")
+    sel.register(end if end is not None else 0, selectors.EVENT_READ, "end" if resident else "stdin")
     workers: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (its client's connection, pid)
     conns: dict[socket.socket, int] = {}  # connection -> pidfd
+    ending = False
     while True:
+        if ending and not workers:
+            _unlisten(listener, path)
+            return 0
         for key, _ in sel.select():
             what = key.data
-            if what == "stdin":
+            if what == "end":
+                with contextlib.suppress(OSError):
+                    key.fileobj.recv(64)
+                if not ending:
+                    sel.unregister(listener)  # no new clients
+                ending = True
+            elif what == "stdin":
                 if not os.read(0, 4096):  # the launcher closed it (or died): the end
                     for _, pid in workers.values():
                         with contextlib.suppress(ProcessLookupError):
@@ -236,21 +274,18 @@ def serve(path: str, now: bool = False) -> int:
                     return 0
             elif what == "accept":
                 conn, _ = listener.accept()
-                if unsafe:  # the client execs its worker cold at once (after its request is read)
-                    with contextlib.suppress(OSError, ValueError):
-                        conn.settimeout(10)
-                        for fd in (_recv(conn, 3) or (None, []))[1]:
-                            os.close(fd)
-                        _send(conn, {"cold": f"the template found {unsafe}"})
+                request = _read_request(conn)
+                if request is None:
                     conn.close()
                     continue
-                pidfd = _fork_worker(conn, listener, sel, workers)
-                if pidfd is None:
-                    conn.close()
-                    continue
-                sel.register(pidfd, selectors.EVENT_READ, "exit")
-                sel.register(conn, selectors.EVENT_READ, "conn")
-                conns[conn] = pidfd
+                if not request[0].get("agent"):
+                    preload()
+                pidfd = _fork_or_refuse(request, conn, listener, sel, workers)
+                if pidfd is not None:
+                    sel.register(pidfd, selectors.EVENT_READ, "exit")
+                    sel.register(conn, selectors.EVENT_READ, "conn")
+                    conns[conn] = pidfd
+                preload()  # after the agent: while it starts and meets the other nodes
             elif what == "conn":  # a client sends nothing more: readable means it is gone
                 conn = key.fileobj
                 with contextlib.suppress(OSError):
@@ -272,6 +307,81 @@ def serve(path: str, now: bool = False) -> int:
                     with contextlib.suppress(OSError):
                         _send(conn, {"status": status})
                 conn.close()
+
+
+def _listen(path: str, resident: bool) -> socket.socket | None:
+    """The listening socket; a resident template first makes its private directory (or finds
+    its own, from an earlier start on this node: a stale socket is replaced). None (said why)
+    when the directory is not this user's alone: another user's socket could be served our
+    workers' environment."""
+    if resident:
+        folder = os.path.dirname(path)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        why = private_dir_problem(folder)
+        if why:
+            print(f"ddpkit warm: not serving at {path}: {why}", file=sys.stderr, flush=True)
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(64)
+    return listener
+
+
+def private_dir_problem(folder: str) -> str | None:
+    """Why `folder` may not hold a template's socket (None: it may): it must be a directory,
+    not a link, owned by this user and closed to everyone else."""
+    import stat
+
+    try:
+        st = os.lstat(folder)
+    except OSError as e:
+        return f"{folder}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return f"{folder} is not a directory of this user's alone (mode {stat.filemode(st.st_mode)}, uid {st.st_uid})"
+    return None
+
+
+def _first_client(listener: socket.socket) -> bool:
+    """Wait until a client connects (True) or the launcher closes stdin first (False)."""
+    import selectors
+
+    with selectors.DefaultSelector() as first:
+        first.register(listener, selectors.EVENT_READ, "accept")
+        first.register(0, selectors.EVENT_READ, "stdin")
+        while not any(key.data == "accept" for key, _ in first.select()):
+            if not os.read(0, 4096):
+                return False
+    return True
+
+
+def _end_signals() -> socket.socket:
+    """A socket that becomes readable when SIGTERM, SIGINT or SIGHUP comes (a resident
+    template's end; it keeps ignoring SIGQUIT and SIGUSR2, which stop the workers)."""
+    readable, writable = socket.socketpair()
+    writable.setblocking(False)
+    signal.set_wakeup_fd(writable.fileno(), warn_on_full_buffer=False)
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda *_: None)
+    _KEEP.extend((readable, writable))
+    return readable
+
+
+def _unlisten(listener: socket.socket, path: str) -> None:
+    listener.close()
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.rmdir(os.path.dirname(path))
+
+
+def _import(names: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
 
 
 def _fork_unsafe() -> str | None:
@@ -309,19 +419,34 @@ def _prebuild() -> str:
     return f"torch imported, workload {name} built" if name else "torch imported"
 
 
-def _fork_worker(conn: socket.socket, listener: socket.socket, sel, workers: dict) -> int | None:
-    """Read a client's request and fork its worker; the worker's pidfd (None: a bad request)."""
+def _read_request(conn: socket.socket) -> tuple[dict, list[int]] | None:
+    """A client's request and its three descriptors; None for a bad one (nothing kept open)."""
     conn.settimeout(10)
     try:
         got = _recv(conn, 3)
     except (OSError, ValueError):
         got = None
     conn.settimeout(None)
-    if got is None or len(got[1]) != 3:
+    if got is None or len(got[1]) != 3 or not isinstance(got[0], dict):
         for fd in got[1] if got else []:
             os.close(fd)
         return None
-    request, fds = got
+    return got
+
+
+def _fork_or_refuse(request: tuple[dict, list[int]], conn: socket.socket, listener: socket.socket, sel,
+                    workers: dict) -> int | None:
+    """Fork the client's process, or tell it to start cold when forking is unsafe (the client
+    then execs it itself); the forked process's pidfd, None when refused."""
+    body, fds = request
+    unsafe = _fork_unsafe()
+    if unsafe:
+        for fd in fds:
+            os.close(fd)
+        with contextlib.suppress(OSError):
+            _send(conn, {"cold": f"the template found {unsafe}"})
+        conn.close()
+        return None
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -333,7 +458,7 @@ def _fork_worker(conn: socket.socket, listener: socket.socket, sel, workers: dic
             for pidfd, (other, _) in workers.items():
                 os.close(pidfd)
                 other.close()
-            code = _child(request, fds, conn)
+            code = _child(body, fds, conn)
         finally:
             os._exit(code)
     for fd in fds:
@@ -362,8 +487,9 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    rank = os.environ.get("RANK", "")
-    libc.prctl(15, f"ddpkit-rank{rank}".encode()[:15])  # PR_SET_NAME: ps and the benches find it
+    # PR_SET_NAME: ps, the benches and the launcher (`forked_agent`) find it by this name
+    name = AGENT_NAME if request.get("agent") else f"ddpkit-rank{os.environ.get('RANK', '')}"
+    libc.prctl(15, name.encode()[:15])
     _reset_process()
     FORKED.update(template=os.getppid(), forked=time.time(), client_t0=float(request["t0"]),
                   client=int(request["pid"]), agent=int(request["ppid"]))
@@ -384,12 +510,15 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> int:
             else:
                 sys.argv = list(entry)
                 sys.path.insert(0, os.path.dirname(os.path.abspath(entry[0])))
-                runpy.run_path(entry[0], run_name="__main__")
+                runpy.run_path(os.path.abspath(entry[0]), run_name="__main__")
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else _say(e.code))
-    except BaseException:  # noqa: BLE001  (as the interpreter would: traceback, exit 1)
-        sys.excepthook(*sys.exc_info())
+    except BaseException as e:  # noqa: BLE001  (as the interpreter would: traceback, exit 1)
+        tb = e.__traceback__  # without this module's frames: the entry's own, as `python -m` shows it
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
         code = 1
     finish_like_exit()
     return code
@@ -406,6 +535,9 @@ def _reset_process() -> None:
     import io
     import random
 
+    signal.set_wakeup_fd(-1)  # a resident template's, which a signal here must not wake
+    for sock in _KEEP:
+        sock.close()
     for signum in FORWARDED:
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -446,13 +578,16 @@ def finish_like_exit() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--serve"] and len(argv) in (2, 3) and argv[2:] in ([], ["--now"]):
-        return serve(argv[1], now=argv[2:] == ["--now"])
-    if not argv:
-        print("usage: python -m trainer.warm ENTRY... (a worker) | --serve SOCKET [--now] (the template)",
-              file=sys.stderr)
+    if argv[:1] == ["--serve"] and len(argv) == 2:
+        return serve(argv[1])
+    if argv[:1] == ["--resident"] and len(argv) == 2:
+        return serve(resident_socket(argv[1], os.environ), resident=True)
+    agent = argv[:1] == ["--agent"]
+    if not argv[agent:]:
+        print("usage: python -m trainer.warm [--agent] ENTRY... (a worker, or with --agent torchrun) "
+              "| --serve SOCKET (the template) | --resident PREFIX (a Slurm allocation's)", file=sys.stderr)
         return 2
-    return client(argv)
+    return client(argv[agent:], agent=agent)
 
 
 if __name__ == "__main__":
