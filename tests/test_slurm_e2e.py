@@ -116,6 +116,12 @@ def summaries(log: str) -> list[dict]:
             if "ddpkit-summary " in line]
 
 
+def progress_records(log: str) -> list[dict]:
+    """Rank 0's `ddpkit-progress` records in a job's log (one or more per attempt)."""
+    return [json.loads(line.split("ddpkit-progress ", 1)[1]) for line in log.splitlines()
+            if "ddpkit-progress {" in line]
+
+
 def job_field(cluster, handle: str, key: str) -> str:
     info = submit_slurm.show_job(handle, runner=runner_for(cluster))
     assert info is not None
@@ -362,6 +368,12 @@ def test_a_lost_node_restarts_the_step_inside_the_allocation_without_it(cluster,
     assert 0 <= last_step - final["resumed_from_step"] <= 20, (last_step, final)
     if nodes == "1:2":
         assert "keeps its global batch of 256 samples as 2 ranks x 64 x grad_accum 2" in log, log[-3000:]
+    # every step's launchers forked torchrun and the workers from the allocation's templates
+    # (trainer/warm.py --resident): rank 0 stayed on node1 with 1:2, so both attempts' workers
+    # came from the same template process
+    assert log.count("forked from the allocation's template") == (3 if nodes == "1:2" else 2), log[-3000:]
+    templates = {rec["attempt"]: rec["start"]["template_pid"] for rec in progress_records(log)}
+    assert sorted(templates) == [0, 1] and (templates[0] == templates[1]) == (nodes == "1:2"), templates
     print(f"node lost at step {last_step}, resumed from {final['resumed_from_step']} on node1; "
           f"kill -> end of job {t_end - t_kill:.0f} s")
 

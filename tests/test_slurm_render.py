@@ -624,6 +624,30 @@ def test_spare_nodes_are_allocated_and_the_step_restarts_inside_the_allocation()
     assert "--no-kill" not in plain and "#SBATCH --nodes=2\n" in plain and "step_nodes" not in plain
 
 
+@pytest.mark.parametrize("settings,resident", [
+    ([], True),
+    (["slurm.container=apptainer"], True),
+    (["train.warm_restarts=false"], False),  # every worker starts cold: nothing to fork from
+    (["slurm.launcher=srun", "slurm.requeue=true"], False),  # srun mode starts every worker itself
+    (["slurm.container=pyxis"], False),  # two steps starting the named container at once: not tried
+])
+def test_restarts_inside_the_allocation_fork_from_a_template_that_outlives_the_steps(settings, resident):
+    """A template per node in its own step (trainer/warm.py `--resident`), started before the
+    first job step and ended after the last; its socket in a private directory per node, named
+    by the job and its requeue count (a requeued job starts afresh)."""
+    job = load_job(str(REPO / "examples" / "quickstart-2node.yaml"),
+                   ["slurm.spare_nodes=1", "restarts=2", *settings])
+    script = render_slurm(job)
+    assert ("--resident" in script) == resident
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    if resident:
+        export = 'export DDPKIT_WARM_RESIDENT="/tmp/ddpkit-warm-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"'
+        assert script.index(export) < script.index("--resident") < script.index("while :; do")
+        assert ('srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --overlap --no-kill \\\n'
+                "  --kill-on-bad-exit=0 --mem=0 --cpus-per-task=2") in script
+        assert script.index('kill "$resident_pid"') > script.rindex("starting it again inside the allocation")
+
+
 def test_spare_nodes_through_submitit_are_refused_with_the_reason():
     from deploy.slurm.submitit import problems
 

@@ -425,14 +425,18 @@ def assert_same_request(job, workdir: Path) -> tuple[str, str, SlurmLaunch]:
 
 
 def script_launch(script: str) -> list[str]:
-    """The words of the script's job step, `srun ...` to the entry point."""
+    """The words of the script's job step, `srun ...` to the entry point (not the step of the
+    allocation's resident templates, which restarts inside the allocation also start)."""
     lines = script.splitlines()
-    [start] = [i for i, line in enumerate(lines) if line.strip().startswith("srun --nodes=")]
-    command = lines[start].strip()
-    while command.endswith(" \\"):
-        start += 1
-        command = command[:-2] + " " + lines[start].strip()
-    return shlex.split(command.removesuffix(" &").removesuffix(" || rc=$?"))
+    commands = []
+    for start in (i for i, line in enumerate(lines) if line.strip().startswith("srun --nodes=")):
+        command = lines[start].strip()
+        while command.endswith(" \\"):
+            start += 1
+            command = command[:-2] + " " + lines[start].strip()
+        commands.append(shlex.split(command.removesuffix(" &").removesuffix(" || rc=$?")))
+    [step] = [words for words in commands if "--resident" not in words]
+    return step
 
 
 def test_submitit_gets_the_sbatch_scripts_resources(tmp_path, fake_sbatch, monkeypatch):

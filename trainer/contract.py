@@ -121,9 +121,7 @@ RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.gu
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
 WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
 # A template that outlives the job steps of a Slurm allocation: the prefix of its directory
-# (`resident_socket`); a launcher uses it instead of its own. No renderer sets it yet: the
-# Slurm batch shell that started one per node (branch resident-template-wip) left a job
-# RUNNING after its step's node was killed on the testbed, not yet understood.
+# (`resident_socket`); a launcher uses it instead of its own (slurm/job.sh.j2 sets it).
 RESIDENT_VAR = "DDPKIT_WARM_RESIDENT"
 
 #: Fault injection, for tests only: set by the test suite, read by the workers.

@@ -210,8 +210,6 @@ def serve(path: str, resident: bool = False) -> int:
     socket's private directory (`_listen`), imports at once, does not read stdin (srun gives a
     task none), and ends on SIGTERM, SIGINT or SIGHUP once the processes it forked have ended
     (a time limit signals every step at once: the workers must have their stop checkpoint).
-    Nothing starts one yet (contract.RESIDENT_VAR says why); `python -m trainer.warm --resident
-    PREFIX` does, by hand.
 
     The imports wait for the first client, which is torchrun's agent (the launcher starts it as
     a client, `--agent`, right after the template): a node imports torch once, here, instead of

@@ -107,6 +107,17 @@ def restarts_in_allocation(job: JobSpec) -> bool:
     return bool(job.restarts) and (job.slurm.spare_nodes > 0 or job.nodes.elastic)
 
 
+def resident_template(job: JobSpec) -> bool:
+    """Whether the batch shell starts a template per node that outlives the job steps
+    (trainer/warm.py `serve(resident=True)`), so that a step started again inside the allocation
+    forks torchrun and the workers instead of importing torch: restarts inside the allocation,
+    torchrun mode, the built-in trainer with `train.warm_restarts` (what the launcher forks).
+    Not under pyxis: two steps starting the job's named container at once was not tried (each
+    step's launcher then starts its own template, as before)."""
+    return (restarts_in_allocation(job) and job.slurm.launcher == "torchrun" and job.train.warm_restarts
+            and not (job.script or job.module or job.command) and job.slurm.container != "pyxis")
+
+
 def of(job: JobSpec) -> tuple[Directive, ...]:
     """The `#SBATCH` options, all derived from the JobSpec, in the order the script prints them."""
     s = job.slurm

@@ -36,7 +36,7 @@ from deploy.slurm import directives
 from deploy.slurm.request import JOB_FILE, SbatchRequest, container_mounts
 from deploy.slurm.template import render_template, shquote
 from deploy.spec import JobSpec
-from trainer.contract import slurm_port_bash
+from trainer.contract import RESIDENT_VAR, slurm_port_bash
 
 HEREDOC_END = "DDPKIT_JOB_YAML"
 
@@ -149,7 +149,24 @@ def launch_line(request: SbatchRequest, in_allocation: bool = False) -> str:
     # DOWN: the next one shares them (--overlap) instead of waiting on "Requested nodes are busy")
     nodes = (['--nodes="$step_nnodes"', '--nodelist="$step_nodes"', '--ntasks="$step_ntasks"', "--overlap"]
              if in_allocation else ['--nodes="$SLURM_JOB_NUM_NODES"'])
-    parts = ["srun", *nodes, *request.step]
+    return _srun_line(request, [*nodes, *request.step], " ".join(shquote(arg) for arg in request.argv))
+
+
+def resident_line(request: SbatchRequest) -> str:
+    """The step of the allocation's templates (directives.resident_template): one task on every
+    node, in the job steps' container, sharing their CPUs, memory and GPUs (`--overlap`; the
+    workers it forks run in its CPU set, so it asks for a job step's), ended by the batch shell;
+    a lost node ends only its own task (`--no-kill`, `--kill-on-bad-exit=0`)."""
+    step = [opt for opt in request.step if not opt.startswith(("--ntasks-per-node=", "--kill-on-bad-exit"))]
+    options = ['--nodes="$SLURM_JOB_NUM_NODES"', "--ntasks-per-node=1", "--overlap", "--no-kill",
+               "--kill-on-bad-exit=0", "--mem=0", *step]
+    command = f'{shquote(request.argv[0])} -m trainer.warm --resident "${RESIDENT_VAR}"'
+    return _srun_line(request, options, command)
+
+
+def _srun_line(request: SbatchRequest, options: list[str], command: str) -> str:
+    """`srun OPTIONS`, the container's options and wrapper, then `command` (bash words)."""
+    parts = ["srun", *options]
     pyxis = request.pyxis
     if pyxis is not None:
         parts += [f"--container-image={shquote(pyxis.image)}",
@@ -160,7 +177,6 @@ def launch_line(request: SbatchRequest, in_allocation: bool = False) -> str:
         if pyxis.writable:
             parts.append("--container-writable")
     container = _bash_words(request.apptainer.argv(JOB_DIR)) if request.apptainer else []
-    command = " ".join(shquote(arg) for arg in request.argv)
     lines = _wrap(parts) + (_wrap(container) if container else []) + [command]
     return " \\\n  ".join(lines)
 
@@ -268,6 +284,8 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "signal_trap": directives.signal_option(job) is not None,
         "signal": s.signal,
         "launch": launch_line(request, in_allocation),
+        "resident": resident_line(request) if directives.resident_template(job) else None,
+        "resident_var": RESIDENT_VAR,
         "in_allocation": in_allocation,
         "nodes_min": job.nodes.min,
         "nodes_max": job.nodes.max,
