@@ -203,6 +203,16 @@ AGENT = """
 import json, os, subprocess, sys
 seen = {"torch": "torch" in sys.modules, "trainer": "trainer.train" in sys.modules, "ppid": os.getppid(),
         "comm": open("/proc/self/comm").read().strip(), "socket": os.environ.get("DDPKIT_WARM_SOCKET")}
+import signal, time
+from torch.distributed.elastic.multiprocessing import api
+signal.signal(signal.SIGTERM, api._terminate_process_handler)  # as torchrun's workers' start does
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except api.SignalException:  # torchrun's shutdown starts; a second SIGTERM now must not end it
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.5)
+    seen["second_stop_ignored"] = True
 worker = subprocess.run([sys.executable, "-m", "trainer.warm", sys.argv[1], "4"], capture_output=True, text=True)
 print(json.dumps({**seen, "worker": json.loads(worker.stdout), "worker_rc": worker.returncode}), flush=True)
 sys.exit(7)
@@ -214,7 +224,9 @@ def test_torchrun_itself_is_forked_after_torch_alone_and_its_workers_by_the_same
     """The launcher's client (`--agent`, torchrun's stand-in): the template imports torch, forks
     the agent before the trainer's imports (named ddpkit-agent, the socket left in its
     environment for its workers), and forks the agent's own clients' workers; the agent's
-    client ends with the agent's code."""
+    client ends with the agent's code. torchrun's stop handler raises on the first stop signal
+    only (Slurm signals the agent, its client and the launcher: one raised during torchrun's
+    shutdown would end it before the workers' stop checkpoint)."""
     sock = tmp_path / "t.sock"
     template = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock)], env=env_for(),
                                 stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -228,6 +240,7 @@ def test_torchrun_itself_is_forked_after_torch_alone_and_its_workers_by_the_same
         assert proc.returncode == 7, err
         seen = json.loads(out)
         assert seen["torch"] and not seen["trainer"], seen  # forked after torch, before the trainer
+        assert seen["second_stop_ignored"], seen
         assert seen["ppid"] == template.pid and seen["comm"] == "ddpkit-agent", seen
         assert seen["socket"] == str(sock)
         assert seen["worker_rc"] == 4 and seen["worker"]["ppid"] == template.pid, seen

@@ -45,10 +45,9 @@ sharing off, every round picks a new port and rank 0 hosts a new, empty store: t
 opt-out, set here unless the node's environment sets it.
 
 Warm restarts (trainer/warm.py has the design and the measurements that chose it): in torchrun
-mode the shim also starts the node's template process, which imports torch once, forks torchrun
-itself (the shim's child is `python -m trainer.warm --agent`, torchrun's stand-in), imports the
-trainer (and builds a built-in workload) while torchrun meets the other nodes, and torchrun runs
-`python -m trainer.warm ENTRY`, a
+mode the shim also starts the node's template process, which imports torch and the trainer
+(and builds a built-in workload) once, when the first worker is asked for (on a one-node job at
+once, beside torchrun's own start), and torchrun runs `python -m trainer.warm ENTRY`, a
 standard-library client that has the template fork the worker and then stands in for it (its
 exit code or signal, stop signals forwarded, and a client that dies takes its worker with it).
 A restart by torchrun then costs a fork, not `import torch` and `import torch._dynamo` again.
@@ -639,12 +638,13 @@ def _die_with_parent(signum: int = signal.SIGTERM) -> None:
         pass
 
 
-def start_template(sock: str, env: dict[str, str]) -> subprocess.Popen:
+def start_template(sock: str, env: dict[str, str], now: bool = False) -> subprocess.Popen:
     """The node's template process (trainer/warm.py): it binds `sock` at once, imports torch
-    when torchrun's agent asks to be forked, forks it, imports the trainer, then forks a
+    and the trainer (`now`: at once, else when the first worker is asked for), then forks a
     worker per client; it ends when its stdin closes, and with SIGKILL if the shim dies. Its
     own session: a terminal's Ctrl-C is not its business."""
-    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock], env=env,
+    return subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", sock, *(["--now"] if now else [])],
+                            env=env,
                             stdin=subprocess.PIPE, start_new_session=True,
                             preexec_fn=lambda: _die_with_parent(signal.SIGKILL))
 
@@ -661,7 +661,7 @@ def end_template(template: subprocess.Popen) -> None:
 
 
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
-              record: attempts.LaunchRecord | None = None, warm: bool = False,
+              record: attempts.LaunchRecord | None = None, warm: bool = False, warm_now: bool = False,
               store: tuple[str, int] | None = None) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
@@ -670,12 +670,14 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     then. `EXIT_STOPPED_UNSAVED` (137): this shim got a stop signal and no checkpoint was written.
     With a `record`, torchrun's stderr passes through this process: the failed workers it
     reports and its last lines are written to the run directory (trainer/attempts.py).
-    With `warm`, the node's template process (`start_template`) imports torch once and forks
-    torchrun's agent too: the child here is `python -m trainer.warm --agent` (standard library
-    only), which stands in for torchrun as a worker's client stands in for it (exit code or
-    signal, stop signals forwarded; if it dies the template SIGKILLs torchrun), so the node
-    imports torch once instead of once in torchrun and again in the template; its socket is in
-    the same private directory. `store`: the rendezvous store on another node
+    With `warm`, the node's template process (`start_template`) runs beside torchrun, its socket
+    in the same private directory; `warm_now`: it imports at once (a one-node job: no other
+    node's rendezvous to slow down). Inside a Slurm allocation whose batch shell started a
+    resident template per node (`RESIDENT_VAR`), that one is used and forks torchrun's agent
+    too: the child here is then `python -m trainer.warm --agent` (standard library only), which
+    stands in for torchrun as a worker's client stands in for a worker (exit code or signal,
+    stop signals forwarded; if it dies the template SIGKILLs torchrun): a new job step imports
+    nothing. `store`: the rendezvous store on another node
     (`wait_for_torchrun` ends torchrun when that store stops answering).
     """
     import tempfile
@@ -691,13 +693,14 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     if warm:
         prefix = env.get(RESIDENT_VAR)
         sock = resident_template(resident_socket(prefix, env) if prefix else None, log)
-        if sock is None:
+        if sock is not None:  # the allocation's template forks torchrun too
+            argv = [argv[0], "-m", "trainer.warm", "--agent", *argv[1:]]
+        else:
             sock = os.path.join(stop_dir, "warm.sock")
-            template = start_template(sock, env)
+            template = start_template(sock, env, now=warm_now)
             if record is not None:
                 record.template_pid = template.pid
         env[WARM_SOCKET_VAR] = sock
-        argv = [argv[0], "-m", "trainer.warm", "--agent", *argv[1:]]
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
                             stderr=subprocess.PIPE if record else None)
@@ -711,7 +714,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
 
     for name in FORWARDED_SIGNALS:
         signal.signal(getattr(signal, name), forward)
-    rc = wait_for_torchrun(proc, store, log, agent=lambda: forked_agent(stop_file) or proc.pid)
+    forked = warm and template is None  # torchrun's agent is the resident template's child
+    rc = wait_for_torchrun(proc, store, log, agent=(lambda: forked_agent(stop_file) or proc.pid) if forked else None)
     if template is not None:
         end_template(template)
         with contextlib.suppress(OSError):
@@ -1133,8 +1137,9 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
             log(f"preflight: master {_endpoint(*plan.wait_for)} resolved and accepted a TCP connection after {took:.2f}s")
     if plan.mode == "torchrun":
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
+        one_node = plan.argv[plan.argv.index("--nnodes") + 1] == "1"
         code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc),
-                         warm=plan.warm, store=plan.wait_for)
+                         warm=plan.warm, warm_now=plan.warm and one_node, store=plan.wait_for)
         if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
             script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
         return code

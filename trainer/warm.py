@@ -39,18 +39,23 @@ reports, the stop exit codes (143/137) and `ddpkit why` read as before. If the c
 close before it sent the status and SIGKILLs the worker. If the template dies, its workers get
 SIGKILL (PR_SET_PDEATHSIG), and a client that finds no template starts the worker cold.
 
-torchrun itself is forked the same way: the launcher starts `python -m trainer.warm --agent -m
-torch.distributed.run ...` as the node's first client (the agent's request keeps the socket in
-its environment, so its workers are clients too). The template imports torch when that first
-client connects, forks the agent, and imports the trainer and builds the workload while the
-agent meets the other nodes (`serve`): a node imports torch once, not once in torchrun and once
-more in the template. Measured on the Slurm testbed (`bench/slurm_restart_in_step.py`, a new
-job step on 2 nodes that share 2 cores, 4 kills each, same hour): kill -> first step 5.88 s
-against 8.51 s when torchrun imported torch itself and the template imported after torchrun's
-rendezvous, and 7.44 s when both imported at once. The template ignores the stop signals (Slurm
-signals every process of a step; the agent and the workers get theirs through their clients)
-and ends when the launcher closes its stdin or dies (then the agent and the workers get SIGKILL,
-not torchrun's graceful stop: a launcher killed outright is a node lost).
+A launcher's own template imports when the first worker is asked for (a one-node job's at once,
+`--now`), while torchrun imports torch itself and meets the other nodes; it ignores the stop
+signals (Slurm signals every process of a step; the workers get theirs through their clients)
+and ends when the launcher closes its stdin or dies (then the workers get SIGKILL, not
+torchrun's graceful stop: a launcher killed outright is a node lost).
+
+Inside a Slurm allocation that restarts in place (spare nodes, an elastic range), a new job step
+would still pay torchrun's and the template's imports: the batch shell starts a resident
+template per node (`--resident`, its own step), and each step's launcher has it fork torchrun
+itself: the launcher's child is `python -m trainer.warm --agent -m torch.distributed.run ...`,
+torchrun's stand-in as a worker's client is the worker's (the agent's request keeps the socket
+in its environment, so its workers are clients too). Measured on the Slurm testbed
+(`bench/slurm_restart_in_step.py`, a new job step on 2 nodes that share 2 cores, 4 kills each):
+kill -> first step 2.35 s against 8.32 s cold. A launcher's own template can fork the agent too
+(5.88 s against 8.51 s in the same bench), but that is not used: in CI it changed when pods'
+memory peaked and how signals reach torchrun, and it gains nothing where restarts happen inside
+torchrun. A forked agent gets each stop signal several times (`_stop_signal_once`).
 """
 
 from __future__ import annotations
@@ -199,11 +204,11 @@ def _cold(entry: list[str], why: str, agent: bool = False) -> int:
 
 
 # -- the template --------------------------------------------------------------------------------
-def serve(path: str, resident: bool = False) -> int:
-    """Listen on `path`; once the first client connects, import `AGENT_PRELOAD`, then fork a
-    process per request (torchrun's agent, then its workers) until stdin closes; the rest of
-    `PRELOAD` and the workload are done before the first worker is forked, while the agent
-    starts and meets the other nodes.
+def serve(path: str, resident: bool = False, now: bool = False) -> int:
+    """Listen on `path`; once the first client connects (`now`: at once), import `AGENT_PRELOAD`,
+    then fork a process per request (torchrun's agent if it asks, then its workers) until stdin
+    closes; the rest of `PRELOAD` and the workload are done before the first worker is forked
+    (after an agent's fork: while it starts and meets the other nodes).
 
     `resident`: the template of a whole Slurm allocation (`RESIDENT_VAR`), its own job step on
     each node, that the job steps' launchers use instead of starting their own. It makes the
@@ -211,10 +216,14 @@ def serve(path: str, resident: bool = False) -> int:
     task none), and ends on SIGTERM, SIGINT or SIGHUP once the processes it forked have ended
     (a time limit signals every step at once: the workers must have their stop checkpoint).
 
-    The imports wait for the first client, which is torchrun's agent (the launcher starts it as
-    a client, `--agent`, right after the template): a node imports torch once, here, instead of
-    once in torchrun and once more in the template beside it, and the agent is forked as soon
-    as torch is in (an elastic group's last call waits for nobody's second import)."""
+    The imports wait for the first client: until then the node starts as on the cold path
+    (torchrun imports torch and joins the rendezvous alone; on a 2-core machine a template
+    importing beside it made a second node miss an elastic group's 5-s last call), and the
+    first attempt's workers wait for one import instead of each paying its own. A one-node job
+    has no other node to wait for: the launcher passes `now`, and the template's imports run
+    beside torchrun's own `import torch`: 2 local ranks of `cnn` took their first step 9.1 s
+    after launch instead of 11.5 s (medians of 3 interleaved runs, load 2-4 on 2 cores,
+    `bench/launch_time.py --baseline`; the textbook loop 11.2 s in the same run)."""
     import selectors
 
     for signum in FORWARDED:
@@ -223,7 +232,7 @@ def serve(path: str, resident: bool = False) -> int:
     if listener is None:
         return 1
     end = _end_signals() if resident else None  # before the imports: a signal during them counts
-    if not resident and not _first_client(listener):
+    if not (resident or now) and not _first_client(listener):
         return 0
     t0 = time.time()
     # numpy's OpenBLAS (torch imports numpy) starts a thread pool at import when it may use more
@@ -244,7 +253,7 @@ def serve(path: str, resident: bool = False) -> int:
                   + (f"; {unsafe}: forking is unsafe, the workers start cold" if unsafe else ""),
                   file=sys.stderr, flush=True)
 
-    if resident:
+    if resident or now:
         preload()
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
@@ -502,6 +511,8 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> int:
         else:
             import runpy
 
+            if request.get("agent"):
+                _stop_signal_once()
             if entry[0] == "-m":
                 sys.argv = [entry[1], *entry[2:]]
                 runpy.run_module(entry[1], run_name="__main__", alter_sys=True)
@@ -520,6 +531,27 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> int:
         code = 1
     finish_like_exit()
     return code
+
+
+def _stop_signal_once() -> None:
+    """In the forked torchrun agent: torchrun's stop-signal handler raises on the first stop
+    signal only. A forked agent gets a stop signal more than once: Slurm signals every process
+    of a step (the agent, its client, which forwards it, and the launcher, which forwards to
+    the client), and so does a test that signals a whole process tree. torchrun raises
+    SignalException on each, and one that comes during its shutdown (while it waits up to the
+    grace period for the workers' stop checkpoint) ends it at once with exit 1: the checkpoint
+    is cut short and the node's exit says nothing was saved. Escalation is still SIGKILL's."""
+    from torch.distributed.elastic.multiprocessing import api
+
+    first = api._terminate_process_handler
+    seen: list[int] = []
+
+    def once(signum: int, frame: object) -> None:
+        if not seen:
+            seen.append(signum)
+            first(signum, frame)
+
+    api._terminate_process_handler = once  # looked up when torchrun installs its handlers
 
 
 def _say(message: object) -> int:
@@ -576,14 +608,14 @@ def finish_like_exit() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["--serve"] and len(argv) == 2:
-        return serve(argv[1])
+    if argv[:1] == ["--serve"] and len(argv) in (2, 3) and argv[2:] in ([], ["--now"]):
+        return serve(argv[1], now=argv[2:] == ["--now"])
     if argv[:1] == ["--resident"] and len(argv) == 2:
         return serve(resident_socket(argv[1], os.environ), resident=True)
     agent = argv[:1] == ["--agent"]
     if not argv[agent:]:
         print("usage: python -m trainer.warm [--agent] ENTRY... (a worker, or with --agent torchrun) "
-              "| --serve SOCKET (the template) | --resident PREFIX (a Slurm allocation's)", file=sys.stderr)
+              "| --serve SOCKET [--now] (the template) | --resident PREFIX (a Slurm allocation's)", file=sys.stderr)
         return 2
     return client(argv[agent:], agent=agent)
 
