@@ -20,7 +20,9 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
 - `bucket_1mb`, `bucket_100mb`, `no_bucket_view`, `fp16_hook`, `bf16_hook` (gradient
   compression hooks), `optim_in_backward` (DDP's fused optimizer: each bucket's SGD step runs
   as soon as its all-reduce is done; not offered by the trainer, README "DDP settings"),
-  `no_vote` (without the stop vote), `vote_every_step` (the stop vote at every step boundary,
+  `no_vote` (without the stop vote), `torch_buckets` (`bucket_cap_mb` left to torch: its
+  1-MiB first bucket starts the all-reduce of the last layers' gradients during the backward;
+  an explicit cap, as the trainer passes, puts this model in one bucket), `vote_every_step` (the stop vote at every step boundary,
   the trainer's schedule before 2026-12-04), `timed_hook` (the trainer's all-reduce: torch's
   `allreduce_hook` in Python behind the straggler finder's clock, `trainer.stragglers.BucketClock`,
   instead of DDP's built-in C++ one), each the baseline with that one change.
@@ -28,7 +30,11 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
 2-rank scaling efficiency of a variant = its samples/s / (2 x the 1-rank samples/s of the same
 step without DDP), the 1-rank run interleaved with the 2-rank ones.
 
-    python bench/step_profile.py [--steps 60] [--repeats 3] [--threads 1]
+Every rank keeps the memory a step frees, as the trainer does (`train.keep_freed_memory`,
+trainer/malloc.py); `--system-malloc` runs the whole bench with glibc's defaults instead (the
+setting is per process, so it cannot be a variant beside the others).
+
+    python bench/step_profile.py [--steps 60] [--repeats 3] [--threads 1] [--system-malloc]
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
 from trainer.train import StopVote  # noqa: E402
 
-VARIANTS = ["baseline", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
+VARIANTS = ["baseline", "torch_buckets", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
             "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook"]
 PHASES = ["data", "forward", "backward", "optimizer", "vote"]
 WARMUP = 10
@@ -80,7 +86,7 @@ def build(variant: str, world: int, threads: int):
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     ddp = None
     if world > 1:
-        ddp = DDP(model, bucket_cap_mb={"bucket_1mb": 1, "bucket_100mb": 100}.get(variant, 25),
+        ddp = DDP(model, bucket_cap_mb={"bucket_1mb": 1, "bucket_100mb": 100, "torch_buckets": None}.get(variant, 25),
                   gradient_as_bucket_view=variant != "no_bucket_view",
                   # no_sync: torch's static_graph asserts when the first backward skips the all-reduce
                   static_graph=variant not in ("dynamic_graph", "no_sync"))
@@ -184,13 +190,17 @@ class Variant:
 
 
 def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str, variants: list[str],
-           profile: bool, rounds: int = 4) -> None:
+           profile: bool, system_malloc: bool, rounds: int = 4) -> None:
     """Every variant built once, then stepped in `rounds` chunks, round-robin (rotated each
     round), so load that comes and goes on a shared machine hits every variant alike."""
     import torch
     import torch.distributed as dist
 
+    from trainer.malloc import keep_freed_memory
+
     torch.set_num_threads(threads)
+    if not system_malloc:
+        keep_freed_memory(os.environ)
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -219,12 +229,12 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
         dist.destroy_process_group()
 
 
-def spawn(world: int, steps: int, threads: int, variants: list[str], profile: bool) -> dict:
+def spawn(world: int, steps: int, threads: int, variants: list[str], profile: bool, system_malloc: bool) -> dict:
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "r.json")
-        mp.start_processes(worker, args=(world, free_port(), steps, threads, out, variants, profile),
+        mp.start_processes(worker, args=(world, free_port(), steps, threads, out, variants, profile, system_malloc),
                            nprocs=world, join=True, start_method="spawn")
         return json.loads(Path(out).read_text())
 
@@ -259,14 +269,15 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--variants", nargs="+", default=VARIANTS, choices=VARIANTS)
+    p.add_argument("--system-malloc", action="store_true", help="glibc's malloc defaults (not the trainer's)")
     args = p.parse_args()
     r = Result("step_profile", "Where a step's time goes (1 vs 2 ranks) and DDP's communication options")
     one: list[dict] = []
     two: dict[str, list[dict]] = {v: [] for v in args.variants}
     errors: dict[str, str] = {}
     for i in range(args.repeats):
-        one.append(spawn(1, args.steps, args.threads, ["baseline"], False)["baseline"])
-        res = spawn(2, args.steps, args.threads, args.variants, profile=i == 0)
+        one.append(spawn(1, args.steps, args.threads, ["baseline"], False, args.system_malloc)["baseline"])
+        res = spawn(2, args.steps, args.threads, args.variants, i == 0, args.system_malloc)
         for v in args.variants:
             if "error" in res[v]:
                 errors[v] = res[v]["error"]
@@ -282,10 +293,11 @@ def main() -> int:
         return Stats([x["phases_ms"][phase] if phase else x[key] for x in runs])
 
     base1 = st(one, "samples_per_s")
+    malloc = "glibc's defaults" if args.system_malloc else "the trainer's (freed memory kept)"
     r.text(
         f"The trainer's step on the `cnn` workload (batch 64 per rank, {args.threads} thread(s) per "
         f"rank, gloo), {args.steps} timed steps after {WARMUP} warm-up steps, {args.repeats} "
-        "interleaved repeats; every phase timed on every step with `perf_counter` (rank 0). "
+        f"interleaved repeats, malloc as {malloc}; every phase timed on every step with `perf_counter` (rank 0). "
         "`backward` includes the all-reduce time DDP could not hide behind the backward pass; "
         "`no_sync` is the same step with no all-reduce at all, so the difference of the two "
         "backward columns is the exposed communication.")

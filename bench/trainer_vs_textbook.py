@@ -14,10 +14,13 @@ Ours runs with its defaults for this job, checkpoints included (every 200 steps 
 end); evaluation and the plot are off because the textbook loop has neither, and `epochs: 100`
 lets `--steps` end both (the textbook loop runs epochs until then).
 
-    python bench/trainer_vs_textbook.py [--steps 200] [--repeats 3] [--baseline TREE]
+    python bench/trainer_vs_textbook.py [--steps 200] [--repeats 3] [--baseline TREE] [--textbook-kept-memory]
 
 `--baseline TREE` (an earlier source tree: `git archive COMMIT | tar -x -C TREE`) runs that
 tree's trainer too, as a third column interleaved with the other two: before and after in one run.
+`--textbook-kept-memory` runs the textbook loop a second time with ours' malloc thresholds
+(`train.keep_freed_memory`, given to it as `GLIBC_TUNABLES`), interleaved: what the loop itself
+would gain from the setting, beside what ours gains.
 
 GPU: `--device cuda [--model gpt]` times ours alone on CUDA (nccl, bf16 autocast): the
 textbook loop is the CPU reference. Ready, but not measured in this repository's sessions
@@ -57,9 +60,14 @@ def base_env(threads: int, tree: Path = REPO) -> dict[str, str]:
     return env
 
 
-def run_textbook(work: Path, nproc: int, steps: int, threads: int) -> dict:
+def run_textbook(work: Path, nproc: int, steps: int, threads: int, kept_memory: bool = False) -> dict:
     out = work / f"textbook-{nproc}.json"
     env = {**base_env(threads), "DDPKIT_LAUNCH_T0": repr(time.time())}
+    if kept_memory:  # trainer/malloc.py's thresholds, as glibc tunables (read when python starts)
+        from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+        env["GLIBC_TUNABLES"] = (f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:"
+                                 f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                     "--master-port", str(free_port()), str(REPO / "bench" / "textbook_ddp.py"),
                     str(out), str(steps), str(threads)],
@@ -93,6 +101,8 @@ def main() -> int:
     p.add_argument("--model", default="cnn", choices=["cnn", "gpt"], help="gpt: ours alone")
     p.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="rank counts to run")
     p.add_argument("--baseline", type=Path, help="an earlier source tree, run as a third column")
+    p.add_argument("--textbook-kept-memory", action="store_true",
+                   help="also the textbook loop with ours' malloc thresholds, as a column")
     args = p.parse_args()
     r = Result("trainer_vs_textbook", "Our trainer vs the textbook DDP loop")
     textbook = args.device == "cpu" and args.model == "cnn"
@@ -111,11 +121,14 @@ def main() -> int:
                 if args.baseline:
                     results.setdefault(("baseline", nproc), []).append(run_ours(
                         work, nproc, args.steps, args.threads, args.device, i, args.model, args.baseline.resolve()))
+                if textbook and args.textbook_kept_memory:
+                    results.setdefault(("textbook_kept", nproc), []).append(
+                        run_textbook(work, nproc, args.steps, args.threads, kept_memory=True))
                 print(f"  repeat {i + 1}/{args.repeats}, {nproc} rank(s): " + ", ".join(
                     f"{k} {v[-1]['samples_per_s']:.0f} samples/s" for (k, n), v in results.items() if n == nproc),
                     flush=True)
 
-    kinds = [k for k in ("textbook", "ddpkit", "baseline") if any(kk == k for kk, _ in results)]
+    kinds = [k for k in ("textbook", "ddpkit", "baseline", "textbook_kept") if any(kk == k for kk, _ in results)]
 
     def stats(kind: str, nproc: int, key: str) -> Stats:
         return Stats([x[key] for x in results.get((kind, nproc), [])])
@@ -129,8 +142,10 @@ def main() -> int:
            f"`python -m trainer.launch`), {args.repeats} interleaved repeats. samples/s is the "
            "steady state (the first 20 steps excluded); launch to first step is from starting the "
            "launcher process to the end of optimizer step 1. Ours runs with its defaults "
-           "(channels-last, checkpoints every 200 steps and at the end).")
-    base = ["baseline"] if args.baseline else []
+           "(channels-last, freed memory kept for reuse, checkpoints every 200 steps and at the end).")
+    base = [k for k in ("baseline", "textbook_kept") if k in kinds]
+    headers = {"baseline": f"ddpkit at {args.baseline.name} (before)" if args.baseline else "",
+               "textbook_kept": "textbook, malloc as ours"}
 
     def row(label: str, figures: dict[str, Stats], spec: str) -> list[str]:
         t, o = figures["textbook"], figures["ddpkit"]
@@ -146,10 +161,11 @@ def main() -> int:
     for nproc in args.nproc:
         rows.append(row(f"launch to first step, {nproc} rank(s), s",
                         {k: stats(k, nproc, "first_step_s") for k in ("textbook", "ddpkit", *base)}, ".2f"))
-    columns = ["figure", "textbook", "ddpkit", "ratio"] + (
-        [f"ddpkit at {args.baseline.name} (before)", "ratio"] if base else [])
+    columns = ["figure", "textbook", "ddpkit", "ratio"] + [c for b in base for c in (headers[b], "ratio")]
     r.table("median (min-max, n repeats); ratio = ddpkit / textbook" + (
-        f"; the last two columns: the trainer of the earlier tree {args.baseline.name}, interleaved" if base else ""),
+        f"; ddpkit at {args.baseline.name}: the trainer of that earlier tree, interleaved" if args.baseline else "") + (
+        "; textbook, malloc as ours: the textbook loop with GLIBC_TUNABLES set to train.keep_freed_memory's "
+        "thresholds, interleaved (its ratio is to the plain textbook loop too)" if "textbook_kept" in base else ""),
             columns, rows)
     cats = [f"{n} rank(s)" for n in args.nproc]
     r.chart("trainer_vs_textbook_throughput.png", "samples/s (median, min-max)", "samples/s", cats,
@@ -163,7 +179,7 @@ def main() -> int:
     r.doc["data"] = {f"{k}-{n}": v for (k, n), v in results.items()}
     r.doc["data"]["launch"] = [
         {"target": f"{'ddpkit, local' if k == 'ddpkit' else 'textbook loop under torchrun'} ({n} rank(s), cnn)",
-         "first_step_s": stats(k, n, "first_step_s")} for n in args.nproc for k in kinds if k != "baseline"]
+         "first_step_s": stats(k, n, "first_step_s")} for n in args.nproc for k in kinds if k in ("textbook", "ddpkit")]
     r.save()
     return 0
 

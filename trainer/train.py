@@ -1394,6 +1394,10 @@ def run(job: Any, denv: Any, t0: float) -> int:
 
     cfg = job.train
     torch.set_num_threads(threads_per_rank(cfg.threads, os.environ, denv.local_world_size))
+    if cfg.keep_freed_memory:
+        from trainer.malloc import keep_freed_memory
+
+        log.info("memory: %s", keep_freed_memory(os.environ))
     device = pick_device(denv, cfg.device)
     stop = StopRequest()
     stop.install()
