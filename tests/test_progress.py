@@ -173,8 +173,9 @@ def test_prometheus_reads_the_counters_from_the_endpoint_and_the_textfile(tmp_pa
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
     port = free_port()
-    train = {"max_steps": 40, "epochs": 2, "data_samples": 4096, "prometheus_port": port,
-             "prometheus_textfile": "metrics.prom"}
+    # 400 steps: the endpoint lives while the run trains, and 40 cnn steps (0.8 s here since
+    # 2026-12-06) ended before the first scrape; 400 leave it about 8 s.
+    train = {"max_steps": 400, "epochs": 4, "prometheus_port": port, "prometheus_textfile": "metrics.prom"}
     job = write_ddpkit_job(tmp_path, "prom", train, every=20, restarts=0)
     run_dir = tmp_path / "runs" / "prom"
     proc = ddpkit_run(job, tmp_path)
@@ -189,9 +190,9 @@ def test_prometheus_reads_the_counters_from_the_endpoint_and_the_textfile(tmp_pa
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    assert live[("ddpkit_step", "")] >= 1 and live[("ddpkit_total_steps", "")] == 40
+    assert live[("ddpkit_step", "")] >= 1 and live[("ddpkit_total_steps", "")] == 400
     final = samples((run_dir / "metrics.prom").read_text())
-    assert final[("ddpkit_step", "")] == 40 and final[("ddpkit_restarts", "")] == 0
+    assert final[("ddpkit_step", "")] == 400 and final[("ddpkit_restarts", "")] == 0
     assert 0 < final[("ddpkit_goodput", "")] < 1 and final[("ddpkit_loss", "")] > 0
     record = json.loads((run_dir / "attempts" / "attempt-0.json").read_text())
     booked = sum(v for (name, _), v in final.items() if name == "ddpkit_time_seconds")
