@@ -11,6 +11,7 @@ and collectives the time is spent in.
 Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same processes:
 
 - `baseline`: DDP as the trainer builds it by default (bucket 25 MiB, gradient_as_bucket_view,
+  gloo's event loop at idle priority: `train.gloo_loop_idle`,
   `static_graph` on: `train.static_graph: auto` on the `cnn` workload), with DDP's built-in
   all-reduce (the trainer's own, timed one is `timed_hook`);
 - `dynamic_graph`: the baseline with DDP's own default, `static_graph=False` (the trainer's
@@ -25,7 +26,10 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
   an explicit cap, as the trainer passes, puts this model in one bucket), `vote_every_step` (the stop vote at every step boundary,
   the trainer's schedule before 2026-12-04), `timed_hook` (the trainer's all-reduce: torch's
   `allreduce_hook` in Python behind the straggler finder's clock, `trainer.stragglers.BucketClock`,
-  instead of DDP's built-in C++ one), each the baseline with that one change.
+  instead of DDP's built-in C++ one), `gloo_loop_normal` (gloo's TCP event-loop thread at normal
+  priority, as before `train.gloo_loop_idle`; every other variant runs it at SCHED_IDLE, as the
+  trainer does: the policy is switched before each chunk, so this needs root or CAP_SYS_NICE to
+  go back from idle), each the baseline with that one change.
 
 2-rank scaling efficiency of a variant = its samples/s / (2 x the 1-rank samples/s of the same
 step without DDP), the 1-rank run interleaved with the 2-rank ones.
@@ -56,7 +60,8 @@ from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 from trainer.train import StopVote  # noqa: E402
 
 VARIANTS = ["baseline", "torch_buckets", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
-            "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook"]
+            "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook",
+            "gloo_loop_normal"]
 PHASES = ["data", "forward", "backward", "optimizer", "vote"]
 WARMUP = 10
 
@@ -216,9 +221,13 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
     chunk = max(1, steps // rounds)
     for i in range(rounds):
         for v in names[i % len(names):] + names[: i % len(names)]:
+            if world > 1:
+                gloo_loop_policy(v != "gloo_loop_normal")
             built[v].run(chunk)
             if world > 1:
                 dist.barrier()
+    if world > 1:
+        gloo_loop_policy(True)
     if profile and "baseline" in built:  # after the timed rounds, untimed: the profiler's overhead
         built["baseline"].run(chunk, record=False, profile=True)  # would count against the baseline
     for v in names:
@@ -227,6 +236,14 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
         Path(out).write_text(json.dumps(results))
     if world > 1:
         dist.destroy_process_group()
+
+
+def gloo_loop_policy(idle: bool) -> None:
+    """This process's gloo event-loop threads at SCHED_IDLE (the trainer's `train.gloo_loop_idle`) or normal."""
+    from trainer.gloo_loop import loop_threads
+
+    for tid in loop_threads():
+        os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
 
 
 def spawn(world: int, steps: int, threads: int, variants: list[str], profile: bool, system_malloc: bool) -> dict:

@@ -183,6 +183,7 @@ def test_the_cnn_workload_matches_the_textbook_ddp_loop(tmp_path):
         assert ours.returncode == 0, ours.stdout[-3000:]
         assert "static_graph True (auto: the workload 'cnn' uses every parameter" in ours.stdout
         assert "memory: freed memory kept for reuse" in ours.stdout  # train.keep_freed_memory
+        assert "DDP: gloo event loop at idle priority" in ours.stdout  # train.gloo_loop_idle
         run_dir = tmp_path / "runs" / name
         losses = step_losses(run_dir)
         assert len(losses) == len(reference["losses"]) == steps

@@ -683,6 +683,12 @@ class Trainer:
             except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
                 raise ConfigError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
                                   f"({str(e).splitlines()[0]}); use fp16 or none") from None
+        if self.ddp is not None and device.type == "cpu" and cfg.gloo_loop_idle:
+            from trainer.gloo_loop import idle_gloo_loops
+
+            note = idle_gloo_loops()  # DDP's broadcast at construction started gloo's threads
+            if self.is_main:
+                log.info("DDP: %s", note)
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.marks["DDP"] = time.time()
 
