@@ -11,7 +11,8 @@ and collectives the time is spent in.
 Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same processes:
 
 - `baseline`: DDP as the trainer builds it by default (bucket 25 MiB, gradient_as_bucket_view,
-  gloo's event loop at idle priority: `train.gloo_loop_idle`,
+  gloo's event loop at idle priority: `train.gloo_loop_idle`, each rank bound to its share of
+  the CPUs: `train.bind_cpus`,
   `static_graph` on: `train.static_graph: auto` on the `cnn` workload), with DDP's built-in
   all-reduce (the trainer's own, timed one is `timed_hook`);
 - `dynamic_graph`: the baseline with DDP's own default, `static_graph=False` (the trainer's
@@ -29,7 +30,9 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
   instead of DDP's built-in C++ one), `gloo_loop_normal` (gloo's TCP event-loop thread at normal
   priority, as before `train.gloo_loop_idle`; every other variant runs it at SCHED_IDLE, as the
   trainer does: the policy is switched before each chunk, so this needs root or CAP_SYS_NICE to
-  go back from idle), each the baseline with that one change.
+  go back from idle), `unbound` (the ranks' threads left to the scheduler on all CPUs, as before
+  `train.bind_cpus`; every other variant binds rank r to its share of the CPUs as the trainer
+  does, switched before each chunk like the loop's policy), each the baseline with that one change.
 
 2-rank scaling efficiency of a variant = its samples/s / (2 x the 1-rank samples/s of the same
 step without DDP), the 1-rank run interleaved with the 2-rank ones.
@@ -57,11 +60,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
+from trainer.cpus import shares  # noqa: E402
 from trainer.train import StopVote  # noqa: E402
 
 VARIANTS = ["baseline", "torch_buckets", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
             "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook",
-            "gloo_loop_normal"]
+            "gloo_loop_normal", "unbound"]
 PHASES = ["data", "forward", "backward", "optimizer", "vote"]
 WARMUP = 10
 
@@ -218,16 +222,20 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
         except (TypeError, RuntimeError) as e:  # e.g. the bf16 hook needs NCCL: same on every rank
             results[v] = {"error": str(e).splitlines()[0]}
     names = list(built)
+    node = sorted(os.sched_getaffinity(0))
+    mine = shares(node, world)[rank] if world > 1 and len(node) // world >= threads else None
     chunk = max(1, steps // rounds)
     for i in range(rounds):
         for v in names[i % len(names):] + names[: i % len(names)]:
             if world > 1:
                 gloo_loop_policy(v != "gloo_loop_normal")
+                bind_threads(node if v == "unbound" or not mine else mine)
             built[v].run(chunk)
             if world > 1:
                 dist.barrier()
     if world > 1:
         gloo_loop_policy(True)
+        bind_threads(mine or node)
     if profile and "baseline" in built:  # after the timed rounds, untimed: the profiler's overhead
         built["baseline"].run(chunk, record=False, profile=True)  # would count against the baseline
     for v in names:
@@ -244,6 +252,15 @@ def gloo_loop_policy(idle: bool) -> None:
 
     for tid in loop_threads():
         os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+
+
+def bind_threads(cpus: list[int]) -> None:
+    """Every thread of this process on `cpus` (the trainer's `train.bind_cpus`, trainer/cpus.py)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:
+            continue
 
 
 def spawn(world: int, steps: int, threads: int, variants: list[str], profile: bool, system_malloc: bool) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -184,6 +185,7 @@ def test_the_cnn_workload_matches_the_textbook_ddp_loop(tmp_path):
         assert "static_graph True (auto: the workload 'cnn' uses every parameter" in ours.stdout
         assert "memory: freed memory kept for reuse" in ours.stdout  # train.keep_freed_memory
         assert "DDP: gloo event loop at idle priority" in ours.stdout  # train.gloo_loop_idle
+        assert "cpus: local rank 0 bound to CPUs" in ours.stdout or len(os.sched_getaffinity(0)) < 2  # train.bind_cpus
         run_dir = tmp_path / "runs" / name
         losses = step_losses(run_dir)
         assert len(losses) == len(reference["losses"]) == steps

@@ -289,6 +289,15 @@ class TrainConfig(BaseModel):
         "step: 2,000-3,700 page faults per `cnn` step on CPU without it. A rank's memory then stays "
         "near its peak; a job's own `GLIBC_TUNABLES` malloc settings win (trainer/malloc.py).",
     )
+    bind_cpus: bool = Field(
+        True,
+        description="On CPU, bind each local rank to its own equal share of the CPUs the node's "
+        "launcher may use (hyperthread siblings together), so that gloo's threads of a rank run on "
+        "the cores the rank frees when it blocks on the all-reduce. Left to the scheduler, with the "
+        "reason logged, for one rank per node, a share smaller than the rank's threads, "
+        "`num_workers` > 0, a worker something else already bound (taskset, numactl, srun) or "
+        "another launcher (trainer/cpus.py). No effect on GPU jobs.",
+    )
     gloo_loop_idle: bool = Field(
         True,
         description="On CPU (gloo), run gloo's TCP event-loop thread at idle priority (SCHED_IDLE): "

@@ -76,6 +76,7 @@ from pathlib import Path
 
 from trainer import attempts, contract
 from trainer.config import TRAINER_ENTRY
+from trainer.cpus import NODE_CPUS_VAR, format_cpus
 
 # The contract's names, also importable from here as before (deploy and the tests do).
 from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
@@ -309,6 +310,7 @@ class CPUs:
     cgroup: float | None = None
     job: float | None = None
     threads: int | None = None
+    ids: tuple[int, ...] = ()  # the CPUs of the affinity, when known (trainer/cpus.py splits them)
 
 
 def cgroup_cpus(root: str = "/sys/fs/cgroup") -> float | None:
@@ -551,6 +553,8 @@ def resolve_sizes(env: Env, ctx: Context, node_rank: int | None, cpus: CPUs | No
             f"uses one process on some images); set {NPROC_PER_NODE_VAR}"
         )
     set_threads(env, cpus, int(nproc), False, out, notes)
+    if cpus is not None and cpus.ids:  # the workers share them out (train.bind_cpus)
+        out[NODE_CPUS_VAR] = format_cpus(cpus.ids)
     max_nodes = int(nnodes.split(":")[-1])
     if node_rank is not None and not 0 <= node_rank < max_nodes:
         raise LaunchError(f"{ctx.name}: node rank {node_rank} is not below nnodes {nnodes}")
@@ -1064,10 +1068,11 @@ def warm_start(env: Env, job: JobSettings) -> bool:
 
 def node_cpus(job: JobSettings) -> CPUs:
     try:
-        affinity = len(os.sched_getaffinity(0))
+        ids = tuple(sorted(os.sched_getaffinity(0)))
     except AttributeError:
-        affinity = os.cpu_count() or 1
-    return CPUs(affinity, cgroup_cpus(), job.cpus_per_node, job.threads)
+        ids = ()
+    affinity = len(ids) or os.cpu_count() or 1
+    return CPUs(affinity, cgroup_cpus(), job.cpus_per_node, job.threads, ids)
 
 
 def main() -> int:

@@ -1405,6 +1405,11 @@ def run(job: Any, denv: Any, t0: float) -> int:
 
         log.info("memory: %s", keep_freed_memory(os.environ))
     device = pick_device(denv, cfg.device)
+    if cfg.bind_cpus and device.type == "cpu":  # before gloo and torch start their threads
+        from trainer.cpus import bind_local_rank
+
+        log.info("cpus: %s", bind_local_rank(os.environ, denv.local_rank, denv.local_world_size,
+                                              torch.get_num_threads(), cfg.num_workers))
     stop = StopRequest()
     stop.install()
     # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the
