@@ -142,7 +142,8 @@ def main() -> int:
            f"`python -m trainer.launch`), {args.repeats} interleaved repeats. samples/s is the "
            "steady state (the first 20 steps excluded); launch to first step is from starting the "
            "launcher process to the end of optimizer step 1. Ours runs with its defaults "
-           "(channels-last, freed memory kept for reuse, checkpoints every 200 steps and at the end).")
+           "(channels-last, freed memory kept for reuse, gloo's event loop at idle priority, each rank bound "
+           "to its share of the CPUs, checkpoints every 200 steps and at the end).")
     base = [k for k in ("baseline", "textbook_kept") if k in kinds]
     headers = {"baseline": f"ddpkit at {args.baseline.name} (before)" if args.baseline else "",
                "textbook_kept": "textbook, malloc as ours"}
