@@ -74,7 +74,11 @@ class CpuGroup:
         base = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/cpu")
         self.dir = base / name
         self.dir.mkdir(exist_ok=True)
-        period = 100_000
+        # a 10-ms period spreads the throttle over every step (a cnn step needs 3-6 ms of CPU);
+        # with the kernel's default 100 ms, a rank with a tenth of a CPU ran most steps at full
+        # speed and stalled 90 ms in one, so a window's median hid it once gloo's event loop
+        # stopped spinning its quota away (train.gloo_loop_idle)
+        period = 10_000
         if share is not None and v2:
             (self.dir / "cpu.max").write_text(f"{int(share * period)} {period}")
         elif share is not None:
