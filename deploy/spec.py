@@ -117,6 +117,9 @@ def _groups_ok(text: str) -> bool:
     return bool(_EXPRESSION.fullmatch(text))
 
 
+#: Kubernetes resource names of MIG slices (the NVIDIA device plugin's "mixed" strategy).
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+
 #: Variables ddpkit or the launcher set for every process; a job file may not set them.
 RESERVED_ENV = {
     "RANK": "torchrun sets the global rank of each process",
@@ -949,6 +952,7 @@ class JobSpec(Strict):
                           and getattr(values, f) != getattr(defaults, f)]  # not fields_set: to_yaml fills all
                 problems += [Problem(f"{section}.{f}", f"a setting of the built-in trainer; your {own} "
                                      "reads its own", "pass it in args, remove it here") for f in unused]
+        problems += self._gpu_problems()
         if self.gpus_per_node and self.procs_per_node not in (None, self.gpus_per_node):
             problems.append(Problem(
                 "procs_per_node", f"{self.procs_per_node} must equal gpus_per_node "
@@ -982,6 +986,26 @@ class JobSpec(Strict):
         if problems:
             raise Problems(problems)
         return self
+
+    def _gpu_problems(self) -> list[Problem]:
+        """A GPU job that would not get its GPUs, or would take others' (trainer/gpus.py is
+        the node-side half)."""
+        gpus, device = self.gpus_per_node, self.train.device
+        problems = []
+        if gpus and device == "cpu":
+            problems.append(Problem("train.device", f"is cpu but gpus_per_node is {gpus}: the job would "
+                                    "hold its GPUs and train on CPU", "set gpus_per_node: 0, or device: auto"))
+        if not gpus and device == "cuda":
+            problems.append(Problem("train.device", "is cuda but gpus_per_node is 0: the job asks for no "
+                                    "GPU, so any it found would be another job's", "set gpus_per_node"))
+        if gpus > 1 and self.gpu_resource.startswith(MIG_RESOURCE_PREFIX):
+            problems.append(Problem("gpus_per_node", f"{gpus} slices of {self.gpu_resource}: a CUDA process "
+                                    "sees only one MIG device, so the other ranks of a node would find none",
+                                    "set gpus_per_node: 1 and use more nodes (one rank per slice)"))
+        if gpus and "NVIDIA_VISIBLE_DEVICES" in self.env:
+            problems.append(Problem("env.NVIDIA_VISIBLE_DEVICES", "overrides the GPUs that the device plugin "
+                                    "or enroot assigned to this job", "remove it; gpus_per_node asks for GPUs"))
+        return problems
 
     # ---- where a field was written: the line map of the job file it came from ------------------
 

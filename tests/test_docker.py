@@ -317,11 +317,25 @@ def test_resources_and_grace_period_become_docker_limits(tmp_path):
     assert opt(args, "--entrypoint") == ["python"]
 
 
-@pytest.mark.parametrize("resource", ["nvidia.com/gpu", "nvidia.com/mig-3g.40gb", "nvidia.com/gpu.shared"])
-def test_every_nvidia_resource_name_gets_docker_gpus(tmp_path, resource):
-    objs = objects_for(flavor="job", overrides=["gpus_per_node=2", f"gpu_resource={resource}"])
-    for p in plan(objs, tmp_path):
-        assert opt(p.create_args, "--gpus") == ["2"]
+@pytest.mark.parametrize("resource, per_pod", [("nvidia.com/gpu", 2), ("nvidia.com/gpu.shared", 2),
+                                               ("nvidia.com/mig-3g.40gb", 1)])
+def test_pods_on_one_host_get_their_own_gpus(tmp_path, resource, per_pod):
+    """`--gpus N` would give every container host GPUs 0..N-1: two pods would share them."""
+    objs = objects_for(flavor="job", overrides=[f"gpus_per_node={per_pod}", f"procs_per_node={per_pod}",
+                                                f"gpu_resource={resource}"])
+    given = [opt(p.create_args, "--gpus") for p in plan(objs, tmp_path)]
+    first = ",".join(map(str, range(per_pod)))
+    second = ",".join(map(str, range(per_pod, 2 * per_pod)))
+    assert given == [[f'"device={first}"'], [f'"device={second}"']]
+
+
+def test_rocm_pods_get_the_amd_devices_and_their_own_gpus(tmp_path):
+    objs = objects_for(flavor="job", overrides=["gpus_per_node=2", "gpu_resource=amd.com/gpu"])
+    for index, p in enumerate(plan(objs, tmp_path)):
+        assert "--gpus" not in p.create_args
+        assert opt(p.create_args, "--device") == ["/dev/kfd", "/dev/dri"]
+        assert opt(p.create_args, "--group-add")[0] == "video"
+        assert f"ROCR_VISIBLE_DEVICES={2 * index},{2 * index + 1}" in opt(p.create_args, "--env")
 
 
 def test_secret_env_comes_from_the_host_or_fails_naming_it(tmp_path):

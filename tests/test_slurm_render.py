@@ -419,7 +419,8 @@ GPU_RESOURCES = [("nvidia.com/gpu", "--nv"), ("nvidia.com/mig-3g.40gb", "--nv"),
 
 @pytest.mark.parametrize("resource,flag", GPU_RESOURCES)
 def test_apptainer_gets_the_gpu_vendor_s_flag_for_every_resource_name_of_it(resource, flag):
-    gpu = BASE.replace("procs_per_node: 2", "gpus_per_node: 2") + f"gpu_resource: {resource}\n"
+    gpus = 1 if "/mig-" in resource else 2  # a CUDA process sees one MIG slice: one rank per node
+    gpu = BASE.replace("procs_per_node: 2", f"gpus_per_node: {gpus}") + f"gpu_resource: {resource}\n"
     argv = render_slurm(job_from(gpu, "slurm.container=apptainer")).replace(" \\\n  ", " ")
     [line] = [ln for ln in argv.splitlines() if "apptainer exec" in ln]
     words = line.split()[line.split().index("exec") + 1:]

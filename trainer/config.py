@@ -228,6 +228,14 @@ class TrainConfig(BaseModel):
         "advance the LR schedule).",
     )
     compile: bool = Field(False, description="Compile the model with `torch.compile`.")
+    deterministic: bool = Field(
+        False,
+        description="GPU jobs: cuDNN and cuBLAS use deterministic algorithms only "
+        "(`torch.use_deterministic_algorithms`, cuDNN autotuning off, "
+        "`CUBLAS_WORKSPACE_CONFIG=:4096:8`), so that a run resumed from a checkpoint ends bit for "
+        "bit equal to an uninterrupted one on the same GPUs, as runs on CPU always do; slower, and "
+        "an operation with no deterministic GPU kernel stops the run naming it.",
+    )
     channels_last: bool = Field(
         True,
         description="Keep 4-D weights and input batches channels-last: faster convolutions on CPU "
@@ -370,6 +378,8 @@ class JobSections(BaseModel):
     torchrun_args: TorchrunArgs = []
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
+    # gpus_per_node (owned by deploy): None without a job file (the trainer started by hand)
+    gpus_per_node: int | None = None
     preflight: bool = False  # run trainer.preflight's checks before the entry (JobSpec.preflight)
     restarts: int = 0  # JobSpec.restarts: how many restarts the target allows (the progress record)
 
@@ -387,7 +397,8 @@ class JobSections(BaseModel):
 
 def load_job_sections(path: str | None = None) -> JobSections:
     """Read what the trainer and the launcher need from the job file (default: `$DDPKIT_JOB_FILE`):
-    `name`, `train:`, `checkpoint:`, `script`/`module`/`args` and `resources.cpus_per_node`.
+    `name`, `train:`, `checkpoint:`, `script`/`module`/`args`, `gpus_per_node` and
+    `resources.cpus_per_node`.
 
     No job file means all defaults. The file was validated by `deploy` already; this re-check
     costs nothing and makes the trainer safe to start by hand.
@@ -408,6 +419,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
         "checkpoint": doc.get("checkpoint") or {},
         **{k: doc[k] for k in ("script", "module", "args", "torchrun_args") if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
+        "gpus_per_node": int(doc.get("gpus_per_node") or 0),
         "preflight": bool(doc.get("preflight")),
         "restarts": int(doc.get("restarts") or 0),
     })

@@ -111,12 +111,23 @@ def gpu_index(local_rank: int, local_world_size: int, visible: int) -> int:
     return local_rank
 
 
-def pick_device(denv: DistEnv, want: str = "auto"):
-    """`cuda:LOCAL_RANK` when CUDA is wanted and present, else CPU."""
+def pick_device(denv: DistEnv, want: str = "auto", gpus_per_node: int | None = None):
+    """`cuda:LOCAL_RANK` when CUDA is wanted and present, else CPU.
+
+    `gpus_per_node` is the job file's (None: no job file): a job that asked for GPUs and sees
+    none stops here with what was looked at (it would otherwise train on CPU, exit 0); a CPU
+    job (0) trains on CPU whatever the node has, as `device: auto` means for it."""
     import torch
 
+    if gpus_per_node and want != "cpu" and not torch.cuda.is_available():
+        from trainer.gpus import gather
+
+        raise DistEnvError(f"gpus_per_node is {gpus_per_node} but torch sees no GPU here ({gather().describe()}); "
+                           "run the job where its GPUs reach the container, or set gpus_per_node: 0")
     if want == "cuda" and not torch.cuda.is_available():
         raise DistEnvError("train.device is cuda but no CUDA device is visible; use device: auto or cpu")
+    if gpus_per_node == 0 and want == "auto":
+        return torch.device("cpu")
     if want in ("auto", "cuda") and torch.cuda.is_available():
         index = gpu_index(denv.local_rank, denv.local_world_size, torch.cuda.device_count())
         torch.cuda.set_device(index)
@@ -159,13 +170,26 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
     try:
         yield
     except BaseException:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_after_error(dist)
         raise
     if dist.is_initialized():
         dist.destroy_process_group()
     if store is not None:
         _leave_together(store, denv, timeout_s=min(timeout_s, 60))
+
+
+def leave_after_error(dist) -> None:
+    """Tear the group down after an exception without waiting on the peers. With NCCL,
+    `destroy_process_group()` (torch 2.13: `shutdown()`) waits for the rank's queued kernels,
+    and one that waits on a peer that died mid-all-reduce never finishes: the rank would sit
+    there for the whole collective timeout (`train.timeout_s`) with the hang watchdog already
+    stopped. Aborting the communicators returns at once; gloo's teardown never waits on a peer."""
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        dist.distributed_c10d._abort_process_group()
+    else:
+        dist.destroy_process_group()
 
 
 def wait_for_store(host: str, port: int, timeout_s: float, poll_s: float = 0.01) -> bool:

@@ -74,9 +74,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trainer import attempts, contract
+from trainer import attempts, contract, gpus
 from trainer.config import TRAINER_ENTRY
-from trainer.cpus import NODE_CPUS_VAR, format_cpus
 
 # The contract's names, also importable from here as before (deploy and the tests do).
 from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
@@ -107,6 +106,7 @@ from trainer.contract import (  # noqa: F401  (EXIT_OK: re-exported)
     WARM_VAR,
     resident_socket,
 )
+from trainer.cpus import NODE_CPUS_VAR, format_cpus
 
 Env = Mapping[str, str]
 Source = str | Callable[[Env], "str | None"]
@@ -1026,6 +1026,7 @@ class JobSettings:
     threads: int | None = None
     output_dir: str | None = None  # the trainer's `train.output_dir`: the run directory's parent
     warm_restarts: bool = True  # `train.warm_restarts` (applies to the built-in trainer)
+    gpus_per_node: int | None = None  # None: no job file (nothing is checked or hidden)
 
 
 def read_job_settings(env: Env) -> JobSettings:
@@ -1042,7 +1043,8 @@ def read_job_settings(env: Env) -> JobSettings:
             raise LaunchError(f"bad job file {env[JOB_FILE_VAR]}: {error_line(e)}") from None
         job = JobSettings(sections.name, sections.train.timeout_s, sections.entry, sections.script,
                           sections.preflight, sections.torchrun_args, sections.cpus_per_node,
-                          sections.train.threads, sections.train.output_dir, sections.train.warm_restarts)
+                          sections.train.threads, sections.train.output_dir, sections.train.warm_restarts,
+                          sections.gpus_per_node)
     if job.entry not in (None, TRAINER):  # your own script: under trainer.guard (stacks, exceptions)
         job.entry = [*GUARD, *job.entry]
     if env.get(PREFLIGHT_ONLY_VAR) == "1":  # `python -m trainer.preflight` on a node
@@ -1091,12 +1093,18 @@ def main() -> int:
         return refuse(job, log, f"script {job.script}: no such file in {os.getcwd()}; the image, a "
                       "volume or the working directory must hold it on every node (a relative path "
                       "is relative to the working directory)")
+    if job.gpus_per_node and (missing := gpus.missing_gpus(job.gpus_per_node, gpus.gather(env))):
+        return refuse(job, log, missing)
     try:
         plan = plan_launch(env, run_id=job.run_id, timeout_s=job.timeout_s, entry=job.entry,
                            torchrun_args=job.torchrun_args, cpus=node_cpus(job), warm=warm_start(env, job))
     except LaunchError as e:
         return refuse(job, log, str(e))
     run_dir = run_dir_of(job)
+    if job.gpus_per_node == 0:
+        gpus.hide_from_cpu_job(plan.env)
+    elif job.gpus_per_node:
+        gpus.flight_recorder(plan.env, run_dir)
     if job.entry and job.entry[:2] == GUARD and run_dir is not None:
         plan.env[RUN_DIR_VAR] = str(run_dir.resolve())
     relay_pid = None

@@ -12,8 +12,10 @@ What is checked, and the failure line for each way it can go wrong:
   each worker then reaches the worker store at MASTER_ADDR:MASTER_PORT (connect time reported);
 - the world layout: WORLD_SIZE against what the job asked for (`DDPKIT_NNODES` x
   `DDPKIT_NPROC_PER_NODE`): "world size 2, but the job asks for 3 (1 node x 3 processes)";
-- the backend for the device: `train.device: cuda` with no GPU visible, or ranks that disagree
-  on cuda/cpu (and so on nccl/gloo), named by host and rank;
+- the device, by the trainer's own rule (`trainer.dist.pick_device`): a GPU job whose rank sees
+  no GPU (what was looked at: trainer/gpus.py), fewer GPUs than ranks, `train.device: cuda`
+  with no GPU visible; and ranks that disagree on cuda/cpu (and so on nccl/gloo), named by host
+  and rank;
 - an all-reduce: the sum must be exact; its time gives a bus bandwidth figure
   (2 (n-1)/n x bytes / seconds, as nccl-tests report it);
 - the transport: gloo's TCP interface; with NCCL the network NCCL chose (IB, Socket, ...) from
@@ -48,6 +50,10 @@ from trainer.contract import (
 
 EXIT_FAILED = EXIT_FAILURE  # a check failed
 PREFIX = "ddpkit-preflight"
+#: The timed all-reduce's size: on GPUs past where NCCL's bus bandwidth levels off (nccl-tests'
+#: curves flatten in the hundreds of MiB across nodes; 64 MiB read low), on CPU small (gloo).
+ALLREDUCE_BYTES_CUDA = 512 << 20
+ALLREDUCE_BYTES_CPU = 8 << 20
 _KEEP: list[Any] = []  # the worker store, alive as long as the process (see run_checks)
 
 
@@ -78,17 +84,16 @@ def check_world(world: int, env: dict[str, str]) -> None:
             f"disagrees with the job file (start through `{LAUNCH_COMMAND}`, or fix nodes/procs_per_node)")
 
 
-def device_of(want: str) -> tuple[str, str]:
-    """(device type, backend) this rank would train on; PreflightError when it cannot."""
-    import torch
+def device_of(env: dict[str, str], want: str, gpus_per_node: int | None) -> Any:
+    """The device this rank trains on, chosen and set by the trainer's own rule
+    (`trainer.dist.pick_device`: one rank per GPU, a GPU job that sees none stops);
+    PreflightError when it cannot."""
+    from trainer.dist import DistEnvError, pick_device, read_dist_env
 
-    has_cuda = torch.cuda.is_available()
-    if want == "cuda" and not has_cuda:
-        raise PreflightError(
-            f"train.device is cuda (backend nccl) but no CUDA device is visible on {socket.gethostname()} "
-            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}): request GPUs "
-            "(gpus_per_node) or use train.device auto/cpu (gloo)")
-    return ("cuda", "nccl") if want in ("auto", "cuda") and has_cuda else ("cpu", "gloo")
+    try:
+        return pick_device(read_dist_env(env), want, gpus_per_node)
+    except DistEnvError as e:
+        raise PreflightError(f"on {socket.gethostname()}: {e}") from None
 
 
 def nccl_network(log_dir: str) -> str:
@@ -104,22 +109,22 @@ def nccl_network(log_dir: str) -> str:
     return "; ".join(dict.fromkeys(found)) or "unknown (NCCL logged no network line)"
 
 
-def run_checks(env: dict[str, str], want_device: str, timeout_s: int) -> dict[str, Any]:
+def run_checks(env: dict[str, str], want_device: str, timeout_s: int,
+               gpus_per_node: int | None = None) -> dict[str, Any]:
     """This rank's part: store, layout, backend, all-reduce. Returns the node's facts."""
     import torch
 
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", "0"))
     check_world(world, env)
-    kind, backend = device_of(want_device)
-    nccl_logs = nccl_debug_logs() if backend == "nccl" else None
+    device = device_of(env, want_device, gpus_per_node)
+    kind, backend = device.type, "nccl" if device.type == "cuda" else "gloo"
+    nccl_logs, nccl_env = nccl_debug_logs() if backend == "nccl" else (None, {})
     store, store_ms = open_store(env, rank, world, timeout_s)
-    if kind == "cuda":
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-    device = torch.device(kind, torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
     pg = process_group(store, backend, rank, world, timeout_s)
     layout = check_layout(store, rank, world, f"{socket.gethostname()}|{local_rank}|{kind}|{backend}")
     nbytes, seconds = allreduce(pg, device, rank, world, backend)
+    restore_env(nccl_env)
     busbw = (2 * (world - 1) / world * nbytes / seconds / 1e9) if world > 1 else None
     if backend == "nccl":
         transport = f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}, network {nccl_network(nccl_logs)}"
@@ -139,14 +144,26 @@ def run_checks(env: dict[str, str], want_device: str, timeout_s: int) -> dict[st
             "allreduce_ms": seconds * 1000, "busbw_gbs": busbw}
 
 
-def nccl_debug_logs() -> str:
+def nccl_debug_logs() -> tuple[str, dict[str, str | None]]:
     """A folder for NCCL's INIT/NET log (NCCL reads these once, at its first communicator in the
-    process); `nccl_network` reads it."""
+    process), which `nccl_network` reads, and the variables as they were before (`restore_env`):
+    the training that follows in this process and its children get the job's own again (NCCL
+    itself keeps what it read: its INIT/NET lines of the training go to the same file)."""
     nccl_logs = tempfile.mkdtemp(prefix="ddpkit-preflight-nccl-")
-    os.environ.setdefault("NCCL_DEBUG", "INFO")
-    os.environ.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
-    os.environ.setdefault("NCCL_DEBUG_FILE", os.path.join(nccl_logs, "nccl.%h.%p"))
-    return nccl_logs
+    settings = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                "NCCL_DEBUG_FILE": os.path.join(nccl_logs, "nccl.%h.%p")}
+    before = {name: os.environ.get(name) for name in settings}
+    for name, value in settings.items():
+        os.environ.setdefault(name, value)
+    return nccl_logs, before
+
+
+def restore_env(before: dict[str, str | None]) -> None:
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def open_store(env: dict[str, str], rank: int, world: int, timeout_s: int) -> tuple[Any, float]:
@@ -210,7 +227,7 @@ def allreduce(pg: Any, device: Any, rank: int, world: int, backend: str) -> tupl
     want_sum = world * (world + 1) / 2
     if probe.tolist() != [want_sum] * 4:
         raise PreflightError(f"all-reduce gave {probe.tolist()[0]}, expected {want_sum}: the {backend} transport corrupts data")
-    nbytes = (64 << 20) if cuda else (8 << 20)
+    nbytes = ALLREDUCE_BYTES_CUDA if cuda else ALLREDUCE_BYTES_CPU
     buf = torch.ones(nbytes // 4, device=device)
     pg.allreduce([buf]).wait()  # warm-up (connections, buffers)
     rounds = 5
@@ -221,7 +238,11 @@ def allreduce(pg: Any, device: Any, rank: int, world: int, backend: str) -> tupl
         pg.allreduce([buf]).wait()
     if cuda:
         torch.cuda.synchronize()
-    return nbytes, (time.perf_counter() - t) / rounds
+    seconds = (time.perf_counter() - t) / rounds
+    del buf
+    if cuda:
+        torch.cuda.empty_cache()  # the training that follows gets the memory back
+    return nbytes, seconds
 
 
 def verdict_ok(node: str, facts: dict[str, Any], env: dict[str, str]) -> str:
@@ -241,7 +262,7 @@ def worker(then: list[str]) -> int:
     node = env.get("GROUP_RANK") or env.get("SLURM_NODEID") or "?"
     try:
         sections = load_job_sections()
-        facts = run_checks(env, sections.train.device, min(sections.train.timeout_s, 300))
+        facts = run_checks(env, sections.train.device, min(sections.train.timeout_s, 300), sections.gpus_per_node)
     except PreflightError as e:
         print(f"ddpkit preflight: node {node} ({socket.gethostname()}) rank {env.get('RANK')}: FAILED: {e}",
               file=sys.stderr, flush=True)

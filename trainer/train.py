@@ -226,6 +226,14 @@ def rank_local_buffers(module: Any) -> bool:
                and m.track_running_stats for m in module.modules())
 
 
+def native_bf16() -> bool:
+    """bf16 in the GPU's hardware (compute capability 8.0 and up): torch's `is_bf16_supported()`
+    also says yes where it can only emulate bf16 (a T4), far slower than fp16 there."""
+    import torch
+
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def autocast_dtype(precision: str, device_type: str, bf16_supported: bool) -> str | None:
     """The autocast dtype name (`bfloat16`, `float16`) or None for fp32.
 
@@ -237,7 +245,7 @@ def autocast_dtype(precision: str, device_type: str, bf16_supported: bool) -> st
     if precision == "fp16" and device_type != "cuda":
         raise ConfigError("train.precision: fp16 needs CUDA; use bf16 or fp32 on CPU")
     if precision == "bf16" and device_type == "cuda" and not bf16_supported:
-        raise ConfigError("train.precision: this GPU has no bf16; use fp16 or auto")
+        raise ConfigError("train.precision: this GPU has no native bf16 (compute capability below 8.0; torch would emulate it, slowly); use fp16 or auto")
     if precision == "auto":
         if device_type != "cuda":
             return None
@@ -527,7 +535,7 @@ class Trainer:
 
         device = self.device
         name = autocast_dtype(self.cfg.precision, device.type,
-                              device.type == "cuda" and torch.cuda.is_bf16_supported())
+                              device.type == "cuda" and native_bf16())
         dtype = getattr(torch, name) if name else None
         self.autocast = (
             (lambda: torch.autocast(device.type, dtype=dtype)) if dtype is not None else contextlib.nullcontext
@@ -1386,6 +1394,17 @@ def threads_per_rank(threads: int | None, env: Any, local_world_size: int) -> in
     return max(1, cpus // max(1, local_world_size))
 
 
+def deterministic_algorithms(torch: Any) -> str:
+    """`train.deterministic`: only deterministic kernels from here on (before the first cuBLAS
+    call, which reads CUBLAS_WORKSPACE_CONFIG); what was set, in words. A job's own
+    CUBLAS_WORKSPACE_CONFIG wins."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    return (f"torch.use_deterministic_algorithms(True), cudnn.benchmark off, "
+            f"CUBLAS_WORKSPACE_CONFIG={os.environ['CUBLAS_WORKSPACE_CONFIG']}")
+
+
 #: The worker's trainer once it exists: where an uncaught exception happened (`main`).
 CURRENT: dict[str, Trainer] = {}
 
@@ -1400,11 +1419,13 @@ def run(job: Any, denv: Any, t0: float) -> int:
 
     cfg = job.train
     torch.set_num_threads(threads_per_rank(cfg.threads, os.environ, denv.local_world_size))
-    if cfg.keep_freed_memory:
+    device = pick_device(denv, cfg.device, job.gpus_per_node)
+    if cfg.deterministic:
+        log.info("deterministic: %s", deterministic_algorithms(torch))
+    if cfg.keep_freed_memory and device.type == "cpu":  # measured on CPU only
         from trainer.malloc import keep_freed_memory
 
         log.info("memory: %s", keep_freed_memory(os.environ))
-    device = pick_device(denv, cfg.device)
     if cfg.bind_cpus and device.type == "cpu":  # before gloo and torch start their threads
         from trainer.cpus import bind_local_rank
 

@@ -87,6 +87,11 @@ PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "
 #: Not torch.distributed.run itself: `python -m` runs it as __main__, and runpy warns when it
 #: was imported already.
 AGENT_PRELOAD = ("torch", "torch.distributed.launcher.api", "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend")
+#: torch answers `cuda.is_available()`/`device_count()` through NVML, not the CUDA runtime.
+NVML_CHECK_VAR = "PYTORCH_NVML_BASED_CUDA_CHECK"
+#: How long the template waits for a worker it SIGKILLed to be gone before it forks another:
+#: a successor forked first could find the GPU memory of its predecessor still held.
+REAP_WAIT_S = 60.0
 #: Objects that must live as long as the process (the signal wakeup socket).
 _KEEP: list[socket.socket] = []
 #: The forked agent's process name (the workers' is `ddpkit-rank<R>`).
@@ -241,6 +246,10 @@ def serve(path: str, resident: bool = False, now: bool = False) -> int:
     # torch's threads are set per rank as before); a node that sets it keeps its own (and cold
     # workers, if it is above 1).
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # torch's documented way to ask about GPUs without initializing CUDA (a device count through
+    # the runtime would, and every worker forked after it could not use CUDA): NVML. A worker's
+    # environment is its client's again (`_child`).
+    os.environ[NVML_CHECK_VAR] = "1"
     _import(AGENT_PRELOAD)
     preloaded: list[str] = []  # what `preload` did, once it ran
 
@@ -265,7 +274,9 @@ def serve(path: str, resident: bool = False, now: bool = False) -> int:
         if ending and not workers:
             _unlisten(listener, path)
             return 0
-        for key, _ in sel.select():
+        # Exits and gone clients first: a worker whose client died is reaped before a new
+        # client (its successor, after torchrun's restart) is forked.
+        for key, _ in sorted(sel.select(), key=lambda event: event[0].data == "accept"):
             what = key.data
             if what == "end":
                 with contextlib.suppress(OSError):
@@ -295,15 +306,23 @@ def serve(path: str, resident: bool = False, now: bool = False) -> int:
                 preload()  # after the agent: while it starts and meets the other nodes
             elif what == "conn":  # a client sends nothing more: readable means it is gone
                 conn = key.fileobj
+                if conn not in conns:  # its worker's exit was handled in this round
+                    continue
                 with contextlib.suppress(OSError):
                     if conn.recv(1):
                         continue
                 sel.unregister(conn)
-                _, pid = workers[conns.pop(conn)]
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)  # the client died first: its worker goes too
+                pidfd = conns.pop(conn)
+                if not _kill_and_reap(workers[pidfd][1], pidfd):  # the client died first: its worker goes too
+                    continue  # still there: reaped on its exit event
+                sel.unregister(pidfd)
+                workers.pop(pidfd)
+                os.close(pidfd)
+                conn.close()
             elif what == "exit":
                 pidfd = key.fd
+                if pidfd not in workers:  # reaped already in this round (its client was gone)
+                    continue
                 conn, pid = workers.pop(pidfd)
                 sel.unregister(pidfd)
                 os.close(pidfd)
@@ -314,6 +333,20 @@ def serve(path: str, resident: bool = False, now: bool = False) -> int:
                     with contextlib.suppress(OSError):
                         _send(conn, {"status": status})
                 conn.close()
+
+
+def _kill_and_reap(pid: int, pidfd: int, wait_s: float = REAP_WAIT_S) -> bool:
+    """SIGKILL a worker and wait (at most `wait_s`) until the kernel has taken it down, its
+    device memory released with its files; True once reaped."""
+    import select
+
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    if not select.select([pidfd], [], [], wait_s)[0]:
+        print(f"ddpkit warm: worker {pid} still not gone {wait_s:.0f}s after SIGKILL", file=sys.stderr, flush=True)
+        return False
+    os.waitpid(pid, 0)
+    return True
 
 
 def _listen(path: str, resident: bool) -> socket.socket | None:
@@ -401,7 +434,20 @@ def _fork_unsafe() -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA initialized"
+    if _cuda_driver_loaded():
+        return "the CUDA driver loaded (a GPU query through the CUDA runtime)"
     return None
+
+
+def _cuda_driver_loaded(maps: str = "/proc/self/maps") -> bool:
+    """Whether libcuda is mapped into this process: the CUDA runtime loads it at its first call
+    (`cudaGetDeviceCount` too, which `torch.cuda.is_initialized()` does not see); a forked child
+    of a process that initialized the driver cannot use CUDA. NVML queries do not load it."""
+    try:
+        with open(maps) as f:
+            return any("/libcuda.so" in line for line in f)
+    except OSError:
+        return False
 
 
 def _prebuild() -> str:

@@ -324,6 +324,7 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
     """`docker create` arguments for each pod's (single) container. Checks everything and
     writes nothing (`prepare_mounts` does, once the run is sure to start)."""
     plans, envs, argvs = [], {}, {}
+    first_gpu = 0  # pods on one host: each gets its own GPUs, as a node's device plugin would
     for pod in pods:
         containers = pod.spec.get("containers") or []
         if len(containers) != 1:
@@ -354,6 +355,8 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
         for key, value in env.items():
             create += ["--env", f"{key}={value}"]
         create += _mount_args(mounts, shm) + _limit_args(pod, container)
+        gpu_args, first_gpu = _gpu_args(container, first_gpu)
+        create += gpu_args
         if command:
             create += ["--entrypoint", command[0]]
         argv = command[1:] + args if command else args
@@ -376,6 +379,26 @@ def _mount_args(mounts: list[Mount], shm: int | None) -> list[str]:
     return create
 
 
+def _gpu_args(container: dict, first: int) -> tuple[list[str], int]:
+    """The container's GPUs: host devices `first`.. `first`+N-1 (`--gpus N` would give every
+    container devices 0..N-1, so two pods on one host would share them), and the next free one.
+    NVIDIA through the NVIDIA runtime (`--gpus "device=0,1"`: quoted, the list is CSV); AMD's
+    ROCm containers get /dev/kfd and /dev/dri (and the video group) and see their share through
+    ROCR_VISIBLE_DEVICES."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    wanted = [(gpu_vendor(k), int(v)) for k, v in limits.items() if gpu_vendor(k)]  # MIG and shared names too
+    if not wanted:
+        return [], first
+    vendor, count = wanted[0]
+    devices = ",".join(str(i) for i in range(first, first + count))
+    if vendor == "amd":
+        args = ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
+                "--env", f"ROCR_VISIBLE_DEVICES={devices}"]
+    else:
+        args = ["--gpus", f'"device={devices}"']
+    return args, first + count
+
+
 def _limit_args(pod: Pod, container: dict) -> list[str]:
     """The container's limits, capabilities, user and group, and working directory."""
     create: list[str] = []
@@ -384,9 +407,6 @@ def _limit_args(pod: Pod, container: dict) -> list[str]:
         create += ["--cpus", _cpus(limits["cpu"])]
     if limits.get("memory"):
         create += ["--memory", str(units.parse_quantity(limits["memory"]))]
-    gpus = [v for k, v in limits.items() if gpu_vendor(k)]  # MIG and shared names too
-    if gpus:
-        create += ["--gpus", str(gpus[0])]
     if pod.spec.get("hostNetwork"):
         raise UserError(f"pod {pod.name}: hostNetwork is not supported by --docker (the pods "
                         "share a private Docker network); run without k8s.host_network")
