@@ -35,7 +35,8 @@ def links(page: Path) -> list[str]:
 
 
 def test_links_are_found():
-    assert links(REPO / "README.md")[:2] == ["docs/development.md", "docs/reference.md"]
+    found = links(REPO / "README.md")
+    assert "docs/reference.md" in found and "docs/faults.md#checkpoints-that-survive-a-restart" in found
     assert "plot-example.png" in links(REPO / "docs" / "trainer.md")  # an image
 
 
