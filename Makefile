@@ -34,9 +34,9 @@ test-serial: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-## docs: regenerate the README's job-file reference from the model's field descriptions
+## docs: regenerate the job-file reference (docs/reference.md) from the model's field descriptions
 docs: $(STAMP)
-	$(PY) -m deploy.docs --write README.md
+	$(PY) -m deploy.docs --write docs/reference.md
 
 ## image: the training image; offline from a wheelhouse (air-gapped):
 ##   make image WHEELHOUSE=wheels BASE_IMAGE=ddpkit-base:bookworm

@@ -1,4 +1,4 @@
-"""The fault corpus (README "Why did it fail?"): each kind run for real on its targets by the
+"""The fault corpus (docs/faults.md "Why did it fail?"): each kind run for real on its targets by the
 tests that own it, then read back: did `ddpkit why` name the right cause (N of N), how long
 after the job's end it answered, and how long after the fault the hang was found (the hang
 watchdog, or the collective timeout it replaces: `train.timeout_s`, 600 s by default).

@@ -6,7 +6,7 @@ first step, with no requeue (the job keeps its allocation), side by side in one 
   template (trainer/warm.py);
 - `in the step, cold`: the same with `train.warm_restarts: false` (every worker imports torch
   again);
-- `new step`: elastic `nodes: 1:2` and a spare (README "Restarts inside the allocation": Slurm
+- `new step`: elastic `nodes: 1:2` and a spare (docs/slurm.md "Restarts inside the allocation": Slurm
   then allocates both nodes, and the step runs on both): torchrun restarts nothing, the batch
   shell probes the nodes and starts a new job step on the healthy ones, so every node's
   launcher and its template start afresh.

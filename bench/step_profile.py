@@ -21,7 +21,7 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
   reference, so `backward - no_sync backward` is the exposed communication;
 - `bucket_1mb`, `bucket_100mb`, `no_bucket_view`, `fp16_hook`, `bf16_hook` (gradient
   compression hooks), `optim_in_backward` (DDP's fused optimizer: each bucket's SGD step runs
-  as soon as its all-reduce is done; not offered by the trainer, README "DDP settings"),
+  as soon as its all-reduce is done; not offered by the trainer, docs/trainer.md "DDP settings"),
   `no_vote` (without the stop vote), `torch_buckets` (`bucket_cap_mb` left to torch: its
   1-MiB first bucket starts the all-reduce of the last layers' gradients during the backward;
   an explicit cap, as the trainer passes, puts this model in one bucket), `vote_every_step` (the stop vote at every step boundary,

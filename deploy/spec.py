@@ -5,8 +5,8 @@ overrides, and returns a `JobSpec` or raises `UserError` listing every problem a
 `FILE:LINE: dotted.path: message`. Renderers and submitters trust a `JobSpec` and never
 re-validate it.
 
-Every field carries a description: the README's job-file reference is generated from them
-(`python -m deploy.docs`), and a test fails when the two drift apart.
+Every field carries a description: the job-file reference (docs/reference.md) is generated from
+them (`python -m deploy.docs`), and a test fails when the two drift apart.
 """
 
 from __future__ import annotations
@@ -429,7 +429,7 @@ class Spread(Strict):
 
 
 class KueueTopology(Strict):
-    """Kueue's topology-aware scheduling for the job's pods (README "Topology")."""
+    """Kueue's topology-aware scheduling for the job's pods (docs/kubernetes.md "Topology")."""
 
     level: str = Field(description="The node label of the topology level the pods should share "
                        "(a rack or block label: `ddpkit.io/rack`, `cloud.google.com/gce-topology-block`): "
@@ -519,18 +519,18 @@ class K8sSection(Strict):
         "`node.kubernetes.io/unreachable` and `not-ready`, NoExecute) before Kubernetes evicts it: "
         "the tolerations' tolerationSeconds (the API server's default is 300 s). `null`: the "
         "cluster's default. A pod on a dead node is only replaced once its node is deleted or "
-        "tainted `node.kubernetes.io/out-of-service` (README \"A node dies\").")
+        "tainted `node.kubernetes.io/out-of-service` (docs/kubernetes.md \"A node dies\").")
     priority_class: K8sName | None = Field(None, description="Pod priorityClassName.")
     service_account: K8sName | None = Field(None, description="Pod serviceAccountName.")
     image_pull_secrets: list[K8sName] = Field(default_factory=list, description="Secret names for pulling the image.")
     queue: K8sName | None = Field(
         None, description="Kueue LocalQueue (`kueue.x-k8s.io/queue-name` label on the workload "
         "object): Kueue admits the job whole when its quota has room, else `ddpkit status` says "
-        "QUEUED with Kueue's reason; every flavor (README \"Kueue\").")
+        "QUEUED with Kueue's reason; every flavor (docs/kubernetes.md \"Kueue\").")
     topology: KueueTopology | None = Field(
         None, description="Kueue topology-aware scheduling (needs `k8s.queue`): the pods share one "
         "domain of a node label (a rack, a block), placed in node-rank order, so that ranks next to "
-        "each other sit close; README \"Topology\".")
+        "each other sit close; docs/kubernetes.md \"Topology\".")
     scheduler_name: K8sName | None = Field(None, description="Pod schedulerName (e.g. `volcano`).")
     gang: bool = Field(False, description="Gang-schedule all nodes (PyTorchJob schedulingPolicy.minAvailable).")
     ttl_after_finished: Seconds | None = Field(None, description="Delete the finished job after this duration (`1h`).")
@@ -557,7 +557,7 @@ class K8sSection(Strict):
     avoid_lost_nodes: bool = Field(True, description="A node lost under the job (NotReady while "
                                    "it held a pod) gets no pod of the job again: a required node "
                                    "affinity on the label `avoid.ddpkit.io/<name>`, which `ddpkit status "
-                                   "--watch` puts on such a node (README \"A node dies\").")
+                                   "--watch` puts on such a node (docs/kubernetes.md \"A node dies\").")
     topology_spread: list[Spread] = Field(default_factory=list, description="Spread the pods "
                                           "over node topology domains (topologySpreadConstraints).")
     init_containers: list[Container] = Field(default_factory=list, description="Containers run "
@@ -708,7 +708,7 @@ class SlurmSection(Strict):
     spare_nodes: int = Field(0, ge=0, le=64, description="Nodes allocated beyond `nodes` that "
                              "stay idle until one is lost: with `restarts`, a failed job step is "
                              "started again inside the allocation (`--no-kill`) without the nodes "
-                             "that stopped answering, from the newest checkpoint. README \"Restarts "
+                             "that stopped answering, from the newest checkpoint. docs/slurm.md \"Restarts "
                              "inside the allocation\".")
     signal: Literal["USR2", "TERM", "INT"] = Field(
         "USR2", description="Signal sent to the batch shell before the time limit (not USR1: NCCL uses it).")

@@ -108,11 +108,11 @@ def test_validate_and_render_import_no_heavy_library(argv):
     assert result.stdout.split() == ["0", "[]"], result.stdout + result.stderr
 
 
-def test_readme_reference_matches_the_model():
-    from deploy.docs import reference
+def test_docs_reference_matches_the_model():
+    from deploy.docs import REFERENCE, reference
 
-    readme = (REPO / "README.md").read_text()
-    assert reference() in readme, "README's job-file reference is stale: run `make docs`"
+    text = (REPO / REFERENCE).read_text()
+    assert reference() in text, f"{REFERENCE}'s job-file reference is stale: run `make docs`"
 
 
 def test_plot_overlays_several_runs_and_a_missing_run_is_one_line(tmp_path):

@@ -696,7 +696,7 @@ def test_reimporting_a_tag_leaves_no_replaced_image_behind(cluster):
 
 
 # --------------------------------------------------------------------------------------------
-# issue 20: the fault corpus on Kubernetes (README "Why did it fail?"), five jobs submitted
+# issue 20: the fault corpus on Kubernetes (docs/faults.md "Why did it fail?"), five jobs submitted
 # together: a hang on each of the two most used flavors (PyTorchJob, Job), an image that is not
 # on the node, a volume the kubelet cannot mount, a pod over its memory limit.
 

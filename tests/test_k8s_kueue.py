@@ -219,7 +219,7 @@ def test_topology_places_each_flavor_in_the_fewest_racks_with_ranks_in_rack_orde
     """16 kwok fake nodes (2 racks of 8 x 8 GPUs) and their Kueue queue (a Topology zone/rack/node):
     a 16-node GPU job of each flavor with `k8s.topology` (rack, preferred) is bound one pod per
     node, node ranks 0-7 in one rack and 8-15 in the other; a PyTorchJob's Master is a pod set
-    of its own, placed apart from its Workers' rank order (README "Topology"), so there the
+    of its own, placed apart from its Workers' rank order (docs/kubernetes.md "Topology"), so there the
     Workers' ranks 1-15 are the ones in rack order."""
     from deploy.k8s.submit import pods_by_rank
 

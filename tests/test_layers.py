@@ -1,5 +1,5 @@
-"""The floors of the code (README "How it works"): every import of ddpkit's own modules, at
-module level or inside a function, goes to the same floor or one below; no import circle;
+"""The floors of the code (docs/development.md "How it works"): every import of ddpkit's own
+modules, at module level or inside a function, goes to the same floor or one below; no import circle;
 `trainer` never imports `deploy`, and `deploy` imports torch nowhere. Read from the source
 with `ast`, so a new module must be given its floor here."""
 

@@ -548,7 +548,7 @@ def test_your_own_torchrun_script_runs_unchanged_on_two_nodes(cluster, jobs, tmp
 
 
 # ---------------------------------------------------------------------------------------------
-# issue 20: the fault corpus on Slurm (README "Why did it fail?"), four jobs at once (each node
+# issue 20: the fault corpus on Slurm (docs/faults.md "Why did it fail?"), four jobs at once (each node
 # advertises 4 CPUs; each job takes 1 a node): a hang in each launch mode, your own script's
 # collective timeout, and a job that outlives its time limit.
 

@@ -249,7 +249,7 @@ def test_a_launch_that_never_trains_says_why(tmp_path):
     assert lines[1].startswith("  attempt 0: stopped: attempt 0: after the checkpoint of step"), lines
 
 
-# -- the fault corpus (README "Why did it fail?": every local row of the table) -----------------
+# -- the fault corpus (docs/faults.md "Why did it fail?": every local row of the table) ---------
 
 def timed_why(run_dir: Path) -> tuple[list[str], float]:
     """`ddpkit why` as a user runs it (a fresh interpreter), and how long it took to answer."""

@@ -335,7 +335,7 @@ class TrainConfig(BaseModel):
         description="The hang watchdog: a rank that stops making progress is found within "
         "`hang_floor_s` (or `hang_factor` x the p99 step), every rank's stacks are written to "
         "RUN_DIR/debug/attempt-N/ with a verdict naming the stuck rank, and the attempt ends "
-        "(exit 124: a restart, counted against `restarts`). README \"Hangs\".",
+        "(exit 124: a restart, counted against `restarts`). docs/faults.md \"Hangs\".",
     )
     stop_on_nonfinite_loss: bool = Field(
         True,
@@ -350,13 +350,13 @@ class TrainConfig(BaseModel):
         description="A rank whose own time a step (data, forward, backward up to its last "
         "gradient bucket, optimizer: no waiting for the others) is over this x the other ranks' median in 5 windows of `log_every_steps` steps "
         "in a row is named the straggler: in rank 0's log, `ddpkit status` and the summary. "
-        "README \"Stragglers\".",
+        "docs/faults.md \"Stragglers\".",
     )
     prometheus_port: int | None = Field(
         None, ge=1024, le=65535,
         description="Rank 0 serves its counters (step, samples/s, loss, goodput and its time "
         "classes, restarts) for Prometheus at `http://HOST:PORT/metrics`; off by default. "
-        "README \"Prometheus\" has the scrape annotations.",
+        "docs/watching.md \"Prometheus\" has the scrape annotations.",
     )
     prometheus_textfile: str | None = Field(
         None, min_length=1,

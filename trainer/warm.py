@@ -1,7 +1,7 @@
 """Warm restarts: a node's template process imports torch and the trainer once and forks the
 workers; torchrun starts a tiny client per worker instead of a fresh `python -m trainer.train`.
 
-Why (bench/launch_time.py `--kills`, README "Faults, restarts and preflight"): a cold restart
+Why (bench/launch_time.py `--kills`, docs/faults.md "Warm restarts"): a cold restart
 of 2 local `cnn` ranks spent most of its time importing, not training. Medians of 6 kills on
 the 2-core machine at load 2-3, seconds after the kill: the new workers' interpreters were up
 at 0.6 (torchrun noticing, stopping the other rank, the next rendezvous round, Python's start),

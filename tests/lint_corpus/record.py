@@ -5,7 +5,7 @@ Usage (root, the Kubernetes testbed up: `python -m deploy testbed k8s up`):
 
 Each file gets `# server: accepted` or `# server: refused: <kubectl's first error line>` from
 `kubectl apply --dry-run=server -f FILE` (see tests/test_lint_corpus.py::server_verdict). Then
-it prints the agreement of `ddpkit lint` with those verdicts: the figure the README gives.
+it prints the agreement of `ddpkit lint` with those verdicts: the figure docs/kubernetes.md gives.
 """
 
 from __future__ import annotations
