@@ -46,7 +46,7 @@ def setup(world: int, rank: int, batch: int, device):
     import torch
     from torch.utils.data import DataLoader, DistributedSampler
 
-    from trainer.data import EpochBatches, collate, synthetic_images
+    from trainer.data import collate, synthetic_images
     from trainer.models import make_cnn
 
     train, _ = synthetic_images(held_out=False)
@@ -60,25 +60,24 @@ def setup(world: int, rank: int, batch: int, device):
 
     model.register_forward_pre_hook(hook)
     sampler = DistributedSampler(train, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    batches = EpochBatches(sampler, batch)
-    loader = DataLoader(train, batch_sampler=batches, collate_fn=collate)
-    return model, loader, batches, seen
+    loader = DataLoader(train, batch_size=batch, sampler=sampler, collate_fn=collate, drop_last=True)
+    return model, loader, sampler, seen
 
 
-def train_loop(model, loader, batches, steps: int, device) -> float:
+def train_loop(model, loader, sampler, steps: int, device) -> float:
     """samples/s over `steps` steps after WARMUP (the global batch is whatever a loader yields)."""
     import torch
     import torch.nn.functional as F
 
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    batches.start(0)
+    sampler.set_epoch(0)
     it, epoch, done, t0, samples = iter(loader), 0, 0, None, 0
     while done < steps + WARMUP:
         try:
             x, y = next(it)
         except StopIteration:
             epoch += 1
-            batches.start(epoch)
+            sampler.set_epoch(epoch)
             it = iter(loader)
             continue
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -103,9 +102,9 @@ def dp_worker(_: int, steps: int, batch: int, devices: int, threads: int, use_cu
 
     torch.set_num_threads(threads)
     device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-    model, loader, batches, seen = setup(1, 0, batch * devices, device)
+    model, loader, sampler, seen = setup(1, 0, batch * devices, device)
     dp = nn.DataParallel(model)
-    sps = train_loop(dp, loader, batches, steps, device)
+    sps = train_loop(dp, loader, sampler, steps, device)
     Path(out).write_text(json.dumps({"samples_per_s": sps, "seen": seen[-max(1, len(dp.device_ids)):],
                                      "device_ids": dp.device_ids, "threads": torch.get_num_threads()}))
 
@@ -122,9 +121,9 @@ def ddp_worker(rank: int, world: int, port: int, steps: int, batch: int, threads
     if use_cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world)
-    model, loader, batches, seen = setup(world, rank, batch, device)
+    model, loader, sampler, seen = setup(world, rank, batch, device)
     ddp = DDP(model, device_ids=[rank] if use_cuda else None)
-    sps_local = train_loop(ddp, loader, batches, steps, device)
+    sps_local = train_loop(ddp, loader, sampler, steps, device)
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"samples_per_s": sps_local, "seen": seen[-1]})
     if rank == 0:

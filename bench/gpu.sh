@@ -1,33 +1,54 @@
 #!/usr/bin/env bash
 # The GPU benchmarks, for a machine with one NVIDIA GPU and a copy of this working tree.
-# Self-contained and offline: it installs nothing; it uses the first Python that has torch
-# with CUDA ($PYTHON, ./.venv/bin/python, python3, python) and says clearly when there is none.
-# Prepared to finish in under 8 minutes (each run has a timeout; --quick halves the steps).
+# Offline: it installs nothing from the network. It uses the first Python that has torch
+# ($PYTHON, ./.venv/bin/python, python3, python); what the trainer needs beyond torch (pyyaml,
+# pydantic, tqdm) comes from wheels carried in the tree (bench/.gpu-wheels, made here
+# beforehand with --prepare) when that Python lacks it. Finishes in under 8 minutes (each step
+# has a timeout; the sum of the timeouts is 460 s).
 #
-#   bench/gpu.sh              # gpt + cnn: textbook fp32 vs ours fp32/bf16 x compile off/on, MFU;
-#                             # DataParallel vs DDP on the GPU(s); then the report
-#   bench/gpu.sh --quick      # fewer steps
-#   bench/gpu.sh --cpu-check  # no GPU: bash -n + shellcheck of this file, the Python part shrunk on CPU
+#   bench/gpu.sh --prepare    # on a machine with the package index: fill bench/.gpu-wheels (ignored
+#                             # by git: carry it to the GPU machine with the tree)
+#   bench/gpu.sh              # 1/4 the first minutes: NCCL init and network, checkpoint save
+#                             #     (async vs sync) and load, a killed worker's warm restart, an
+#                             #     interrupted vs an uninterrupted run (bench/gpu_path.py)
+#                             # 2/4 gpt: textbook fp32 vs ours fp32/bf16 x compile off/on, MFU
+#                             # 3/4 DataParallel vs DDP on the GPU(s); 4/4 the report
+#   bench/gpu.sh --cpu-check  # no GPU: bash -n + shellcheck of this file, the Python parts shrunk
+#                             # on CPU (tests/test_benches.py runs it)
 #
-# Results: bench/report/results/gpu.json and dp_vs_ddp_gpu.json (or $DDPKIT_BENCH_RESULTS),
-# then bench/report/BENCHMARKS.md is regenerated. Copy them back with the working tree.
+# Results: bench/report/results/gpu_path.json, gpu.json and dp_vs_ddp_gpu.json (or
+# $DDPKIT_BENCH_RESULTS), then bench/report/BENCHMARKS.md is regenerated. Copy them back.
 set -u -o pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 cd "$repo" || exit 1
 mode=gpu
-quick=()
 for arg in "$@"; do
   case "$arg" in
     --cpu-check) mode=cpu ;;
-    --quick) quick=(--quick) ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --prepare) mode=prepare ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu.sh: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
 start=$(date +%s)
 say() { printf '[gpu.sh %4ss] %s\n' "$(( $(date +%s) - start ))" "$*"; }
+
+wheels="$repo/bench/.gpu-wheels"
+needed=(pyyaml pydantic tqdm)  # numpy: every CUDA torch image has it (and its wheels are 17 MB each)
+if [ "$mode" = prepare ]; then
+  # Wheels for the CPython versions a GPU image may have; pure-Python ones once, pydantic-core
+  # and numpy (compiled) for each. Nothing here runs on the GPU machine's network.
+  mkdir -p "$wheels"
+  for v in 3.10 3.11 3.12 3.13; do
+    python3 -m pip download --quiet --only-binary=:all: --platform manylinux2014_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --python-version "$v" \
+      --dest "$wheels" "${needed[@]}" || { echo "gpu.sh: pip download for Python $v failed" >&2; exit 1; }
+  done
+  say "wheels for Python 3.10-3.13 in $wheels ($(du -sh "$wheels" | cut -f1)); carry that folder with the tree"
+  exit 0
+fi
 
 # -- which Python, and does it have torch (with CUDA)? -----------------------------------
 python=""
@@ -50,8 +71,19 @@ print(" ".join(m for m in ("torch", "yaml", "pydantic", "tqdm", "numpy") if impo
 EOF
 )
 if [ -n "$missing" ]; then
-  echo "gpu.sh: $python lacks: $missing (needed by the trainer); nothing is installed from the network" >&2
-  exit 3
+  if ! ls "$wheels"/*.whl >/dev/null 2>&1; then
+    echo "gpu.sh: $python lacks: $missing (needed by the trainer), and there are no carried wheels in" >&2
+    echo "gpu.sh: $wheels: run 'bench/gpu.sh --prepare' where the package index is reachable, then copy it" >&2
+    exit 3
+  fi
+  site=$(mktemp -d /tmp/ddpkit-gpu-site.XXXXXX)
+  # shellcheck disable=SC2086  # $missing is a list of module names
+  wanted=$(for m in $missing; do case "$m" in yaml) echo pyyaml ;; *) echo "$m" ;; esac; done)
+  # shellcheck disable=SC2086
+  "$python" -m pip install --quiet --no-index --find-links "$wheels" --target "$site" $wanted || {
+    echo "gpu.sh: could not install $missing from $wheels for $("$python" --version 2>&1)" >&2; exit 3; }
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  say "installed $missing from the carried wheels into $site (for this run only)"
 fi
 "$python" - <<'EOF'
 import torch
@@ -72,7 +104,8 @@ if [ "$mode" = cpu ]; then
   elif [ -x "$repo/.venv/bin/shellcheck" ]; then "$repo/.venv/bin/shellcheck" "$0" || exit 1
   else say "shellcheck not found: skipped"; fi
   export DDPKIT_BENCH_RESULTS="${DDPKIT_BENCH_RESULTS:-$(mktemp -d)}"
-  timeout 600 "$python" bench/gpu_bench.py --cpu-check || exit 1
+  timeout 600 "$python" bench/gpu_path.py --cpu-check || exit 1
+  timeout 600 "$python" bench/gpu_bench.py --cpu-check --workloads gpt || exit 1
   timeout 300 "$python" bench/dp_vs_ddp.py --steps 5 --repeats 1 --name dp_vs_ddp_cpu_check || exit 1
   say "CPU dry check passed (results in $DDPKIT_BENCH_RESULTS; figures meaningless)"
   exit 0
@@ -83,11 +116,13 @@ if ! "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
   exit 4
 fi
 status=0
-say "1/3 gpt and cnn: textbook fp32 vs ddpkit fp32/bf16 x torch.compile off/on (at most 5.5 min)"
-timeout 400 "$python" bench/gpu_bench.py "${quick[@]}" --timeout 150 --budget 330 || { status=$?; say "gpu_bench failed ($status)"; }
-say "2/3 DataParallel vs DDP on the GPU(s)"
-timeout 90 "$python" bench/dp_vs_ddp.py --device cuda --steps 100 --repeats 2 --batch 256 || { status=$?; say "dp_vs_ddp failed ($status)"; }
-say "3/3 report"
+say "1/4 the first minutes: NCCL, checkpoints, a killed worker's warm restart (at most 3.5 min)"
+timeout 210 "$python" bench/gpu_path.py || { status=$?; say "gpu_path failed ($status)"; }
+say "2/4 gpt: textbook fp32 vs ddpkit fp32/bf16 x torch.compile off/on, MFU (at most 3.2 min)"
+timeout 190 "$python" bench/gpu_bench.py --workloads gpt --quick --timeout 120 --budget 170 || { status=$?; say "gpu_bench failed ($status)"; }
+say "3/4 DataParallel vs DDP on the GPU(s)"
+timeout 60 "$python" bench/dp_vs_ddp.py --device cuda --steps 100 --repeats 2 --batch 256 || { status=$?; say "dp_vs_ddp failed ($status)"; }
+say "4/4 report"
 "$python" bench/report.py || status=$?
 say "done (exit $status)"
 exit "$status"

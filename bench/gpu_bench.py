@@ -34,6 +34,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))  # the trainer, also for a Python without ddpkit installed (bench/gpu.sh)
 
 from bench_common import Result, fmt, ratio  # noqa: E402
 
