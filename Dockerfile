@@ -59,6 +59,7 @@ RUN --mount=type=bind,source=wheelhouse,target=/wheels \
 
 # ---- runtime: the venv, ddpkit itself, a non-root user, the entry point ---------------------
 FROM python AS runtime
+ARG OFFLINE=0
 ARG VERSION=0.1.0
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="ddpkit" \
@@ -69,6 +70,22 @@ LABEL org.opencontainers.image.title="ddpkit" \
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
+# NCCL between nodes needs the RDMA verbs library (rdma-core's libibverbs) and its user-space
+# drivers (mlx5, efa, ...): without them NCCL logs "Failed to open libibverbs" at INFO only and
+# all-reduces over TCP sockets. The PyTorch runtime image has neither. An offline build on a
+# base without them says so and goes on (the nodes then talk over sockets). AWS EFA also needs
+# the aws-ofi-nccl plugin, which is the cluster's image business (docs/gpus.md).
+# hadolint ignore=DL3008
+RUN ldconfig -p > /tmp/libs && if ! grep -q 'libibverbs\.so\.1' /tmp/libs; then \
+        if [ "$OFFLINE" = 1 ]; then \
+            echo "ddpkit image: the base has no libibverbs and the build is offline: NCCL will use TCP sockets between nodes" >&2; \
+        else \
+            apt-get update \
+            && apt-get install -y --no-install-recommends libibverbs1 ibverbs-providers \
+            && rm -rf /var/lib/apt/lists/*; \
+        fi; \
+    fi; \
+    rm /tmp/libs
 COPY --from=deps /opt/ddpkit /opt/ddpkit
 # Only the wheel, from a bind mount: neither the source nor the wheel file stays in a layer.
 RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
@@ -80,9 +97,14 @@ RUN --mount=type=bind,from=wheel,source=/dist,target=/dist \
 RUN useradd --create-home --home-dir /workspace --uid 1000 --user-group ddpkit \
     && HOME=/workspace /opt/ddpkit/bin/python -c "import matplotlib.font_manager" \
     && chown -R 1000:1000 /workspace
+# The NVIDIA container runtime and enroot (pyxis) give a container the driver and its GPUs only
+# when the image asks for them; the device plugin / Slurm narrow "all" to the job's GPUs. A CPU
+# job's workers are given CUDA_VISIBLE_DEVICES="" by the launcher (trainer/gpus.py).
 ENV PATH=/opt/ddpkit/bin:$PATH \
     PYTHONUNBUFFERED=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 USER 1000:1000
 WORKDIR /workspace
 ENTRYPOINT ["python", "-m", "trainer.launch"]

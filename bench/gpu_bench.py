@@ -252,8 +252,10 @@ def main() -> int:
         f"{'CPU dry check (tiny models, gloo)' if args.cpu_check else f'One GPU: {gpu}, NCCL, one process'}; "
         f"torch {torch.__version__}. gpt: {specs['gpt'].get('model_args')} batch {specs['gpt']['batch_size']}; "
         f"cnn: batch {specs['cnn']['batch_size']}. Steady-state throughput (the first steps, compilation "
-        "included, excluded); one run each. MFU = model FLOPs per step (torch.utils.flop_counter, forward + "
-        f"backward) x steps/s / dense bf16 peak ({fmt(peak, '.0f')} TFLOP/s"
+        "included, excluded); one run each. MFU = model FLOPs per step x steps/s / dense bf16 peak; the "
+        "FLOPs are torch.utils.flop_counter's count of one forward + backward: 2 per multiply-add of every "
+        "matmul, convolution and attention product (attention at its full, unmasked size), nothing for "
+        f"elementwise ops, no activation recomputation (peak {fmt(peak, '.0f')} TFLOP/s"
         f"{'' if peak else ': GPU not in the table, MFU not computed'}); ratio = / the fp32 textbook loop.")
     r.table("throughput and MFU", ["workload", "run", "throughput", "vs fp32 textbook", "MFU", "first step, s"], rows)
     labels = ["textbook fp32"] + [f"{p}{' +compile' if c else ''}" for p, c in configs]

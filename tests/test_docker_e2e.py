@@ -237,3 +237,12 @@ def test_your_own_torchrun_script_runs_unchanged_in_the_pods(image, tmp_path, fl
     assert len(list(out.glob("params-rank*.sha256"))) == 4
     assert "[node 1] " in result.stdout and "train.py --epochs 1" in result.stdout + result.stderr
     assert leftovers(name) == ("", "")
+
+
+def test_the_image_has_the_rdma_verbs_library_and_asks_for_the_gpus(image):
+    """NCCL between nodes needs libibverbs (else TCP sockets, said only at NCCL_DEBUG=INFO);
+    the NVIDIA runtime and enroot inject the driver only into an image that asks for it."""
+    libs = docker("run", "--rm", "--entrypoint", "ldconfig", image, "-p")
+    assert libs.returncode == 0 and "libibverbs.so.1" in libs.stdout, libs.stderr[-1000:]
+    config = json.loads(docker("image", "inspect", image, "--format", "{{json .Config.Env}}").stdout)
+    assert "NVIDIA_VISIBLE_DEVICES=all" in config and "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in config

@@ -284,7 +284,7 @@ def test_a_gpu_jobs_workers_keep_ncclss_flight_recorder_in_the_run_directory(tmp
     gpus.flight_recorder(env, tmp_path / "runs" / "j")
     assert env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == gpus.FLIGHT_RECORDER_ENTRIES
     assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "0"
-    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str((tmp_path / "runs" / "j" / "debug" / "nccl-trace-rank-").resolve())
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str((tmp_path / "runs" / "j" / "debug" / "nccl_trace_rank_").resolve())
     assert (tmp_path / "runs" / "j" / "debug").is_dir()
 
 

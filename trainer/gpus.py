@@ -177,11 +177,11 @@ def hide_from_cpu_job(worker_env: dict[str, str]) -> None:
 
 def flight_recorder(worker_env: dict[str, str], run_dir: Path | None) -> None:
     """A GPU job's workers keep NCCL's flight recorder and dump it on a collective timeout, into
-    RUN_DIR/debug/nccl-trace-rank-<R> where the job has a run directory; a job's own settings
-    (`env:`) win."""
+    RUN_DIR/debug/nccl_trace_rank_<R> (the names torch's `torchfrtrace` reads) where the job has
+    a run directory; a job's own settings (`env:`) win."""
     worker_env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", FLIGHT_RECORDER_ENTRIES)
     worker_env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
     if run_dir is not None and "TORCH_NCCL_DEBUG_INFO_TEMP_FILE" not in worker_env:
         debug = Path(run_dir).resolve() / "debug"
         debug.mkdir(parents=True, exist_ok=True)
-        worker_env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(debug / "nccl-trace-rank-")
+        worker_env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(debug / "nccl_trace_rank_")

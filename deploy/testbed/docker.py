@@ -85,7 +85,9 @@ def make_base_image(name: str = BASE_IMAGE) -> None:
     with tempfile.TemporaryDirectory(prefix="ddpkit-rootfs-") as tmp:
         root = Path(tmp) / "rootfs"
         print(f"testbed: debootstrap {SUITE} -> {name}", file=sys.stderr)
-        boot = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3-venv",
+        # rdma-core's verbs library and providers, as ddpkit's image installs them when online
+        boot = subprocess.run(["debootstrap", "--variant=minbase",
+                               "--include=python3-venv,libibverbs1,ibverbs-providers",
                                SUITE, str(root)], capture_output=True, text=True)
         if boot.returncode != 0:
             tail = (boot.stderr or boot.stdout).strip().splitlines()[-1:]
