@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from deploy.testbed import k8s as testbed
-from tests.conftest import EXAMPLES, K8S_TEST_IMAGE, REPO, ddpkit, require
+from tests.conftest import K8S_TEST_IMAGE, REPO, ddpkit, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -331,34 +331,6 @@ def test_readme_path_render_pipe_kubectl_apply_then_wait(cluster, image, tmp_pat
         ddpkit("cancel", f"k8s://default/pytorchjob/{name}", "--wait", "0", env=cluster)
 
 
-def rendered(cluster, example: Path, flavor: str, *, refusal_ok: bool = False) -> str | None:
-    """The manifest; None when ddpkit refuses the combination (exit 2, e.g. elastic on job)."""
-    proc = ddpkit("render", "k8s", str(example), "--flavor", flavor, "--set", f"name=dry-{flavor}",
-                  env=cluster)
-    if refusal_ok and proc.returncode == 2 and proc.stderr.startswith("error: "):
-        return None
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
-
-
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
-def test_every_example_and_flavor_passes_server_side_dry_run(cluster, example):
-    applied = []
-    for flavor in FLAVORS:
-        manifest = rendered(cluster, example, flavor, refusal_ok=True)
-        if manifest is None:
-            continue
-        # the example's namespace (e.g. ml) exists on the user's cluster; make it here
-        for ns in {d["metadata"].get("namespace") for d in yaml.safe_load_all(manifest) if d} - {None}:
-            kubectl(cluster, "create", "namespace", ns, check=False)
-        proc = kubectl(cluster, "apply", "--dry-run=server", "--validate=strict", "-f", "-",
-                       input=manifest, check=False)
-        assert proc.returncode == 0, f"{example.name} --flavor {flavor}: {proc.stderr}"
-        assert "(server dry run)" in proc.stdout
-        applied.append(flavor)
-    assert applied, f"{example.name}: no flavor rendered"
-
-
 def _break(flavor: str, obj: dict) -> str:
     """Make the workload invalid in a way only the controller's webhook (or, for Job, the API
     server) knows about; return who must refuse it."""
@@ -374,6 +346,15 @@ def _break(flavor: str, obj: dict) -> str:
         return 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied'
     spec["completions"] = -1
     return "is invalid"
+
+
+def rendered(cluster, example: Path, flavor: str) -> str:
+    """The manifest, as `ddpkit render k8s` prints it. (Every example in every flavor that
+    expresses it is judged by the API server in tests/test_lint_corpus.py.)"""
+    proc = ddpkit("render", "k8s", str(example), "--flavor", flavor, "--set", f"name=dry-{flavor}",
+                  env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -741,7 +722,7 @@ def why_at_end(cluster, handle: str, wanted: set[str], timeout: float = JOB_TIME
     proc = ddpkit("why", handle, env=cluster)
     took = time.monotonic() - started
     print(f"{name_of(handle)}: `why` answered {took:.1f}s after `{line}`: {proc.stdout.splitlines()[:1]}")
-    assert proc.returncode == 0 and took < 10, proc.stderr
+    assert proc.returncode == 0, proc.stderr  # how soon: a figure of bench/fault_corpus.py
     return proc.stdout.splitlines()
 
 
@@ -790,7 +771,6 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
         found = json.loads((debug / "verdict.txt").read_text().split("\n}", 1)[0] + "\n}")
         print(f"{name}: found {found['age_s']}s after rank 3 stopped: {found['explain']}")
         assert found["culprits"] == [3] and found["cause"] == "stuck-outside-collective", found
-        assert found["age_s"] <= 30, found
         assert sorted(p.name for p in debug.glob("rank-*.txt")) == [f"rank-{r}.txt" for r in range(4)]
         # node rank 1's pod (the Job's failed pods' peers are deleted): its hostname
         host = {"job": f"{name}-1", "pytorchjob": f"{name}-worker-0"}[flavor]
@@ -810,7 +790,7 @@ def test_the_fault_corpus_on_kubernetes(cluster, image, handles, tmp_path):
     debug = tmp_path / name / "out" / name / "debug" / "attempt-0"
     found = json.loads((debug / "verdict.txt").read_text().split("\n}", 1)[0] + "\n}")
     print(f"{name}: found {found['age_s']}s after rank 3 stopped: {found['explain']}")
-    assert found["culprits"] == [3] and found["cause"] == "frozen" and found["age_s"] <= 30, found
+    assert found["culprits"] == [3] and found["cause"] == "frozen", found
     assert f"rank 3 on {host} (pid " in found["explain"], found
     frozen = (debug / "rank-3.txt").read_text()  # rank 2, in the same pod, read it with py-spy
     assert "stopped (T (stopped)); its stacks read from outside by py-spy" in frozen and "maybe_hang" in frozen, frozen

@@ -95,9 +95,40 @@ def test_every_rendered_object_passes_lint_against_upstream_crds(case, crds):
     assert [p.rule for p in found] == (["runtime-restarts"] if flavor == "trainjob" else [])
 
 
-def test_rendering_is_deterministic():
-    path = EXAMPLES[0]
-    assert render(path, "pytorchjob") == render(path, "pytorchjob")
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.stem for e in EXAMPLES])
+def test_exactly_the_declared_example_and_flavor_pairs_are_refused(example):
+    """The list the end-to-end tests take their renderings from (tests/conftest.py)."""
+    from tests.conftest import K8S_FLAVORS, REFUSED_RENDERINGS
+
+    assert tuple(k8s.FLAVORS) == K8S_FLAVORS
+    for flavor in K8S_FLAVORS:
+        result = cli("render", "k8s", str(example), "--flavor", flavor)
+        reason = REFUSED_RENDERINGS.get((example.stem, flavor))
+        if reason is None:
+            assert result.returncode == 0, f"{example.name} as {flavor}: {result.stderr}"
+        else:
+            assert result.returncode == 2 and reason in result.stderr, (example.name, flavor, result.stderr)
+
+
+@pytest.mark.parametrize("flavor", k8s.FLAVORS)
+def test_rendering_is_the_same_in_every_process(flavor, tmp_path):
+    """Two fresh interpreters with other hash seeds (the order of sets and str-keyed dicts),
+    working directories and clocks render the same bytes."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    outs = []
+    for seed, cwd in (("1", REPO), ("2", tmp_path)):
+        proc = subprocess.run([sys.executable, "-m", "deploy", "render", "k8s", str(REPO / "examples" / "quickstart-2node.yaml"),
+                               "--flavor", flavor],
+                              cwd=cwd, capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)})
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout)
+    assert outs[0] == outs[1] and "kind:" in outs[0]
 
 
 # ---- behaviours --------------------------------------------------------------------------------

