@@ -32,7 +32,6 @@ REFUSED_RENDERINGS = {
 }
 RENDERINGS = [(example, flavor) for example in EXAMPLES for flavor in K8S_FLAVORS
               if (example.stem, flavor) not in REFUSED_RENDERINGS]
-SHARED = REPO.parent / "shared"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
