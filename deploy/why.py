@@ -32,7 +32,7 @@ from trainer.attempts import (
     read_verdicts,
     signal_name,
 )
-from trainer.contract import EXIT_BAD_CONFIG, EXIT_HANG, read_node_line_tag
+from trainer.contract import EXIT_BAD_CONFIG, EXIT_HANG, EXIT_OK, read_node_line_tag
 from trainer.progress import attempt_files, read_record
 
 #: The causes `why` names, in the words of its first line.
@@ -142,7 +142,8 @@ def run_dir_causes(run_dir: Path) -> list[Cause]:
 def launch_cause(launches: list[dict[str, Any]], n: int) -> Cause | None:
     """Why an attempt ended when no worker said: a launcher that refused to start (the job's
     settings, the master never answered), or torchrun ending with no worker failed (its
-    rendezvous): the launcher's words, or its last lines read as a log."""
+    rendezvous): the launcher's words, or its last lines read as a log. A script job keeps no
+    progress record: every node's launcher ending 0 is its completion."""
     for x in launches:
         if x.get("refused"):
             category = "config" if x.get("exit") == EXIT_BAD_CONFIG else "rendezvous"
@@ -154,6 +155,9 @@ def launch_cause(launches: list[dict[str, Any]], n: int) -> Cause | None:
                                              f"{next((t for t in reversed(x.get('tail') or []) if t.strip()), '')}")
             cause.node, cause.attempt = cause.node or x.get("host"), n
             return cause
+    if launches and all(x.get("exit") == EXIT_OK for x in launches):
+        nodes = sorted({x.get("node_rank") or 0 for x in launches})
+        return Cause("completed", f"every worker exited 0 (torchrun on {len(nodes)} node(s))", attempt=n)
     return None
 
 

@@ -444,3 +444,15 @@ def test_a_script_job_leaves_every_ranks_stacks_and_a_verdict(tmp_path):
     lines, _ = timed_why(run_dir)
     assert lines[0].startswith("stopped: attempt 0: stopped by a stop signal; where each rank was: rank 0: on "), lines
     assert "(waiting in all_reduce)" in lines[0] and "hang.py:20 in main (outside any collective)" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_script_job_that_succeeded_is_completed(tmp_path):
+    """A script keeps no progress record: the launchers' records (torchrun and every worker
+    exit 0) say it completed, not "failed: attempt record says None"."""
+    (tmp_path / "ok.py").write_text(
+        "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
+        "dist.destroy_process_group()\n")
+    assert launch(tmp_path, {"name": "why-script-ok", "script": "ok.py"}, 2).returncode == 0
+    lines, _ = timed_why(tmp_path / "runs" / "why-script-ok")
+    assert lines[0] == "completed: attempt 0: every worker exited 0 (torchrun on 1 node(s))", lines
