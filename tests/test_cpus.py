@@ -12,7 +12,7 @@ import pytest
 from tests.test_right_sizing import SRUN
 from tests.trainer_util import REPO, free_port
 from trainer.cpus import NODE_CPUS_VAR, bind_local_rank, format_cpus, parse_cpus, shares
-from trainer.launch import CPUs, plan_launch
+from trainer.launch.plan import CPUs, plan_launch
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity: Linux")
 

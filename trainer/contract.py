@@ -59,7 +59,7 @@ class LaunchEnv:
     """The `DDPKIT_*` variables a target sets for `trainer.launch` (docs/CONTRACT.md).
 
     The field order is the order renderers write them in. None means "not set by this target"
-    (the launcher then reads the scheduler's own variables, `trainer.launch.CONTEXTS`).
+    (the launcher then reads the scheduler's own variables, `trainer.launch.plan.CONTEXTS`).
     """
 
     job_file: str | None = None

@@ -7,7 +7,7 @@ moment the rank blocks on the all-reduce. Unbound, `perf sched` showed a rank's 
 queued for 2-4 ms behind the other rank's compute while its own core sat idle, because it was
 woken onto the busy one (bench/step_profile.py, `unbound` against `baseline`).
 
-ddpkit's per-node launcher (trainer/launch.py, torchrun mode) passes the CPUs it may use in
+ddpkit's per-node launcher (trainer/launch/plan.py, torchrun mode) passes the CPUs it may use in
 `DDPKIT_NODE_CPUS`; local rank i of n takes the i-th of n equal, contiguous shares, CPUs ordered
 by core so that hyperthread siblings stay together (CPUs left over when n does not divide them
 go unused by the ranks). Left to the scheduler, with the reason logged: one rank on the node; a
@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-NODE_CPUS_VAR = "DDPKIT_NODE_CPUS"  # trainer/launch.py: the CPUs the node's launcher may use
+NODE_CPUS_VAR = "DDPKIT_NODE_CPUS"  # trainer/launch/plan.py: the CPUs the node's launcher may use
 
 
 def format_cpus(cpus: Iterable[int]) -> str:

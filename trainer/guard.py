@@ -9,7 +9,7 @@ after two hooks, stdlib only:
 - an uncaught exception writes the same file (its traceback first) and the exception record
   `ddpkit why` reads (trainer/attempts.py `record_exception`), then Python prints it as always.
 
-The launcher (trainer/launch.py) runs every worker of a script job this way, and after torchrun
+The launcher (trainer/launch/) runs every worker of a script job this way, and after torchrun
 ended with a failure it calls `write_verdict`: when a rank's exception is a collective timeout
 (or the launcher was stopped), the stacks say which rank waited in a collective and which was
 elsewhere, the one that held the others up: `verdict.txt` beside the stacks, and a

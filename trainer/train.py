@@ -1380,7 +1380,7 @@ def _log_line(pbar: Any, msg: str) -> None:
 
 def threads_per_rank(threads: int | None, env: Any, local_world_size: int) -> int:
     """`train.threads`, else `OMP_NUM_THREADS` (the user's, or what trainer.launch derived
-    from the CPUs the job got: see `trainer.launch.threads_per_rank`), else this process's
+    from the CPUs the job got: see `trainer.launch.plan.threads_per_rank`), else this process's
     CPUs shared by the local ranks (a trainer started by hand)."""
     if threads:
         return threads
