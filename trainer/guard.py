@@ -109,12 +109,12 @@ def main(argv: list[str]) -> None:
 
 def leave_finished() -> None:
     """The script finished: exit 0 as the interpreter would (non-daemon threads joined, atexit
-    handlers run, streams flushed), then `os._exit`, as a warm worker does (trainer/warm.py).
+    handlers run, streams flushed), then `os._exit`, as a warm worker does (trainer/forked.py).
     Skipped: the interpreter's finalization and C++ static destructors, where a finished
     rank's exit can still abort (CI once saw `terminate called without an active exception`,
     SIGABRT, after a gloo script's last line and its `destroy_process_group`), which would
     fail a run whose every rank had finished."""
-    from trainer.warm import finish_like_exit
+    from trainer.forked import finish_like_exit
 
     finish_like_exit()
     os._exit(0)

@@ -46,11 +46,10 @@ from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
     STOP_GRACE_S_VAR,
     TORCHRUN_T0_VAR,
 )
+from trainer.forked import FORKED, worker_t0
 from trainer.progress import Exporter, Ledger, Progress
 from trainer.stragglers import BucketClock, StepTimes, StragglerFinder, describe, per_rank_rates
 from trainer.watchdog import Heartbeat, Watchdog
-
-WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
 
 STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
 # A stop signal no step boundary acted on within half the target's grace period (SIGTERM to
@@ -1435,17 +1434,15 @@ def run(job: Any, denv: Any, t0: float) -> int:
     stop.install()
     # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the
     # time to the first step goes, node shim and torchrun included.
-    marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
-    from trainer.warm import FORKED
-
+    marks = {"worker started": worker_t0(), "job read": t_start, "torch imported": t_torch}
     if FORKED:  # forked from the node's template (trainer/warm.py): torch was imported there
-        marks = {"worker started": WORKER_T0, "forked": FORKED["forked"], **marks}
+        marks = {"worker started": worker_t0(), "forked": FORKED["forked"], **marks}
     if os.environ.get(TORCHRUN_T0_VAR):
         marks = {"torchrun started": float(os.environ[TORCHRUN_T0_VAR]), **marks}
     # The attempt's ledger: from the launch (a restart by torchrun: from this worker's start),
     # `startup` until torch is imported, then the rendezvous, then setup.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    ledger = Ledger(WORKER_T0 if restarted else t0)
+    ledger = Ledger(worker_t0() if restarted else t0)
     ledger.enter("rendezvous", at=t_torch)
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
