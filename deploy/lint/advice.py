@@ -12,7 +12,7 @@ from typing import Any
 
 from deploy import units
 from deploy.k8s import pytorchjob, trainjob
-from deploy.lint.report import join
+from deploy.kube.finding import join
 from trainer.contract import LAUNCH_MODULE, NPROC_PER_NODE_VAR
 
 RULES = {
