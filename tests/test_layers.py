@@ -18,11 +18,9 @@ FLOORS = [
     # trainer/: the contract (standard library only), the worker's parts, the step, the workers'
     # runners, the node's launcher; preflight, an entry that runs the launcher on a node, last.
     ["trainer", "trainer.contract"],
-    ["trainer.attempts", "trainer.checkpoint", "trainer.config", "trainer.cpus", "trainer.data",
-     "trainer.forked", "trainer.gloo_loop", "trainer.gpus", "trainer.malloc", "trainer.plot",
-     "trainer.stragglers", "trainer.watchdog"],
-    ["trainer.dist", "trainer.host", "trainer.models", "trainer.progress", "trainer.stop"],
-    ["trainer.metrics"],
+    ["trainer.attempts", "trainer.checkpoint", "trainer.config", "trainer.data", "trainer.forked",
+     "trainer.gpus", "trainer.host", "trainer.plot", "trainer.stragglers", "trainer.watchdog"],
+    ["trainer.dist", "trainer.models", "trainer.progress"],
     ["trainer.train", "trainer.__main__"],
     ["trainer.guard", "trainer.warm"],
     ["trainer.launch.plan"],

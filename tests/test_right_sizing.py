@@ -11,7 +11,7 @@ import pytest
 from tests.trainer_util import run, summary, write_job
 from trainer.launch.node import cgroup_cpus
 from trainer.launch.plan import CPUs, plan_launch, threads_per_rank
-from trainer.train import threads_per_rank as trainer_threads
+from trainer.train import torch_threads as trainer_threads
 
 SLURM = {"SLURM_JOB_ID": "42", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu01",
          "DDPKIT_NPROC_PER_NODE": "8"}

@@ -690,12 +690,10 @@ class Trainer:
             except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
                 raise ConfigError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
                                   f"({str(e).splitlines()[0]}); use fp16 or none") from None
-        if self.ddp is not None and device.type == "cpu" and cfg.gloo_loop_idle:
-            from trainer.gloo_loop import idle_gloo_loops
+        if self.ddp is not None and device.type == "cpu":  # CPU (gloo) runs only
+            from trainer import host
 
-            note = idle_gloo_loops()  # DDP's broadcast at construction started gloo's threads
-            if self.is_main:
-                log.info("DDP: %s", note)
+            host.tune_gloo(cfg, self.is_main)  # DDP's broadcast at construction started gloo's threads
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
         self.marks["DDP"] = time.time()
 
@@ -1377,7 +1375,7 @@ def _log_line(pbar: Any, msg: str) -> None:
         pbar.write(msg)
 
 
-def threads_per_rank(threads: int | None, env: Any, local_world_size: int) -> int:
+def torch_threads(threads: int | None, env: Any, local_world_size: int) -> int:
     """`train.threads`, else `OMP_NUM_THREADS` (the user's, or what trainer.launch derived
     from the CPUs the job got: see `trainer.launch.plan.threads_per_rank`), else this process's
     CPUs shared by the local ranks (a trainer started by hand)."""
@@ -1417,19 +1415,14 @@ def run(job: Any, denv: Any, t0: float) -> int:
     from trainer.dist import pick_device, process_group
 
     cfg = job.train
-    torch.set_num_threads(threads_per_rank(cfg.threads, os.environ, denv.local_world_size))
+    torch.set_num_threads(torch_threads(cfg.threads, os.environ, denv.local_world_size))
     device = pick_device(denv, cfg.device, job.gpus_per_node)
     if cfg.deterministic:
         log.info("deterministic: %s", deterministic_algorithms(torch))
-    if cfg.keep_freed_memory and device.type == "cpu":  # measured on CPU only
-        from trainer.malloc import keep_freed_memory
+    if device.type == "cpu":  # CPU (gloo) runs only; before gloo and torch start their threads
+        from trainer import host
 
-        log.info("memory: %s", keep_freed_memory(os.environ))
-    if cfg.bind_cpus and device.type == "cpu":  # before gloo and torch start their threads
-        from trainer.cpus import bind_local_rank
-
-        log.info("cpus: %s", bind_local_rank(os.environ, denv.local_rank, denv.local_world_size,
-                                              torch.get_num_threads(), cfg.num_workers))
+        host.tune_rank(cfg, denv.local_rank, denv.local_world_size, torch.get_num_threads())
     stop = StopRequest()
     stop.install()
     # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the

@@ -46,12 +46,13 @@ from trainer.contract import (
     MASTER_PORT_VAR,
     MAX_RESTARTS_VAR,
     NNODES_VAR,
+    NODE_CPUS_VAR,
     NPROC_PER_NODE_VAR,
     RUN_ID_VAR,
     STOP_GRACE_S_VAR,
     WARM_VAR,
+    format_cpus,
 )
-from trainer.cpus import NODE_CPUS_VAR, format_cpus
 
 Env = Mapping[str, str]
 Source = str | Callable[[Env], "str | None"]
@@ -255,7 +256,7 @@ class CPUs:
     cgroup: float | None = None
     job: float | None = None
     threads: int | None = None
-    ids: tuple[int, ...] = ()  # the CPUs of the affinity, when known (trainer/cpus.py splits them)
+    ids: tuple[int, ...] = ()  # the CPUs of the affinity, when known (trainer/host.py splits them)
 
 
 def threads_per_rank(env: Env, cpus: CPUs, ranks_on_node: int, one_task_per_rank: bool) -> tuple[str | None, str]:
