@@ -3,7 +3,7 @@
 The step is the trainer's (`trainer/train.py`): the `cnn` workload and its data loader
 (`GlobalBatches` + whole-batch `__getitems__`), channels-last, forward + cross-entropy, backward
 under DDP, SGD step, LR scheduler, `zero_grad(set_to_none=True)` and the stop vote
-(`trainer.train.StopVote`: a small asynchronous all-reduce about every 0.2 s of steps). Each
+(`trainer.stop.StopVote`: a small asynchronous all-reduce about every 0.2 s of steps). Each
 phase is timed with `perf_counter` on every step (`data`, `forward`, `backward` = compute + the all-reduce time DDP could not hide, `optimizer`,
 `vote`), and the `baseline` variant is also run under `torch.profiler` to show which operators
 and collectives the time is spent in.
@@ -61,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
 from trainer.host import shares  # noqa: E402
-from trainer.train import StopVote  # noqa: E402
+from trainer.stop import StopVote  # noqa: E402
 
 VARIANTS = ["baseline", "torch_buckets", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
             "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook",
