@@ -37,7 +37,8 @@ def build_trainer(tmp: Path, batch: int, small: bool):
 
     from trainer.config import JobSections
     from trainer.dist import DistEnv
-    from trainer.train import StopRequest, Trainer
+    from trainer.stop import StopRequest
+    from trainer.train import Trainer
 
     model_args = {"d_model": 64, "layers": 2, "heads": 2, "samples": 512} if small else {}
     job = JobSections.model_validate({

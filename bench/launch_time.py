@@ -276,7 +276,7 @@ def main() -> int:
     r.chart("launch_time.png", f"launch timeline, {args.nproc} rank(s) (median)", "seconds since launch",
             [c[0] for c in common], {"textbook": [at(textbook, c[2])["median"] for c in common],
                                      "ddpkit": [at(ours, c[1])["median"] for c in common]})
-    shim = importtime("import trainer.launch, trainer.config, pydantic, yaml")
+    shim = importtime("import trainer.launch.node, trainer.config, pydantic, yaml")
     worker = importtime("import torch; import trainer.train, trainer.config, trainer.dist, trainer.models, "
                         "trainer.data, trainer.checkpoint, tqdm, yaml, pydantic")
     r.table("python -X importtime: the node shim's imports (cumulative s, top 5)", ["module", "s"],

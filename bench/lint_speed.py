@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from deploy.k8s import render as k8s  # noqa: E402
-from deploy.lint import advice, core, schema  # noqa: E402
+from deploy.kube import core  # noqa: E402
+from deploy.lint import advice, schema  # noqa: E402
 from deploy.lint import command as lint  # noqa: E402
 from deploy.lint.admission import WEBHOOKS  # noqa: E402
 from deploy.load import load_job  # noqa: E402
@@ -71,7 +72,7 @@ def main() -> int:
             t_schema = median_ms(lambda o=obj, c=crd: schema.check_custom_resource(o, c["schema"]), args.repeats)
             pruned, _ = schema.check_custom_resource(obj, crd["schema"])
             hook = WEBHOOKS[(group, obj["kind"])]
-            ctx = lint.Context(crds)
+            ctx = lint.LintRun(crds)
             t_hook = median_ms(lambda p=pruned, h=hook, c=ctx: h.validate(p, c.find_runtime), args.repeats)
             t_core = median_ms(lambda o=obj: [core.validate_pod_template(t, p) for p, t, _ in advice.pod_templates(o)],
                                args.repeats)
@@ -91,7 +92,7 @@ def main() -> int:
     corpus = sorted((REPO / "tests" / "lint_corpus").rglob("*.yaml"))
     if corpus:
         texts = [(str(f), f.read_text()) for f in corpus]
-        ctx = lint.Context(crds)
+        ctx = lint.LintRun(crds)
         for f, t in texts:  # warm: CRDs parsed once per process
             lint.lint_text(t, ctx, source=f)
         per_file = [median_ms(lambda t=t, f=f: lint.lint_text(t, ctx, source=f), args.repeats) for f, t in texts]

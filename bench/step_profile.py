@@ -3,7 +3,7 @@
 The step is the trainer's (`trainer/train.py`): the `cnn` workload and its data loader
 (`GlobalBatches` + whole-batch `__getitems__`), channels-last, forward + cross-entropy, backward
 under DDP, SGD step, LR scheduler, `zero_grad(set_to_none=True)` and the stop vote
-(`trainer.train.StopVote`: a small asynchronous all-reduce about every 0.2 s of steps). Each
+(`trainer.stop.StopVote`: a small asynchronous all-reduce about every 0.2 s of steps). Each
 phase is timed with `perf_counter` on every step (`data`, `forward`, `backward` = compute + the all-reduce time DDP could not hide, `optimizer`,
 `vote`), and the `baseline` variant is also run under `torch.profiler` to show which operators
 and collectives the time is spent in.
@@ -38,7 +38,7 @@ Variants, all at 2 ranks on gloo, interleaved `--repeats` times in the same proc
 step without DDP), the 1-rank run interleaved with the 2-rank ones.
 
 Every rank keeps the memory a step frees, as the trainer does (`train.keep_freed_memory`,
-trainer/malloc.py); `--system-malloc` runs the whole bench with glibc's defaults instead (the
+trainer/host.py); `--system-malloc` runs the whole bench with glibc's defaults instead (the
 setting is per process, so it cannot be a variant beside the others).
 
     python bench/step_profile.py [--steps 60] [--repeats 3] [--threads 1] [--system-malloc]
@@ -60,8 +60,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench_common import Result, Stats, fmt, ratio  # noqa: E402
 
-from trainer.cpus import shares  # noqa: E402
-from trainer.train import StopVote  # noqa: E402
+from trainer.host import shares  # noqa: E402
+from trainer.stop import StopVote  # noqa: E402
 
 VARIANTS = ["baseline", "torch_buckets", "dynamic_graph", "no_sync", "bucket_1mb", "bucket_100mb", "no_bucket_view",
             "fp16_hook", "bf16_hook", "optim_in_backward", "no_vote", "vote_every_step", "timed_hook",
@@ -205,7 +205,7 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
     import torch
     import torch.distributed as dist
 
-    from trainer.malloc import keep_freed_memory
+    from trainer.host import keep_freed_memory
 
     torch.set_num_threads(threads)
     if not system_malloc:
@@ -248,14 +248,14 @@ def worker(rank: int, world: int, port: int, steps: int, threads: int, out: str,
 
 def gloo_loop_policy(idle: bool) -> None:
     """This process's gloo event-loop threads at SCHED_IDLE (the trainer's `train.gloo_loop_idle`) or normal."""
-    from trainer.gloo_loop import loop_threads
+    from trainer.host import loop_threads
 
     for tid in loop_threads():
         os.sched_setscheduler(tid, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
 
 
 def bind_threads(cpus: list[int]) -> None:
-    """Every thread of this process on `cpus` (the trainer's `train.bind_cpus`, trainer/cpus.py)."""
+    """Every thread of this process on `cpus` (the trainer's `train.bind_cpus`, trainer/host.py)."""
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)

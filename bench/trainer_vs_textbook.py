@@ -63,8 +63,8 @@ def base_env(threads: int, tree: Path = REPO) -> dict[str, str]:
 def run_textbook(work: Path, nproc: int, steps: int, threads: int, kept_memory: bool = False) -> dict:
     out = work / f"textbook-{nproc}.json"
     env = {**base_env(threads), "DDPKIT_LAUNCH_T0": repr(time.time())}
-    if kept_memory:  # trainer/malloc.py's thresholds, as glibc tunables (read when python starts)
-        from trainer.malloc import MMAP_THRESHOLD, TRIM_THRESHOLD
+    if kept_memory:  # trainer/host.py's thresholds, as glibc tunables (read when python starts)
+        from trainer.host import MMAP_THRESHOLD, TRIM_THRESHOLD
 
         env["GLIBC_TUNABLES"] = (f"glibc.malloc.mmap_threshold={MMAP_THRESHOLD}:"
                                  f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")

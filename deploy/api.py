@@ -163,8 +163,7 @@ class Handle:
         """What a watcher does beside reading, once a refresh: on Kubernetes, while the job
         runs, label the nodes lost under it so that its pods stay off them (`k8s.avoid_lost_nodes`,
         deploy/k8s/blame.py), and once it has `ended` take the labels off. The lines to show."""
-        tend = getattr(self._target, "tend", None)
-        return tend(self.text, ended) if tend else []
+        return self._target.tend(self.text, ended)
 
     def _say(self, lines: list[str]) -> None:
         for line in lines:

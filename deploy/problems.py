@@ -7,7 +7,8 @@ renderers report them the same way. A leaf: it imports no renderer and dispatche
   own check. A check never raises; it lists everything the target cannot do with the job.
 - `refuse(job, problems)` turns the problems into one `UserError`, each line
   `FILE:LINE: dotted.path: message; fix` through the job file's line map (or `--set KEY` when
-  an override set the field).
+  an override set the field): `job` is anything `Located` (a `JobSpec`), so this module needs
+  nothing of the job model.
 - Renderers refuse their own check's problems first, so `render`, `submit` and `run --docker`
   stop with exactly the lines `ddpkit validate` prints, before anything is written.
 """
@@ -15,12 +16,17 @@ renderers report them the same way. A leaf: it imports no renderer and dispatche
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from deploy.errors import FieldProblem, UserError
 
-if TYPE_CHECKING:
-    from deploy.spec import JobSpec
+
+class Located(Protocol):
+    """What `refuse` asks of a job: where a dotted field path was written (`JobSpec.where`:
+    `FILE:LINE`, or `--set KEY`)."""
+
+    def where(self, path: str) -> str: ...
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -48,7 +54,7 @@ class Problems(ValueError):
         super().__init__("; ".join(str(p) for p in problems))
 
 
-def refuse(job: JobSpec, problems: list[Problem]) -> None:
+def refuse(job: Located, problems: list[Problem]) -> None:
     """Raise one UserError with a located line per problem (nothing when there are none)."""
     if problems:
         lines = []

@@ -173,6 +173,10 @@ class RunDir:
 
         return explain("", "", self.path)
 
+    def tend(self, handle: str, ended: bool) -> list[str]:
+        """Nothing to look after beside reading: a local run has no nodes to keep it off."""
+        return []
+
     def logs(self, handle: str, *, query: Any = None, follow: bool = False, out: Any = None,
              poll_s: float = 1.0) -> int:
         """The lines `query` asks for (deploy/logs.py) of the output `ddpkit run --local` kept in

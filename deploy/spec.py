@@ -40,7 +40,7 @@ from deploy.kube import (
     LABEL_VALUE,
     POD_VOLUMES,
 )
-from deploy.lint import core as api_rules
+from deploy.kube import core as api_rules
 from deploy.problems import Problem, Problems
 from deploy.yamlfile import Dumper, locate
 from trainer.config import (

@@ -62,6 +62,7 @@ class Target:
     submitter: str
     option: str
     linted: bool = False  # the request is Kubernetes objects: `ddpkit lint`'s errors refuse it
+    tender: str | None = None  # the module whose `tend(handle, ended)` a watcher calls each refresh
 
     def _renderer(self) -> ModuleType:
         return load_module(self.renderer, f"rendering for {self.title}")
@@ -140,8 +141,9 @@ class Target:
     def tend(self, handle: str, ended: bool) -> list[str]:
         """What a watcher does beside reading, once a refresh (Kubernetes: keep the job's pods
         off the nodes lost under it, deploy/k8s/blame.py); the lines to show."""
-        tend = getattr(self._jobs(), "tend", None)
-        return tend(handle, ended) if tend else []
+        if self.tender is None:
+            return []
+        return load_module(self.tender, f"{self.name} jobs").tend(handle, ended)
 
     def cancel(self, handle: str, *, wait_s: float | None) -> None:
         jobs = self._jobs()
@@ -175,7 +177,7 @@ def _not_linted(why: str) -> None:
 
 REGISTRY: dict[str, Target] = {
     "k8s": Target("k8s", "Kubernetes", "deploy.k8s.render", "deploy.k8s.submit", option="flavor",
-                  linted=True),
+                  linted=True, tender="deploy.k8s.blame"),
     "slurm": Target("slurm", "Slurm", "deploy.slurm.render", "deploy.slurm.submit", option="via"),
 }
 #: Every target a job renders for; `k8s` is one target with several flavors.

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer import contract, launch
+from trainer import contract
 from trainer.contract import LaunchEnv, slurm_port, slurm_port_bash, var
-from trainer.launch import CONTEXTS, detect_context, plan_launch
+from trainer.launch import plan
+from trainer.launch.plan import CONTEXTS, detect_context, plan_launch
 
 FIELDS = dataclasses.fields(LaunchEnv)
 INT_FIELDS = [f.name for f in FIELDS if f.type == "int | None"]
@@ -59,15 +60,11 @@ def test_slurm_port_is_what_bash_computes():
     script = f"for SLURM_JOB_ID in {' '.join(map(str, JOB_IDS))}; do echo {slurm_port_bash()}; done"
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout
     assert [int(line) for line in out.split()] == [slurm_port(j) for j in JOB_IDS]
-    assert [launch.slurm_port({"SLURM_JOB_ID": str(j)}) for j in JOB_IDS] == [str(slurm_port(j)) for j in JOB_IDS]
+    assert [plan.slurm_port({"SLURM_JOB_ID": str(j)}) for j in JOB_IDS] == [str(slurm_port(j)) for j in JOB_IDS]
     assert all(0 < slurm_port(j) < 65536 for j in JOB_IDS)
 
 
 def test_the_launcher_uses_the_contracts_exit_codes_and_defaults():
-    from trainer import train
-
-    assert (launch.EXIT_STOPPED, launch.EXIT_STOPPED_UNSAVED) == (contract.EXIT_STOPPED, contract.EXIT_STOPPED_UNSAVED)
-    assert (train.EXIT_STOPPED, train.EXIT_STOPPED_UNSAVED) == (contract.EXIT_STOPPED, contract.EXIT_STOPPED_UNSAVED)
     argv = plan_launch({}, python="/py").argv
     assert argv[argv.index("--shutdown-timeout") + 1] == str(contract.DEFAULT_STOP_GRACE_S)
     assert argv[argv.index("--rdzv-endpoint") + 1] == f"127.0.0.1:{contract.DEFAULT_PORT}"

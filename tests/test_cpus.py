@@ -1,4 +1,4 @@
-"""`train.bind_cpus` (trainer/cpus.py): the kernel's per-thread CPU lists are the oracle."""
+"""`train.bind_cpus` (trainer/host.py): the kernel's per-thread CPU lists are the oracle."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import pytest
 
 from tests.test_right_sizing import SRUN
 from tests.trainer_util import REPO, free_port
-from trainer.cpus import NODE_CPUS_VAR, bind_local_rank, format_cpus, parse_cpus, shares
-from trainer.launch import CPUs, plan_launch
+from trainer.contract import NODE_CPUS_VAR, format_cpus, parse_cpus
+from trainer.host import bind_local_rank, shares
+from trainer.launch.plan import CPUs, plan_launch
 
 linux = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity: Linux")
 
@@ -66,7 +67,8 @@ def test_the_per_node_launcher_passes_its_cpus_and_srun_tasks_get_none():
 TWO_RANKS = """
 import json, os, sys
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from trainer.cpus import bind_local_rank, parse_cpus
+from trainer.contract import parse_cpus
+from trainer.host import bind_local_rank
 
 def thread_cpus():
     out = {}

@@ -1,4 +1,4 @@
-"""`train.gloo_loop_idle` (trainer/gloo_loop.py): the kernel's view of each thread's policy is the oracle."""
+"""`train.gloo_loop_idle` (trainer/host.py): the kernel's view of each thread's policy is the oracle."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SC
 TWO_RANKS = """
 import json, os, sys
 import torch, torch.distributed as dist, torch.multiprocessing as mp
-from trainer.gloo_loop import LOOP_THREAD, idle_gloo_loops, loop_threads
+from trainer.host import LOOP_THREAD, idle_gloo_loops, loop_threads
 
 def policies():
     out = {}
@@ -71,7 +71,7 @@ def test_only_gloos_event_loop_goes_idle_and_collectives_still_sum(tmp_path):
 
 
 def test_without_a_process_group_there_is_nothing_to_make_idle():
-    code = ("from trainer.gloo_loop import idle_gloo_loops, loop_threads; import torch; "
+    code = ("from trainer.host import idle_gloo_loops, loop_threads; import torch; "
             "print(loop_threads()); print(idle_gloo_loops())")
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={**os.environ, "PYTHONPATH": str(REPO)})

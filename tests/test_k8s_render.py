@@ -462,7 +462,7 @@ def test_env_of_an_elastic_pytorchjob_is_rendezvous_only():
 
 def launch_plans(objs):
     """trainer.launch's plan for every pod: rendered env plus what the controller injects."""
-    from trainer.launch import plan_launch
+    from trainer.launch.plan import plan_launch
 
     return [plan_launch(controller_env(objs, pod)) for pod in controller_pods(objs)]
 

@@ -10,6 +10,7 @@ import yaml
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import FLAVORS, flavor_of_kind
+from deploy.k8s import cluster as seam
 from deploy.k8s import submit as sub
 from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDEX
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
@@ -52,13 +53,13 @@ class FakeCluster:
         try:
             return self.objects[(kind, namespace, name)]
         except KeyError:
-            raise sub.ApiError(404, "NotFound", f"{name} not found") from None
+            raise seam.ApiError(404, "NotFound", f"{name} not found") from None
 
     def delete(self, kind, namespace, name):
         self.calls.append(("delete", kind, name))
         self._maybe_fail("delete", kind)
         if self.objects.pop((kind, namespace, name), None) is None:
-            raise sub.ApiError(404, "NotFound", f"{name} not found")
+            raise seam.ApiError(404, "NotFound", f"{name} not found")
 
     def pods(self, namespace, selector):
         self.calls.append(("pods", selector))
@@ -123,7 +124,7 @@ def test_submit_uses_the_job_flavor_by_default():
 
 
 def test_missing_crd_is_one_line_and_rolls_back_the_configmap():
-    cluster = FakeCluster(errors={("apply", "PyTorchJob"): sub.ApiError(404, "NotFound", "404 page not found")})
+    cluster = FakeCluster(errors={("apply", "PyTorchJob"): seam.ApiError(404, "NotFound", "404 page not found")})
     with pytest.raises(RuntimeFailure) as err:
         sub.submit(job(), flavor="pytorchjob", cluster=cluster)
     msg = str(err.value)
@@ -143,7 +144,7 @@ def test_already_exists_is_one_line_and_keeps_the_existing_job():
 
 
 def test_forbidden_names_the_resource_and_namespace():
-    cluster = FakeCluster(errors={("apply", "ConfigMap"): sub.ApiError(403, "Forbidden", "no")})
+    cluster = FakeCluster(errors={("apply", "ConfigMap"): seam.ApiError(403, "Forbidden", "no")})
     with pytest.raises(RuntimeFailure) as err:
         sub.submit(job(), flavor="job", cluster=cluster)
     assert str(err.value) == ("create ConfigMap ml/demo-job: forbidden (403): you may not create "
@@ -151,11 +152,11 @@ def test_forbidden_names_the_resource_and_namespace():
 
 
 def test_missing_namespace_and_unreachable_api_are_one_line():
-    err = sub.ApiError(404, "NotFound", 'namespaces "ml" not found', "namespaces")
-    assert sub.explain(err, "ConfigMap", "ml", "x", "create") == (
+    err = seam.ApiError(404, "NotFound", 'namespaces "ml" not found', "namespaces")
+    assert seam.explain(err, "ConfigMap", "ml", "x", "create") == (
         "create ConfigMap ml/x: namespace 'ml' does not exist; create it or set k8s.namespace")
-    down = sub.ApiError(0, "Unreachable", "cannot reach the Kubernetes API at https://10.0.0.1")
-    assert "check the cluster address" in sub.explain(down, "Job", "ml", "x", "create")
+    down = seam.ApiError(0, "Unreachable", "cannot reach the Kubernetes API at https://10.0.0.1")
+    assert "check the cluster address" in seam.explain(down, "Job", "ml", "x", "create")
 
 
 def test_api_exception_from_the_real_client_becomes_an_api_error():
@@ -164,18 +165,18 @@ def test_api_exception_from_the_real_client_becomes_an_api_error():
     exc = ApiException(status=404, reason="Not Found")
     exc.body = json.dumps({"kind": "Status", "message": 'namespaces "ml" not found',
                            "details": {"name": "ml", "kind": "namespaces"}})
-    err = sub.api_error_from(exc)
+    err = seam.api_error_from(exc)
     assert (err.status, err.message, err.details_kind) == (404, 'namespaces "ml" not found', "namespaces")
     plain = ApiException(status=404, reason="Not Found")
     plain.body = "404 page not found"
-    assert sub.api_error_from(plain).message == "404 page not found"
+    assert seam.api_error_from(plain).message == "404 page not found"
 
 
 @pytest.mark.parametrize("text", ["k8s://ml/pytorchjob", "slurm://1", "k8s://ml/cronjob/x",
                                   "k8s://ML/job/x"])
 def test_bad_handles_are_user_errors(text):
     with pytest.raises(UserError):
-        sub.parse_handle(text)
+        seam.parse_handle(text)
 
 
 QUEUED_META = {"metadata": {"labels": {KUEUE_QUEUE_LABEL: "team-a"}}}
@@ -343,17 +344,17 @@ def test_a_watcher_keeps_the_jobs_pods_off_a_node_lost_under_it_until_the_job_en
     cluster._pods = [{"metadata": {"name": "demo-master-0"}, "spec": {"nodeName": "n0"}, "status": {"phase": "Running", "conditions": ready}},
                      {"metadata": {"name": "demo-worker-0"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running", "conditions": lost}}]
     cluster.node_labels = {"n0": {}, "n1": {}, "n2": {}}
-    assert sub.tend(handle, False, cluster=cluster) == [
+    assert blame.tend(handle, False, cluster=cluster) == [
         f"{handle}: node n1 was lost under the job: its pods stay off it (label {key}=lost)"]
     assert cluster.node_labels == {"n0": {}, "n1": {key: "lost"}, "n2": {}}
-    assert sub.tend(handle, False, cluster=cluster) == []  # once
-    assert sub.tend(handle, True, cluster=cluster) == [f"{handle}: node n1 may take the job's pods again (label {key} removed)"]
+    assert blame.tend(handle, False, cluster=cluster) == []  # once
+    assert blame.tend(handle, True, cluster=cluster) == [f"{handle}: node n1 may take the job's pods again (label {key} removed)"]
     assert cluster.node_labels["n1"] == {}
     blame.avoid_lost_nodes(handle, cluster=cluster)
     sub.cancel(handle, cluster=cluster, wait_s=0)
     assert cluster.node_labels["n1"] == {}
-    cluster.errors[("label_node", "Node")] = sub.ApiError(403, "Forbidden", "nodes is forbidden")
-    [line] = sub.tend(handle, False, cluster=cluster)
+    cluster.errors[("label_node", "Node")] = seam.ApiError(403, "Forbidden", "nodes is forbidden")
+    [line] = blame.tend(handle, False, cluster=cluster)
     assert "cannot label node" in line and "403 Forbidden" in line and "patch nodes" in line, line
 
 
@@ -422,7 +423,7 @@ def test_every_flavor_submits_through_known_kinds_and_cancel_removes_all_of_it(f
     cluster = FakeCluster()
     sub.submit(job(), flavor=flavor, cluster=cluster)
     for (kind, _, _), obj in cluster.objects.items():
-        assert obj["apiVersion"] == sub.API_VERSIONS[kind]
+        assert obj["apiVersion"] == seam.API_VERSIONS[kind]
         module = flavor_of_kind(kind)
         assert module is None or module.NAME == flavor
     assert sub.status(f"k8s://ml/{flavor}/demo", cluster=cluster) == "PENDING"
@@ -665,7 +666,7 @@ def _calls(api):
 
 
 def test_real_client_server_side_applies_strictly_with_field_manager_ddpkit(api):
-    out = sub.submit(job(), flavor="job", dry_run=True, cluster=sub.KubeCluster())
+    out = sub.submit(job(), flavor="job", dry_run=True, cluster=seam.KubeCluster())
     assert out.startswith("k8s://ml/job/demo")
     assert [(m, p) for m, p, _, _ in _calls(api)] == [
         ("GET", "/apis/batch/v1/namespaces/ml/jobs/demo"),  # not there yet: 404
@@ -678,7 +679,7 @@ def test_real_client_server_side_applies_strictly_with_field_manager_ddpkit(api)
 
 
 def test_real_client_status_logs_and_foreground_cancel(api):
-    cluster = sub.KubeCluster()
+    cluster = seam.KubeCluster()
     sub.submit(job(), flavor="job", cluster=cluster)
     assert sub.status("k8s://ml/job/demo", cluster=cluster) == "RUNNING"
     out = io.StringIO()
@@ -695,7 +696,7 @@ def test_real_client_status_logs_and_foreground_cancel(api):
 
 def test_real_client_missing_crd_rolls_back(api):
     with pytest.raises(RuntimeFailure, match="does not serve PyTorchJob"):
-        sub.submit(job(), flavor="pytorchjob", cluster=sub.KubeCluster())
+        sub.submit(job(), flavor="pytorchjob", cluster=seam.KubeCluster())
     assert [(m, p) for m, p, _, _ in _calls(api)][-1] == (
         "DELETE", "/api/v1/namespaces/ml/configmaps/demo-job")
 
@@ -752,7 +753,7 @@ def test_cancel_after_the_workload_is_gone_still_removes_its_configmap():
 
 
 def test_real_client_applies_owner_references_as_the_same_manager(api):
-    sub.submit(job(), flavor="job", cluster=sub.KubeCluster())
+    sub.submit(job(), flavor="job", cluster=seam.KubeCluster())
     applies = [(p, b) for m, p, _, b in _calls(api) if m == "PATCH"]
     assert [p for p, _ in applies] == [
         "/api/v1/namespaces/ml/configmaps/demo-job", "/api/v1/namespaces/ml/services/demo",

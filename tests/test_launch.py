@@ -22,7 +22,8 @@ from tests.trainer_util import (
     summary,
     write_job,
 )
-from trainer.launch import FRESH_STORE_VAR, LaunchError, plan_launch, wait_for_master
+from trainer.launch.node import wait_for_master
+from trainer.launch.plan import FRESH_STORE_VAR, LaunchError, plan_launch
 
 PY = "/py"
 WORKER = [PY, "-m", "trainer.train"]
@@ -292,7 +293,7 @@ def test_ddpkit_run_local_ctrl_c_checkpoints_and_the_rerun_finishes(tmp_path):
 
 RELAYED = r'''
 import os, subprocess, sys, time
-from trainer.launch import end_relay, start_relay
+from trainer.launch.relay import end_relay, start_relay
 pid = start_relay(1, RANK)
 print("ddpkit launch: context slurm, node rank 1", file=sys.stderr, flush=True)
 child = """
@@ -354,7 +355,7 @@ def test_slurm_torchrun_mode_tags_each_line_with_its_node_and_the_rank_it_names(
 
 
 def test_the_store_probe_tells_a_store_that_does_not_answer_from_one_that_refuses():
-    """`store_answers` (trainer/launch.py): a live store answers; a closed port refuses (an
+    """`store_answers` (trainer/launch/supervise.py): a live store answers; a closed port refuses (an
     answer: the store's process ended, its host did not); a frozen host answers nothing, and
     the probe says so within its timeout although torch's client would retry for good."""
     import datetime
@@ -366,7 +367,7 @@ def test_the_store_probe_tells_a_store_that_does_not_answer_from_one_that_refuse
     import torch.distributed as dist
 
     from tests.trainer_util import free_port
-    from trainer.launch import store_answers
+    from trainer.launch.supervise import store_answers
 
     port = free_port()
     live = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,

@@ -616,7 +616,7 @@ def test_lint_never_crashes_on_malformed_objects(crds):
             node = node[key]
         node[path[-1]] = rnd.choice([None, 7, "x", [], {}, [1], {"a": 1}, True, 1.5])
         found = lint.lint_text(yaml.safe_dump(obj), crds, source="m.yaml")
-        assert all(isinstance(p, lint.Problem) and "\n" not in str(p) for p in found)
+        assert all(isinstance(p, lint.LintFinding) and "\n" not in str(p) for p in found)
         reported += bool(found)
     assert reported > 60, reported  # most wrong-type values are caught (nulls are pruned, as on the server)
 

@@ -48,10 +48,10 @@ def known_disagreements() -> dict[str, str]:
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `([^`]+)` \| (.+) \|$", section, re.M)}
 
 
-_CONTEXT = lint.Context(lint.load_crds(), K8S_VERSION)  # the bundled CRDs, parsed once
+_CONTEXT = lint.LintRun(lint.load_crds(), K8S_VERSION)  # the bundled CRDs, parsed once
 
 
-def lint_verdict(path: Path, text: str | None = None) -> tuple[str, list[lint.Problem]]:
+def lint_verdict(path: Path, text: str | None = None) -> tuple[str, list[lint.LintFinding]]:
     found = lint.lint_text(text if text is not None else path.read_text(), _CONTEXT, source=path.name)
     errors = [p for p in found if p.severity == lint.ERROR]
     return ("refused" if errors else "accepted"), errors

@@ -1,4 +1,4 @@
-"""`train.keep_freed_memory` (trainer/malloc.py): the kernel's page-fault counter is the oracle."""
+"""`train.keep_freed_memory` (trainer/host.py): the kernel's page-fault counter is the oracle."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.trainer_util import REPO
-from trainer.malloc import keep_freed_memory
+from trainer.host import keep_freed_memory
 
 # The cnn workload's step (channels-last, SGD, zero_grad to None) in a fresh interpreter, with
 # the trainer's malloc setting or without: minor page faults per step after 10 warm-up steps,
@@ -18,7 +18,7 @@ STEP_FAULTS = """
 import json, resource, sys
 import torch
 from trainer.config import TrainConfig
-from trainer.malloc import keep_freed_memory
+from trainer.host import keep_freed_memory
 from trainer.models import build_workload
 
 torch.set_num_threads(1)

@@ -19,7 +19,7 @@ from deploy.errors import UserError
 from deploy.load import parse_job
 from tests.conftest import REPO, ddpkit
 from tests.trainer_util import free_port, launch_env
-from trainer.launch import plan_launch
+from trainer.launch.plan import plan_launch
 
 SCRIPT = REPO / "examples" / "own_script" / "train.py"
 EXAMPLE = REPO / "examples" / "own-script.yaml"

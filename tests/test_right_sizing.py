@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 
 from tests.trainer_util import run, summary, write_job
-from trainer.launch import CPUs, cgroup_cpus, plan_launch, threads_per_rank
-from trainer.train import threads_per_rank as trainer_threads
+from trainer.launch.node import cgroup_cpus
+from trainer.launch.plan import CPUs, plan_launch, threads_per_rank
+from trainer.train import torch_threads as trainer_threads
 
 SLURM = {"SLURM_JOB_ID": "42", "SLURM_NODEID": "0", "SLURM_JOB_NUM_NODES": "1", "SLURM_JOB_NODELIST": "gpu01",
          "DDPKIT_NPROC_PER_NODE": "8"}

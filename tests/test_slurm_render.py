@@ -259,7 +259,7 @@ def test_script_port_is_trainer_launchs_formula(tmp_path, job_id):
     SlurmLaunch (trainer.contract.slurm_port) and by trainer.launch (for srun runs without the
     script): all must agree."""
     from trainer.contract import slurm_port as contract_port
-    from trainer.launch import slurm_port
+    from trainer.launch.plan import slurm_port
 
     rc, out = run_script(tmp_path, render_slurm(job_from(BASE)), env={"SLURM_JOB_ID": job_id})
     assert rc == 0, out

@@ -1,4 +1,4 @@
-"""The stop vote (trainer/train.py `StopVote`) in real 2-process gloo groups: both ranks stop at
+"""The stop vote (trainer/stop.py `StopVote`) in real 2-process gloo groups: both ranks stop at
 the same step boundary, soon after one of them asked; votes are spaced by the steps' time;
 `exact` (`DDPKIT_STOP_AT_STEP`) votes at every boundary."""
 
@@ -13,12 +13,12 @@ import textwrap
 import pytest
 
 from tests.trainer_util import REPO
-from trainer.train import StopVote
+from trainer.stop import StopVote
 
 RANK_SCRIPT = textwrap.dedent("""
     import json, sys, time
     import torch.distributed as dist
-    from trainer.train import StopVote
+    from trainer.stop import StopVote
 
     rank, port, ask_at, step_s, exact, out = sys.argv[1:7]
     rank, ask_at, step_s = int(rank), int(ask_at), float(step_s)

@@ -4,7 +4,7 @@ processes, the same world size, and ranks 0..N-1 each exactly once.
 The chain is the real one end to end, minus the cluster: the rendered objects; what the
 flavor's controller makes of them (`deploy/k8s/<flavor>/operator.py`, the pods and their final
 env, as `run --docker` runs them); the env the kubelet gives each container; then
-`trainer.launch.plan_launch` on that env, which is what each pod runs. For Slurm: the rendered
+`trainer.launch.plan.plan_launch` on that env, which is what each pod runs. For Slurm: the rendered
 sbatch script's #SBATCH lines and its own export lines run by real bash in each task's Slurm
 environment, then `plan_launch`. The Kubernetes and Slurm testbeds run the same jobs for real.
 """
@@ -24,7 +24,7 @@ from deploy.k8s.render import render_objects
 from deploy.run import docker
 from deploy.slurm.render import render_slurm
 from tests.builders import make_job
-from trainer.launch import plan_launch
+from trainer.launch.plan import plan_launch
 
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 topologies = st.tuples(st.integers(1, 4), st.sampled_from([0, 1, 2, 8]), st.integers(1, 3))

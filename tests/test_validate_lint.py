@@ -100,7 +100,7 @@ def test_a_lint_refusal_names_the_job_field_behind_it(tmp_path):
 
 
 def test_a_crash_of_a_lint_rule_is_ddpkit_s_bug_not_bad_input(tmp_path, monkeypatch):
-    from deploy.lint import core
+    from deploy.kube import core
 
     def crash(*_):
         raise KeyError("boom")
@@ -113,7 +113,7 @@ def test_a_crash_of_a_lint_rule_is_ddpkit_s_bug_not_bad_input(tmp_path, monkeypa
 
 
 # The job model refuses these classes itself, at the field, with the API server's words (the
-# rules are lint's: deploy/lint/core.py), before anything is rendered.
+# rules are lint's: deploy/kube/core.py), before anything is rendered.
 
 def model_refusal(patch: dict) -> list[str]:
     with pytest.raises(UserError) as info:

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from tests.trainer_util import REPO, wait_for
-from trainer import launch
 from trainer.config import TRAINER_ENTRY
 from trainer.contract import resident_socket
-from trainer.launch import JobSettings, LaunchError, plan_launch, warm_start
+from trainer.launch import supervise
+from trainer.launch.node import JobSettings, warm_start
+from trainer.launch.plan import LaunchError, plan_launch
 
 PY = "/usr/bin/python3"
 
@@ -349,21 +350,21 @@ def test_a_launcher_uses_its_allocations_resident_template_only_when_it_answers(
     """DDPKIT_WARM_RESIDENT (the batch shell's, restarts inside a Slurm allocation): a socket
     that answers, in a directory of this user's alone, is used; none in time, a directory
     others may enter or a socket nobody serves any more: the launcher starts its own, and says so."""
-    monkeypatch.setattr(launch, "RESIDENT_WAIT_S", 0.3)
+    monkeypatch.setattr(supervise, "RESIDENT_WAIT_S", 0.3)
     said: list[str] = []
-    assert launch.resident_template(None, said.append) is None and said == []
+    assert supervise.resident_template(None, said.append) is None and said == []
     folder = tmp_path / "warm"
     folder.mkdir(mode=0o700)
     sock = folder / "warm.sock"
-    assert launch.resident_template(str(sock), said.append) is None
+    assert supervise.resident_template(str(sock), said.append) is None
     assert said[-1].endswith(f"(no socket at {sock}): this node starts its own")
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(sock))
     server.listen(1)
-    assert launch.resident_template(str(sock), said.append) == str(sock)
+    assert supervise.resident_template(str(sock), said.append) == str(sock)
     assert "forked from the allocation's template" in said[-1]
     folder.chmod(0o750)
-    assert launch.resident_template(str(sock), said.append) is None and "not a directory of this user's" in said[-1]
+    assert supervise.resident_template(str(sock), said.append) is None and "not a directory of this user's" in said[-1]
     folder.chmod(0o700)
     server.close()  # the file stays: a template that died
-    assert launch.resident_template(str(sock), said.append) is None and "Connection refused" in said[-1]
+    assert supervise.resident_template(str(sock), said.append) is None and "Connection refused" in said[-1]

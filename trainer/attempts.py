@@ -9,7 +9,7 @@
 torchrun reports each worker that fails, on its stderr, as it sees it, restarts included:
 `failed (exitcode: -9) local_rank: 1 (pid: 4242) of binary: ...` (torch's
 `elastic/multiprocessing/api.py`); a negative exit code is the signal that ended the worker.
-The launcher (trainer/launch.py `supervise`) passes torchrun's stderr through and keeps those.
+The launcher (trainer/launch/supervise.py `supervise`) passes torchrun's stderr through and keeps those.
 A worker killed by a signal writes nothing itself; one that raises writes its exception first.
 All files are written whole by rename, so a reader never sees half of one.
 """

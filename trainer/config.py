@@ -292,10 +292,10 @@ class TrainConfig(BaseModel):
     )
     keep_freed_memory: bool = Field(
         True,
-        description="Each rank keeps the memory a step frees for the next step (glibc malloc: "
+        description="On CPU, each rank keeps the memory a step frees for the next step (glibc malloc: "
         "mmap threshold 32 MiB, trim threshold 128 MiB) instead of page-faulting it back in every "
-        "step: 2,000-3,700 page faults per `cnn` step on CPU without it. A rank's memory then stays "
-        "near its peak; a job's own `GLIBC_TUNABLES` malloc settings win (trainer/malloc.py).",
+        "step. A rank's memory then stays near its peak; a job's own `GLIBC_TUNABLES` malloc settings "
+        "win (trainer/host.py). No effect on GPU jobs.",
     )
     bind_cpus: bool = Field(
         True,
@@ -304,16 +304,15 @@ class TrainConfig(BaseModel):
         "the cores the rank frees when it blocks on the all-reduce. Left to the scheduler, with the "
         "reason logged, for one rank per node, a share smaller than the rank's threads, "
         "`num_workers` > 0, a worker something else already bound (taskset, numactl, srun) or "
-        "another launcher (trainer/cpus.py). No effect on GPU jobs.",
+        "another launcher (trainer/host.py). No effect on GPU jobs.",
     )
     gloo_loop_idle: bool = Field(
         True,
         description="On CPU (gloo), run gloo's TCP event-loop thread at idle priority (SCHED_IDLE): "
         "it busy-polls while a collective's thread holds the connection (pytorch/gloo#246) and, at "
-        "normal priority, takes the core from the very thread it waits for (bench/step_profile.py, 2 "
-        "`cnn` ranks: exposed all-reduce 4.7 -> 2.9 ms a step, 1.12x samples/s). It then runs only "
+        "normal priority, takes the core from the very thread it waits for. It then runs only "
         "when a core is free: set false when other CPU-bound work shares the cores in the same "
-        "cgroup (trainer/gloo_loop.py). No effect with nccl.",
+        "cgroup (trainer/host.py). No effect with nccl.",
     )
     eval_every_epochs: int = Field(
         1, ge=0, description="Evaluate on the held-out set every N epochs and at the end (0: never)."

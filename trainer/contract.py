@@ -9,7 +9,7 @@ launch command, and the Slurm port formula. docs/CONTRACT.md says the same in pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
 #: torchrun's and Kubeflow Trainer's default rendezvous port (JobSet and Indexed Job use it too).
@@ -59,7 +59,7 @@ class LaunchEnv:
     """The `DDPKIT_*` variables a target sets for `trainer.launch` (docs/CONTRACT.md).
 
     The field order is the order renderers write them in. None means "not set by this target"
-    (the launcher then reads the scheduler's own variables, `trainer.launch.CONTEXTS`).
+    (the launcher then reads the scheduler's own variables, `trainer.launch.plan.CONTEXTS`).
     """
 
     job_file: str | None = None
@@ -120,6 +120,7 @@ LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any 
 RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.guard writes stacks
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
 WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
+NODE_CPUS_VAR = "DDPKIT_NODE_CPUS"  # the CPUs the node's launcher may use (`format_cpus`; trainer/host.py)
 # A template that outlives the job steps of a Slurm allocation: the prefix of its directory
 # (`resident_socket`); a launcher uses it instead of its own (slurm/job.sh.j2 sets it).
 RESIDENT_VAR = "DDPKIT_WARM_RESIDENT"
@@ -178,3 +179,25 @@ def resident_socket(prefix: str, environ: Mapping[str, str]) -> str:
 
     node = environ.get("SLURMD_NODENAME") or socket.gethostname()
     return f"{prefix}-{node}/warm.sock"
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """`0-3,8,10-11`: the kernel's list format (as in `Cpus_allowed_list`, `taskset -c`)."""
+    ids, parts = sorted(set(cpus)), []
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_cpus(text: str) -> list[int]:
+    """The inverse of `format_cpus`; ValueError on anything else."""
+    out: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return sorted(set(out))

@@ -160,7 +160,7 @@ def process_group(denv: DistEnv, device, timeout_s: int = 600) -> Iterator[None]
         device_id=device if device.type == "cuda" else None,
     )
     # Rank 0's process hosts the store unless torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE;
-    # ddpkit's launcher turns the sharing off: trainer/launch.py), as in Slurm srun mode. Were
+    # ddpkit's launcher turns the sharing off: trainer/launch/plan.py), as in Slurm srun mode. Were
     # rank 0 to exit while another rank is still tearing its group down, that rank aborts
     # ("terminate called without an active exception": 4 tests in two runs on the loaded 2-core
     # machine), a failed rank for torchrun and Slurm alike. So after a clean run rank 0 leaves

@@ -9,7 +9,7 @@ after two hooks, stdlib only:
 - an uncaught exception writes the same file (its traceback first) and the exception record
   `ddpkit why` reads (trainer/attempts.py `record_exception`), then Python prints it as always.
 
-The launcher (trainer/launch.py) runs every worker of a script job this way, and after torchrun
+The launcher (trainer/launch/) runs every worker of a script job this way, and after torchrun
 ended with a failure it calls `write_verdict`: when a rank's exception is a collective timeout
 (or the launcher was stopped), the stacks say which rank waited in a collective and which was
 elsewhere, the one that held the others up: `verdict.txt` beside the stacks, and a
@@ -109,12 +109,12 @@ def main(argv: list[str]) -> None:
 
 def leave_finished() -> None:
     """The script finished: exit 0 as the interpreter would (non-daemon threads joined, atexit
-    handlers run, streams flushed), then `os._exit`, as a warm worker does (trainer/warm.py).
+    handlers run, streams flushed), then `os._exit`, as a warm worker does (trainer/forked.py).
     Skipped: the interpreter's finalization and C++ static destructors, where a finished
     rank's exit can still abort (CI once saw `terminate called without an active exception`,
     SIGABRT, after a gloo script's last line and its `destroy_process_group`), which would
     fail a run whose every rank had finished."""
-    from trainer.warm import finish_like_exit
+    from trainer.forked import finish_like_exit
 
     finish_like_exit()
     os._exit(0)

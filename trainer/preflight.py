@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         return worker(then)
     # On a node: the launcher, with the checks as the worker entry.
     os.environ[PREFLIGHT_ONLY_VAR] = "1"
-    from trainer.launch import main as launch_main
+    from trainer.launch.node import main as launch_main
 
     return launch_main()
 

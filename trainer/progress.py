@@ -34,6 +34,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainer.forked import FORKED
+
 #: An attempt's classes, in the order they usually come.
 CLASSES = {
     "startup": "launch to `import torch` done: the node's launcher, torchrun, the interpreter, imports",
@@ -212,8 +214,6 @@ class Progress:
         self.restarts_allowed = restarts_allowed
         self.recent: deque[tuple[float, int]] = deque(maxlen=64)  # (time, step) of recent steps
         self.written = self.printed = 0.0
-        from trainer.warm import FORKED
-
         # A forked worker's parent is the template (trainer/warm.py): its client's is the agent.
         self.host, self.pid, self.agent_pid = socket.gethostname(), os.getpid(), int(FORKED.get("agent") or os.getppid())
         self.start = {"warm": True, "template_pid": int(FORKED["template"])} if FORKED else {"warm": False}

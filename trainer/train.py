@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -26,161 +25,28 @@ import re
 import signal
 import socket
 import sys
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer import attempts
-from trainer.contract import (  # noqa: F401  (EXIT_FAILURE: re-exported)
-    DEFAULT_STOP_GRACE_S,
+from trainer.contract import (
     EXIT_BAD_CONFIG,
-    EXIT_FAILURE,
     EXIT_OK,
     EXIT_STOPPED,
-    EXIT_STOPPED_UNSAVED,
     LAUNCH_T0_VAR,
     STOP_AT_STEP_VAR,
     STOP_FILE_VAR,
-    STOP_GRACE_S_VAR,
     TORCHRUN_T0_VAR,
 )
-from trainer.progress import Exporter, Ledger, Progress
-from trainer.stragglers import BucketClock, StepTimes, StragglerFinder, describe, per_rank_rates
-from trainer.watchdog import Heartbeat, Watchdog
-
-WORKER_T0 = time.time()  # this module imported: the worker's interpreter is up (a launch mark)
-
-STOP_SIGNALS = ("SIGTERM", "SIGUSR2", "SIGINT")
-# A stop signal no step boundary acted on within half the target's grace period (SIGTERM to
-# SIGKILL, DDPKIT_STOP_GRACE_S, default DEFAULT_STOP_GRACE_S): exit EXIT_STOPPED_UNSAVED (137)
-# anyway, with no checkpoint of that moment (a collective waits for a lost rank).
-STOP_GRACE_S = float(os.environ.get(STOP_GRACE_S_VAR) or DEFAULT_STOP_GRACE_S) / 2
-STEADY_AFTER_STEPS = 20  # samples_per_s excludes the first steps (allocation, DDP bucket rebuild)
+from trainer.forked import FORKED, worker_t0
+from trainer.metrics import Recorder
+from trainer.progress import Ledger
+from trainer.stop import StopRequest, StopVote, say, stop_here
+from trainer.watchdog import Watchdog
 
 log = logging.getLogger("ddpkit.trainer")
-
-
-class StopRequest:
-    """Remembers a stop signal; the loop acts on it at the next step boundary.
-
-    A second SIGINT (Ctrl-C twice) interrupts at once. Python runs signal handlers only
-    between bytecodes, so a rank blocked in C++ (`init_process_group` waiting for its peers, a
-    collective waiting for a lost rank) would sit out the whole `train.timeout_s`. A watcher
-    thread learns of the signal at once (`signal.set_wakeup_fd`): before training starts
-    (process group, setup, resume: nothing new to save) the rank exits `EXIT_STOPPED_UNSAVED`
-    (137) right away; during training it exits 137 when no step boundary acts on the signal
-    within `STOP_GRACE_S` (half the target's grace period). 143 (`EXIT_STOPPED`) is only for a
-    stop whose checkpoint was written (`Trainer.train`).
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.after_step = int(os.environ.get(STOP_AT_STEP_VAR) or 0)  # fault injection for tests
-        self.phase = "starting"  # starting (process group, setup) | training (the loop and after)
-        self.acted = threading.Event()  # the loop decided to stop: it checkpoints, however long
-
-    def install(self) -> None:
-        for name in STOP_SIGNALS:
-            signal.signal(getattr(signal, name), self._handle)
-        read_fd, write_fd = os.pipe()
-        os.set_blocking(write_fd, False)
-        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
-        threading.Thread(target=self._watch, args=(read_fd,), name="ddpkit-stop", daemon=True).start()
-
-    def _watch(self, read_fd: int) -> None:
-        stops = {int(getattr(signal, name)) for name in STOP_SIGNALS}
-        while not any(b in stops for b in os.read(read_fd, 64)):
-            pass
-        if self.phase == "starting":
-            self._exit("before training started (joining the process group or setting up)")
-        if not self.acted.wait(STOP_GRACE_S):
-            self._exit(f"and no step boundary acted on it within {STOP_GRACE_S:.0f}s (a collective "
-                       "waiting for a lost rank?); the last checkpoint stands")
-
-    def _exit(self, why: str) -> None:
-        # No checkpoint of this moment was written: EXIT_STOPPED_UNSAVED, not EXIT_STOPPED (that
-        # one promises a checkpoint, CONTRACT.md), and no DDPKIT_STOP_FILE (trainer.launch
-        # reads it as "the stop checkpoint exists").
-        say(f"stop signal {why}: exiting {EXIT_STOPPED_UNSAVED}")
-        os._exit(EXIT_STOPPED_UNSAVED)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def requested(self, step: int) -> bool:
-        return self.signum is not None or (0 < self.after_step <= step)
-
-
-class StopVote:
-    """All ranks agree to stop at the same step boundary, soon after any of them was signalled.
-
-    A vote is an asynchronous MAX all-reduce on a CPU (gloo) group, started at one step boundary
-    and read at the next, so it never blocks the GPU stream or adds latency. It carries three
-    numbers: stop (a rank was signalled), the slowest rank's mean step in microseconds since the
-    last vote, and exact (a rank has `DDPKIT_STOP_AT_STEP`). Every rank reads the same result and
-    so starts the next vote at the same boundary: `steps_between(...)` steps after the last one,
-    about `VOTE_EVERY_S` apart (at most `MAX_STEPS_BETWEEN` steps), and every step while steps
-    take longer than that, or when `exact`. A signal is acted on within about
-    `VOTE_EVERY_S` plus a step; fast steps (a small model, many ranks over gloo) do not pay
-    for a collective each. `DDPKIT_STOP_AT_STEP=N` stops after step N + 1, as a signal at step
-    N did when every step voted.
-    """
-
-    VOTE_EVERY_S = 0.2
-    MAX_STEPS_BETWEEN = 20
-
-    def __init__(self, group: Any, distributed: bool, exact: bool = False):
-        self.group, self.distributed, self.exact = group, distributed, exact
-        self.pending: Any = None
-        self.buf: Any = None
-        self.boundary = 0  # step boundaries seen
-        self.started_at = 0  # the boundary of the last vote started
-        self.next_at = 1  # the boundary of the next vote
-        self.t_started: float | None = None  # perf_counter of the last vote started
-
-    @classmethod
-    def steps_between(cls, step_us: int, exact: bool) -> int:
-        """Steps from one vote to the next, from the slowest rank's mean step (0: not known)."""
-        if exact or step_us <= 0:
-            return 1
-        return max(1, min(cls.MAX_STEPS_BETWEEN, math.ceil(cls.VOTE_EVERY_S * 1e6 / step_us)))
-
-    def poll(self, requested: bool) -> bool:
-        """At a step boundary: True when the ranks agreed to stop here."""
-        if not self.distributed:
-            return requested
-        self.boundary += 1
-        if self.pending is not None:
-            self.pending.wait()
-            stop, step_us, exact = (int(v) for v in self.buf.tolist())
-            self.pending = None
-            self.next_at = self.started_at + self.steps_between(step_us, bool(exact))
-            if stop:
-                return True
-        if self.boundary >= self.next_at:
-            self.start(requested)
-        return False
-
-    def start(self, requested: bool) -> None:
-        import torch
-        import torch.distributed as dist
-
-        now = time.perf_counter()
-        step_us = 0
-        if self.t_started is not None:
-            step_us = int(1e6 * (now - self.t_started) / max(1, self.boundary - self.started_at))
-        self.t_started, self.started_at = now, self.boundary
-        self.buf = torch.tensor([int(requested), step_us, int(self.exact)], dtype=torch.int64)
-        self.pending = dist.all_reduce(self.buf, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-
-    def close(self) -> None:
-        if self.pending is not None:
-            self.pending.wait()
-            self.pending = None
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -304,14 +170,6 @@ def choose_static_graph(cfg: Any, declared: bool, accum: int) -> tuple[bool, str
     return True, f"auto: the workload {cfg.model!r} uses every parameter, the same way, every step"
 
 
-def say(message: str) -> None:
-    """One `ddpkit: ...` line on stderr in one write: every rank may say it at once into the
-    same pipe, and `print` writes the text and its newline separately when Python is unbuffered
-    (PYTHONUNBUFFERED, as the operators set it), so two ranks' lines could merge into one."""
-    sys.stderr.write(f"ddpkit: {message}\n")
-    sys.stderr.flush()
-
-
 def world_size_refusal(path: str, state: dict[str, Any], world: int, ckpt_dir: Path, reason: str) -> str:
     """Why a checkpoint of another world size is not resumed (one line). A run resumes on any
     number of ranks that its global batch splits over (Trainer.adopt_global_batch); this says
@@ -330,23 +188,12 @@ def run_directory(cfg: Any, job_name: str) -> Path:
 
 @dataclass
 class Session:
-    """What one `Trainer.train` keeps from step to step: this session's metrics and timings."""
+    """What one `Trainer.train` keeps from step to step (its records are the `Recorder`'s)."""
 
-    global_batch: int  # ranks x batch_size x grad_accum
-    pbar: Any
-    pending: list[tuple[int, int, Any, float, float]] = field(default_factory=list)  # step, epoch, loss, lr, dt
-    losses: list[float] = field(default_factory=list)  # every flushed step's loss
-    steps: int = 0  # optimizer steps in this session
     step_loss: Any = None  # the loss summed over the micro-batches of the step in progress
-    t_prev: float = 0.0  # perf_counter at the previous step's end
-    first_step_s: float | None = None
-    window_t0: float | None = None  # the throughput window: its start, and steps since
-    window_steps: int = 0
     last_eval: dict[str, float] | None = None
     last_eval_step: int = -1
     stopped: bool = False
-    t_end: float = 0.0  # the loop's end, and the evaluation time inside the window
-    paused: float = 0.0
 
 
 class Trainer:
@@ -369,26 +216,12 @@ class Trainer:
 
             self.control = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.cfg.timeout_s))
         self.vote = StopVote(self.control, self.distributed, exact=stop.after_step > 0)
-        self.ledger = ledger or Ledger(t0, phase="setup")  # rank 0's is the one written
-        self.hb = Heartbeat()  # where this rank is, for the hang watchdog
-        self.step_times = StepTimes()  # this rank's, per step (trainer/stragglers.py)
-        self.bucket_clock = BucketClock()  # when DDP's last gradient bucket was ready
-        self.stragglers = StragglerFinder(self.cfg.straggler_factor)  # rank 0's verdicts
-        self.ranks_overall: list[dict[str, Any]] = []  # rank 0: every window's per-rank medians
+        # everything recorded beside the math: heartbeat, ledger, progress, metrics, stragglers
+        self.recorder = Recorder(self.cfg, self.run_dir, self.rank, self.is_main, t0, ledger)
         self.watchdog: Watchdog | None = None
-        self.progress: Progress | None = None  # rank 0, once the step count is known (setup)
-        self.metrics = None
-        self.marks: dict[str, float] = {}
-        if self.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.metrics = open(self.run_dir / "metrics.jsonl", "a", buffering=1)
         self.torch = torch
 
     # -- small helpers ------------------------------------------------------------------
-    def write(self, record: dict[str, Any]) -> None:
-        if self.metrics is not None:
-            self.metrics.write(json.dumps(record) + "\n")
-
     def all_gather(self, obj: Any) -> list[Any]:
         if not self.distributed:
             return [obj]
@@ -455,49 +288,30 @@ class Trainer:
         self.setup_optimizer()
         self.setup_data()
         self.setup_schedule()
-        self.marks["optimizer+loader"] = time.time()
-        if self.is_main:
-            self.progress = Progress(self.run_dir, self.ledger, total_steps=self.total_steps, epochs=self.cfg.epochs,
-                                     global_batch=self.global_batch,
-                                     restarts_allowed=self.job.restarts)
-            self.progress.exporter = self.prometheus_exporter()
+        self.recorder.mark("optimizer+loader")
+        self.recorder.start_progress(self.total_steps, self.cfg.epochs, self.global_batch, self.job.restarts)
         self.start_watchdog()
-        self.hb.beat("checkpoint_load")
-        with self.ledger.during("checkpoint_load"):
+        self.recorder.beat("checkpoint_load")
+        with self.recorder.ledger.during("checkpoint_load"):
             self.resume()
-        self.hb.beat("setup")
+        self.recorder.beat("setup")
         self.setup_ddp()
 
     def start_watchdog(self) -> None:
         """`train.watchdog` on a distributed run: every rank's thread, on this attempt's number
         (rank 0's, from the run directory's records)."""
-        attempt = self.broadcast(self.progress.attempt if self.progress else 0)
+        attempt = self.broadcast(self.recorder.attempt)
         if not (self.cfg.watchdog and self.distributed):
             return
 
         def on_hang(found: dict[str, Any]) -> None:  # rank 0: the hang in its ledger, the last record
-            if self.progress is not None:
-                self.ledger.rebook(found.get("age_s", 0.0), "hang")
-                self.progress.publish(self.step, self.epoch, "hung")
+            self.recorder.hung(found, self.step, self.epoch)
 
-        self.watchdog = Watchdog(self.hb, rank=self.rank, world=self.world, attempt=attempt,
+        self.watchdog = Watchdog(self.recorder.hb, rank=self.rank, world=self.world, attempt=attempt,
                                  debug_dir=self.run_dir / "debug" / f"attempt-{attempt}",
                                  floor_s=self.cfg.hang_floor_s, factor=self.cfg.hang_factor,
                                  timeout_s=self.cfg.timeout_s, on_hang=on_hang if self.is_main else None)
         self.watchdog.start()
-
-    def prometheus_exporter(self) -> Exporter | None:
-        """`train.prometheus_port` / `train.prometheus_textfile` (rank 0), else None."""
-        cfg = self.cfg
-        if not (cfg.prometheus_port or cfg.prometheus_textfile):
-            return None
-        textfile = Path(cfg.prometheus_textfile) if cfg.prometheus_textfile else None
-        if textfile is not None and not textfile.is_absolute():
-            textfile = self.run_dir / textfile
-        log.info("Prometheus: %s", ", ".join(filter(None, [
-            cfg.prometheus_port and f"http://{socket.gethostname()}:{cfg.prometheus_port}/metrics",
-            textfile and str(textfile)])))
-        return Exporter(self.run_dir.name, port=cfg.prometheus_port, textfile=textfile)
 
     def setup_model(self) -> None:
         """The workload, the per-rank seeds, and the model on the device (SyncBatchNorm,
@@ -509,7 +323,7 @@ class Trainer:
 
         cfg, device = self.cfg, self.device
         self.workload = build_workload(cfg)
-        self.marks["workload built"] = time.time()
+        self.recorder.mark("workload built")
         # Seeds per rank, after the model exists (model init is identical on every rank).
         self.seed = cfg.seed + self.rank
         torch.manual_seed(self.seed)
@@ -687,18 +501,16 @@ class Trainer:
             hook = {"none": default_hooks.allreduce_hook, "fp16": default_hooks.fp16_compress_hook,
                     "bf16": default_hooks.bf16_compress_hook}[cfg.ddp_comm_hook]
             try:  # timed: when the last bucket was handed over (trainer/stragglers.py)
-                self.ddp.register_comm_hook(None, self.bucket_clock.wrap(hook))
+                self.ddp.register_comm_hook(None, self.recorder.bucket_clock.wrap(hook))
             except TypeError as e:  # bf16 on gloo: "BF16 all reduce communication hook required CUDA..."
                 raise ConfigError(f"train.ddp_comm_hook: {cfg.ddp_comm_hook} is not available here "
                                   f"({str(e).splitlines()[0]}); use fp16 or none") from None
-        if self.ddp is not None and device.type == "cpu" and cfg.gloo_loop_idle:
-            from trainer.gloo_loop import idle_gloo_loops
+        if self.ddp is not None and device.type == "cpu":  # CPU (gloo) runs only
+            from trainer import host
 
-            note = idle_gloo_loops()  # DDP's broadcast at construction started gloo's threads
-            if self.is_main:
-                log.info("DDP: %s", note)
+            host.tune_gloo(cfg, self.is_main)  # DDP's broadcast at construction started gloo's threads
         self.forward = torch.compile(wrapped) if cfg.compile else wrapped
-        self.marks["DDP"] = time.time()
+        self.recorder.mark("DDP")
 
     # -- checkpoints --------------------------------------------------------------------
     def rng_state(self) -> dict[str, Any]:
@@ -736,19 +548,9 @@ class Trainer:
         only copies the state to host memory and a background thread writes it; other ranks
         move on at once. A final save (end of training, stop) is complete on return."""
         # a stop's final checkpoint is booked as part of the stop
-        with self.beat_during("checkpoint"), (
-                contextlib.nullcontext() if self.ledger.phase == "stop" else self.ledger.during("checkpoint_save")):
+        booked = None if self.recorder.ledger.phase == "stop" else "checkpoint_save"
+        with self.recorder.during("checkpoint", booked):
             self._save(final)
-
-    @contextlib.contextmanager
-    def beat_during(self, phase: str):
-        """The heartbeat in `phase`, then back in the phase it was in."""
-        left = self.hb.phase
-        self.hb.beat(phase)
-        try:
-            yield
-        finally:
-            self.hb.beat(left)
 
     def _save(self, final: bool) -> None:
         from trainer import checkpoint
@@ -767,7 +569,7 @@ class Trainer:
                 path = checkpoint.save(self.ckpt_dir, self.step, state, self.job.checkpoint.keep)
                 blocking = time.perf_counter() - t
                 log.info("checkpoint %s (%.2fs)", path, blocking)
-            self.write({"event": "checkpoint", "step": self.step, "blocking_s": blocking, "background": background})
+            self.recorder.write({"event": "checkpoint", "step": self.step, "blocking_s": blocking, "background": background})
         if not background:
             self.barrier()  # nobody exits (or moves on) before the file is complete
         self.last_saved = self.step
@@ -785,8 +587,8 @@ class Trainer:
         skipped: list[dict[str, Any]] = []
         path = checkpoint.newest_valid(self.ckpt_dir, skipped) if self.is_main else None
         path = self.broadcast(None if path is None else str(path))
-        if skipped and self.progress is not None:  # `ddpkit why`: a resume that went further back
-            self.progress.resumed = {"checkpoint": path, "skipped": skipped}
+        if skipped:  # `ddpkit why`: a resume that went further back
+            self.recorder.resumed(checkpoint=path, skipped=skipped)
         if path is None:
             return
         # Every rank reads the file when it can see it (shared storage); else rank 0 sends it.
@@ -815,11 +617,10 @@ class Trainer:
                         "not the one that was interrupted", ", train.".join(changed))
         self.resumed_from = self.step
         self.last_saved = self.step
-        if self.progress is not None:
-            self.progress.resumed = {**(self.progress.resumed or {}), "checkpoint": path, "step": self.step}
+        self.recorder.resumed(checkpoint=path, step=self.step)
         if self.is_main:
             log.info("resumed from %s (step %d, epoch %d)", path, self.step, self.epoch)
-            self.write({"event": "resumed", "step": self.step, "checkpoint": path})
+            self.recorder.write({"event": "resumed", "step": self.step, "checkpoint": path})
 
     def restore_rng(self, rng: dict[str, Any]) -> None:
         import numpy as np
@@ -851,8 +652,7 @@ class Trainer:
         self.lay_out(micro, accum)
         if self.total_steps != total:
             self.make_scheduler()
-        if self.progress is not None:
-            self.progress.total_steps, self.progress.global_batch = self.total_steps, self.global_batch
+        self.recorder.resized(self.total_steps, self.global_batch)
         if self.is_main:
             log.info("checkpoint %s was written by %d ranks x %d x grad_accum %d; this run keeps its global "
                      "batch of %d samples as %d ranks x %d x grad_accum %d", path, state["world_size"],
@@ -881,7 +681,6 @@ class Trainer:
         torch, w = self.torch, self.workload
         if w.eval_data is None:
             return None
-        t = time.perf_counter()
         self.model.eval()
         accuracy = w.accuracy and w.loss_fn is not None
         sums: dict[str, Any] = {}  # loss*n, correct, n (targets), samples, metric*samples
@@ -914,7 +713,6 @@ class Trainer:
             result["eval_accuracy"] = total.get("correct", 0.0) / n
         for k in sorted(k for k in total if k.startswith("metric:")):
             result[f"eval_{k.removeprefix('metric:')}"] = total[k] / samples
-        self.paused += time.perf_counter() - t
         return result
 
     # -- the loop -----------------------------------------------------------------------
@@ -953,21 +751,17 @@ class Trainer:
         """The loop of named steps (like torchtitan's `train_step`), then the end of the run:
         the final checkpoint, the last evaluation, the summary. `EXIT_OK`, or `EXIT_STOPPED`
         after a stop whose checkpoint is complete on every rank."""
-        s = self.session = Session(global_batch=self.global_batch,
-                                   pbar=_progress(self.total_steps, self.step, enabled=self.is_main))
-        self.paused = 0.0  # evaluation time inside the throughput window
-        s.t_prev = time.perf_counter()
+        s = self.session = Session()
+        self.recorder.start_session(self.total_steps, self.step, self.global_batch)
         self.stop.phase = "training"
-        self.tick(force=True)
+        self.recorder.tick(self.step, self.epoch, force=True)
         try:
             while self.step < self.total_steps and self.epoch < self.cfg.epochs and not s.stopped:
                 self.end_epoch(exhausted=self.train_epoch())
         except BaseException:  # a peer died, an error of the workload: the attempt's last record
             if self.watchdog is not None:
                 self.watchdog.stop()
-            if self.progress is not None and not (self.watchdog and self.watchdog.fired):  # a hang: booked
-                with contextlib.suppress(Exception):  # never hide the error itself
-                    self.progress.publish(self.step, self.epoch, "failed")
+            self.recorder.failed(self.step, self.epoch, hang_booked=bool(self.watchdog and self.watchdog.fired))
             raise
         self.end_loop()
         self.final_checkpoint()
@@ -976,7 +770,7 @@ class Trainer:
             self.report_stop()
         else:
             self.final_evaluation()
-        self.hb.beat("finish")
+        self.recorder.beat("finish")
         self.publish(self.summary(status), status)
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -985,18 +779,18 @@ class Trainer:
     def train_epoch(self) -> bool:
         """The steps of the rest of this epoch: True when its data ran out, False when the run's
         last step or a stop ended it."""
-        self.hb.beat("data")
+        self.recorder.beat("data")
         for batch in self.epoch_batches():
             if not self.train_step(batch):
-                self.hb.beat("data")
+                self.recorder.beat("data")
                 continue  # inside a gradient accumulation
-            self.log_metrics()
-            self.compare_ranks()
+            self.recorder.log_step(self.step)
+            self.recorder.compare_ranks(self.step, self.all_gather if self.distributed and self.world > 1 else None)
             self.maybe_checkpoint()
             # The stop vote is a collective: every rank takes part at every step boundary.
             if self.handle_stop() or self.step >= self.total_steps:
                 return False
-            self.hb.beat("data")
+            self.recorder.beat("data")
         return True
 
     def train_step(self, batch: Any) -> bool:
@@ -1005,7 +799,9 @@ class Trainer:
         if not self.forward_backward_step(batch):
             return False
         lr = self.optimizer_step()
-        self.record_step(lr)
+        s, accum = self.session, self.accum
+        self.recorder.step_done(self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, self.sync)
+        s.step_loss = None
         return True
 
     def forward_backward_step(self, batch: Any) -> bool:
@@ -1022,14 +818,11 @@ class Trainer:
         last_micro = (self.micro + 1) % accum == 0
         sync_ctx = self.ddp.no_sync() if (self.ddp is not None and not last_micro) else contextlib.nullcontext()
         with sync_ctx, self.static_graph_broken():
-            self.hb.beat("forward", self.step)
+            self.recorder.forward(self.step)
             loss, _, _ = self.forward_loss(self.forward, batch)
             scaled = loss / accum if accum > 1 else loss
-            self.hb.beat("backward")  # DDP's all-reduce runs in here
-            self.bucket_clock.last_ready = None
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-            if self.bucket_clock.last_ready is not None:  # waited for the others' gradients since
-                self.hb.rebook("allreduce", time.time() - self.bucket_clock.last_ready)
+            with self.recorder.backward():  # DDP's all-reduce runs in here
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         s.step_loss = loss.detach() if s.step_loss is None else s.step_loss + loss.detach()
         self.micro += 1
         return last_micro
@@ -1057,12 +850,11 @@ class Trainer:
         buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
         for _ in range(2 if ddp.static_graph else 1):
             with self.static_graph_broken():
-                self.hb.beat("forward", self.step)
+                self.recorder.forward(self.step)
                 loss, _, _ = self.forward_loss(self.forward, batch)
-                self.hb.beat("backward")
-                (loss * 0).backward()
+                with self.recorder.backward(timed=False):
+                    (loss * 0).backward()
             self.optimizer.zero_grad(set_to_none=True)
-        self.bucket_clock.last_ready = None
         with self.torch.no_grad():
             for live, saved in buffers:
                 live.copy_(saved)
@@ -1090,7 +882,7 @@ class Trainer:
     def optimizer_step(self) -> float:
         """Clip, step the optimizer and the LR schedule, clear the gradients; the LR it used."""
         cfg = self.cfg
-        self.hb.beat("optimizer")
+        self.recorder.beat("optimizer")
         if cfg.grad_clip is not None:
             if self.scaler:
                 self.scaler.unscale_(self.optimizer)
@@ -1102,109 +894,17 @@ class Trainer:
         self.step += 1
         return lr
 
-    def record_step(self, lr: float) -> None:
-        """The step's loss and time for the next metrics flush; the first-step launch mark; the
-        throughput window (it starts after `STEADY_AFTER_STEPS` steps of this session)."""
-        s, accum = self.session, self.accum
-        s.steps += 1
-        self.hb.step_done()
-        self.hb.beat("log")  # the bookkeeping below is no rank's step work (trainer/stragglers.py)
-        t_now = time.perf_counter()
-        s.pending.append((self.step, self.epoch, s.step_loss / accum if accum > 1 else s.step_loss, lr, t_now - s.t_prev))
-        if self.hb.last_step is not None:
-            self.step_times.add(*self.hb.last_step)
-        s.step_loss = None
-        s.t_prev = t_now
-        self.tick()
-        if s.first_step_s is None:
-            self.sync()
-            s.first_step_s = time.time() - self.t0
-            self.marks["first step"] = self.t0 + s.first_step_s
-            if self.is_main:
-                log.info("first step %.2fs after launch (%s)", s.first_step_s, ", ".join(
-                    f"{k} {v - self.t0:.2f}s" for k, v in self.marks.items()))
-        if s.steps == STEADY_AFTER_STEPS or (s.window_t0 is None and s.steps == 1):
-            self.sync()
-            s.window_t0, s.window_steps, self.paused = time.perf_counter(), 0, 0.0
-        else:
-            s.window_steps += 1
-
-    def tick(self, force: bool = False) -> None:
-        """After a step: the class the next step is booked to (`redone` until the furthest step
-        of an earlier attempt), and rank 0's progress record when one is due."""
-        if self.progress is None:
-            return
-        if self.session.losses:
-            self.progress.loss = self.session.losses[-1]
-        phase = self.progress.phase_of(self.step)
-        if phase != self.ledger.phase and self.ledger.phase in ("productive", "redone", "setup", "checkpoint_load"):
-            self.ledger.enter(phase)
-        self.progress.tick(self.step, self.epoch, force=force)
-
-    def log_metrics(self) -> None:
-        """The progress bar; every `train.log_every_steps`, the pending steps' metrics."""
-        self.session.pbar.update(1)
-        if self.step % self.cfg.log_every_steps == 0:
-            self.flush_metrics()
-
-    def flush_metrics(self) -> None:
-        """Write the pending steps to metrics.jsonl and log the last one (one device sync for
-        all their losses)."""
-        s = self.session
-        if not s.pending:
-            return
-        values = self.torch.stack([p[2] for p in s.pending]).float().tolist()
-        for (step, epoch, _, lr, dt), loss in zip(s.pending, values, strict=True):
-            s.losses.append(loss)
-            self.write({"step": step, "epoch": epoch, "loss": loss, "lr": lr,
-                        "samples_per_s": s.global_batch / dt if dt > 0 else None})
-        bad = next(((p[0], v) for p, v in zip(s.pending, values, strict=True) if not math.isfinite(v)), None)
-        if bad is not None and self.cfg.stop_on_nonfinite_loss:
-            good = [(p[0], v) for p, v in zip(s.pending, values, strict=True) if math.isfinite(v)]
-            last = f"; the last finite loss {good[-1][1]:.4g} at step {good[-1][0]}" if good else ""
-            raise FloatingPointError(
-                f"loss is {bad[1]} at step {bad[0]} on rank {self.rank}{last} (a learning rate too "
-                "high, bad input, an overflow; train.stop_on_nonfinite_loss: false trains on)")
-        step, epoch, _, lr, dt = s.pending[-1]
-        msg = (f"step {step}/{self.total_steps} epoch {epoch} loss {values[-1]:.4f} lr {lr:.3g} "
-               f"{s.global_batch / dt if dt > 0 else 0:.0f} samples/s")
-        s.pbar.set_postfix_str(f"loss {values[-1]:.4f}", refresh=False)
-        _log_line(s.pbar, msg)
-        s.pending.clear()
-
-    def compare_ranks(self) -> None:
-        """Every `log_every_steps` steps (every rank, a collective): each rank's medians of its
-        window of steps to rank 0, which writes them and names a straggler (trainer/stragglers.py)."""
-        if self.step % self.cfg.log_every_steps or not self.distributed or self.world < 2:
-            return
-        self.hb.beat("vote")  # a collective at the step boundary, as the stop vote is
-        mine = self.step_times.take()
-        ranks = self.all_gather(mine and {"rank": self.rank, "host": socket.gethostname(), **mine})
-        if not self.is_main or any(r is None for r in ranks):
-            return
-        straggler, new = self.stragglers.window(ranks)
-        self.ranks_overall.append({r["rank"]: r["own_s"] for r in ranks})
-        self.write({"ranks_at_step": self.step, "ranks": ranks, "straggler": straggler})
-        if new:
-            log.warning("straggler: %s (its own work %.1f ms a step against %.1f ms on the "
-                        "other ranks, %d windows of %d steps in a row)", describe(straggler),
-                        1000 * straggler["own_s"], 1000 * straggler["others_own_s"],
-                        straggler["windows"], self.cfg.log_every_steps)
-        if self.progress is not None:
-            self.progress.straggler, self.progress.ranks = straggler, per_rank_rates(ranks)
-
     def maybe_checkpoint(self) -> None:
         if self.step % self.job.checkpoint.every_steps == 0:
             self.save()  # checkpoint time counts against throughput
 
     def handle_stop(self) -> bool:
         """This step boundary's stop vote (all ranks stop at the same step): True to stop now."""
-        self.hb.beat("vote")
-        if not self.vote.poll(self.stop.requested(self.step)):
+        self.recorder.beat("vote")
+        if not stop_here(self.vote, self.stop, self.step):
             return False
         self.session.stopped = True
-        self.stop.acted.set()
-        self.ledger.enter("stop")
+        self.recorder.ledger.enter("stop")
         return True
 
     def end_epoch(self, exhausted: bool) -> None:
@@ -1224,26 +924,19 @@ class Trainer:
         if not (cfg.eval_every_epochs and (self.epoch + 1) % cfg.eval_every_epochs == 0 and not s.stopped
                 and self.step < self.total_steps and self.epoch + 1 < cfg.epochs):
             return
-        self.flush_metrics()
-        with self.ledger.during("eval"), self.beat_during("eval"):
+        self.recorder.flush()
+        with self.recorder.paused_for("eval", "eval"):
             s.last_eval = self.evaluate()
         s.last_eval_step = self.step
-        if s.last_eval:
-            self.write({"eval": True, "step": self.step, "epoch": self.epoch, **s.last_eval})
-            _log_line(s.pbar, f"eval after epoch {self.epoch}: " + ", ".join(f"{k} {v:.4f}" for k, v in s.last_eval.items()))
-        s.t_prev = time.perf_counter()
+        self.recorder.evaluated(self.step, self.epoch, s.last_eval, say=True)
 
     # -- the end of a run ---------------------------------------------------------------
     def end_loop(self) -> None:
         """Close the throughput window, flush the metrics, settle the last stop vote."""
-        s = self.session
-        self.sync()
-        s.t_end, s.paused = time.perf_counter(), self.paused
-        self.flush_metrics()
-        s.pbar.close()
+        self.recorder.end_session(self.sync)
         self.vote.close()
-        if not s.stopped:
-            self.ledger.enter("finish")
+        if not self.session.stopped:
+            self.recorder.ledger.enter("finish")
 
     def final_checkpoint(self) -> None:
         """The last step saved and complete on every rank; after a stop, `DDPKIT_STOP_FILE`
@@ -1266,88 +959,67 @@ class Trainer:
         """A completed run's evaluation, unless the last epoch's already covered this step."""
         s = self.session
         if self.cfg.eval_every_epochs and s.last_eval_step != self.step:
-            with self.ledger.during("eval"), self.beat_during("eval"):
+            with self.recorder.paused_for("eval", "eval"):
                 s.last_eval = self.evaluate()
-            if s.last_eval:
-                epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
-                self.write({"eval": True, "step": self.step, "epoch": epoch, **s.last_eval})
+            epoch = self.epoch - 1 if self.micro == 0 and self.epoch > 0 else self.epoch
+            self.recorder.evaluated(self.step, epoch, s.last_eval)
 
     def summary(self, status: str) -> dict[str, Any]:
         """The `ddpkit-summary` record. Every rank leaves a checksum file; the summary lists
         ranks, hosts and checksums. Parameters are what DDP keeps equal; buffers are compared
         only where it does too (BatchNorm running statistics are rank-local unless they are
         SyncBatchNorm's)."""
-        s = self.session
+        s, r = self.session, self.recorder
         sha, buffers = params_sha256(self.model), buffers_sha256(self.model)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / f"params-rank{self.rank}.sha256").write_text(sha + "\n")
         # first/final loss: mean over the first/last k steps of this session on every rank
         # (k = steps/5, 1..10), so "the loss went down" is not decided by one noisy batch.
-        losses = s.losses
+        losses = r.losses
         k = max(1, min(10, len(losses) // 5))
         ends = (sum(losses[:k]) / k, sum(losses[-k:]) / k) if losses else None
         ranks = self.all_gather({"rank": self.rank, "hostname": socket.gethostname(), "params_sha256": sha,
                                  "buffers_sha256": buffers, "ends": ends})
-        all_ends = [e for e in (r.pop("ends") for r in ranks) if e]  # no rank record keeps "ends"
-        identical = all(r["params_sha256"] == sha for r in ranks)
+        all_ends = [e for e in (rank.pop("ends") for rank in ranks) if e]  # no rank record keeps "ends"
+        identical = all(rank["params_sha256"] == sha for rank in ranks)
         buffers_checked = buffers is not None and not rank_local_buffers(self.model)
-        window = s.window_steps if s.window_t0 is not None else 0
-        elapsed = (s.t_end - s.window_t0 - s.paused) if s.window_t0 is not None else 0.0
         return {
             "summary": True,
             "status": status,
             "steps": self.step,
             "epochs_done": self.epoch,
-            "session_steps": s.steps,
+            "session_steps": r.steps,
             "resumed_from_step": self.resumed_from,
             "world_size": self.world,
-            "global_batch": s.global_batch,
-            "samples_per_s": (window * s.global_batch / elapsed) if window and elapsed > 0 else None,
+            "global_batch": r.global_batch,
+            "samples_per_s": r.samples_per_s(),
             "first_loss": sum(e[0] for e in all_ends) / len(all_ends) if all_ends else None,
             "final_loss": sum(e[1] for e in all_ends) / len(all_ends) if all_ends else None,
             "loss_window_steps": k if losses else None,
             **(s.last_eval or {}),
             "wall_s": time.time() - self.t0,
-            "first_step_s": s.first_step_s,
-            "launch_marks": {k: round(v - self.t0, 4) for k, v in self.marks.items()},
+            "first_step_s": r.first_step_s,
+            "launch_marks": r.launch_marks(),
             "device": str(self.device),
             "threads_per_rank": self.torch.get_num_threads(),
-            "hostnames": sorted({r["hostname"] for r in ranks}),
+            "hostnames": sorted({rank["hostname"] for rank in ranks}),
             "ranks": ranks,
             "final_params_sha256": sha if identical else None,
             "params_identical": identical,
             # null: no buffers, or rank-local BatchNorm statistics
-            "buffers_identical": all(r["buffers_sha256"] == buffers for r in ranks) if buffers_checked else None,
+            "buffers_identical": all(rank["buffers_sha256"] == buffers for rank in ranks) if buffers_checked else None,
             "run_dir": str(self.run_dir),
             "checkpoint_dir": str(self.ckpt_dir),
-            "straggler": self.stragglers.last_named,
-            "own_s_per_rank": self.own_s_per_rank(),
+            "straggler": r.stragglers.last_named,
+            "own_s_per_rank": r.own_s_per_rank(),
         }
-
-    def own_s_per_rank(self) -> dict[str, float] | None:
-        """Rank 0: each rank's median own time a step (trainer/stragglers.py) over the session's
-        windows; None with one rank or before the first window."""
-        if not self.ranks_overall:
-            return None
-        import statistics
-
-        return {str(r): round(statistics.median(w[r] for w in self.ranks_overall if r in w), 6)
-                for r in sorted(self.ranks_overall[-1])}
 
     def publish(self, summary: dict[str, Any], status: str) -> None:
         """Rank 0: the summary in metrics.jsonl and on stdout; a completed run's FINISHED
         marker and plot."""
         if not self.is_main:
             return
-        if self.progress is not None:
-            # the run's last record names the run's straggler (as the summary does), even if
-            # the last window cleared it: `ddpkit status` of an ended run says who was slow
-            self.progress.straggler = summary.get("straggler")
-            record = self.progress.publish(self.step, self.epoch, status)
-            summary["attempt"], summary["goodput"] = record["attempt"], record["run"]["goodput"]
-        self.write(summary)
-        self.metrics.close()
-        print("ddpkit-summary " + json.dumps(summary), flush=True)
+        self.recorder.publish(summary, self.step, self.epoch, status)
         if status != "completed":
             return
         from trainer import checkpoint
@@ -1364,23 +1036,9 @@ class Trainer:
                 log.warning("could not write the plot: %s", e)
 
 
-def _progress(total: int, initial: int, enabled: bool):
-    """A tqdm bar on rank 0 when stderr is a terminal; a no-op object otherwise."""
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, disable=None if enabled else True, unit="step", dynamic_ncols=True)
-
-
-def _log_line(pbar: Any, msg: str) -> None:
-    if getattr(pbar, "disable", True):
-        log.info(msg)
-    else:
-        pbar.write(msg)
-
-
-def threads_per_rank(threads: int | None, env: Any, local_world_size: int) -> int:
+def torch_threads(threads: int | None, env: Any, local_world_size: int) -> int:
     """`train.threads`, else `OMP_NUM_THREADS` (the user's, or what trainer.launch derived
-    from the CPUs the job got: see `trainer.launch.threads_per_rank`), else this process's
+    from the CPUs the job got: see `trainer.launch.plan.threads_per_rank`), else this process's
     CPUs shared by the local ranks (a trainer started by hand)."""
     if threads:
         return threads
@@ -1418,40 +1076,33 @@ def run(job: Any, denv: Any, t0: float) -> int:
     from trainer.dist import pick_device, process_group
 
     cfg = job.train
-    torch.set_num_threads(threads_per_rank(cfg.threads, os.environ, denv.local_world_size))
+    torch.set_num_threads(torch_threads(cfg.threads, os.environ, denv.local_world_size))
     device = pick_device(denv, cfg.device, job.gpus_per_node)
     if cfg.deterministic:
         log.info("deterministic: %s", deterministic_algorithms(torch))
-    if cfg.keep_freed_memory and device.type == "cpu":  # measured on CPU only
-        from trainer.malloc import keep_freed_memory
+    if device.type == "cpu":  # CPU (gloo) runs only; before gloo and torch start their threads
+        from trainer import host
 
-        log.info("memory: %s", keep_freed_memory(os.environ))
-    if cfg.bind_cpus and device.type == "cpu":  # before gloo and torch start their threads
-        from trainer.cpus import bind_local_rank
-
-        log.info("cpus: %s", bind_local_rank(os.environ, denv.local_rank, denv.local_world_size,
-                                              torch.get_num_threads(), cfg.num_workers))
+        host.tune_rank(cfg, denv.local_rank, denv.local_world_size, torch.get_num_threads())
     stop = StopRequest()
     stop.install()
     # Launch marks (seconds since DDPKIT_LAUNCH_T0 in the summary's `launch_marks`): where the
     # time to the first step goes, node shim and torchrun included.
-    marks = {"worker started": WORKER_T0, "job read": t_start, "torch imported": t_torch}
-    from trainer.warm import FORKED
-
+    marks = {"worker started": worker_t0(), "job read": t_start, "torch imported": t_torch}
     if FORKED:  # forked from the node's template (trainer/warm.py): torch was imported there
-        marks = {"worker started": WORKER_T0, "forked": FORKED["forked"], **marks}
+        marks = {"worker started": worker_t0(), "forked": FORKED["forked"], **marks}
     if os.environ.get(TORCHRUN_T0_VAR):
         marks = {"torchrun started": float(os.environ[TORCHRUN_T0_VAR]), **marks}
     # The attempt's ledger: from the launch (a restart by torchrun: from this worker's start),
     # `startup` until torch is imported, then the rendezvous, then setup.
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-    ledger = Ledger(WORKER_T0 if restarted else t0)
+    ledger = Ledger(worker_t0() if restarted else t0)
     ledger.enter("rendezvous", at=t_torch)
     with process_group(denv, device, cfg.timeout_s):
         marks["process group"] = time.time()
         ledger.enter("setup", at=marks["process group"])
         trainer = CURRENT["trainer"] = Trainer(job, denv, device, stop, t0, ledger)
-        trainer.marks = {**marks, **trainer.marks}
+        trainer.recorder.marks = {**marks, **trainer.recorder.marks}
         if trainer.already_finished():
             return EXIT_OK
         trainer.setup()
@@ -1462,7 +1113,7 @@ def record_failure(job: Any, denv: Any, exc: BaseException) -> None:
     """The worker's exception in the run directory, for `ddpkit why` (trainer/attempts.py)."""
     trainer = CURRENT.get("trainer")
     attempts.record_exception(run_directory(job.train, job.name), denv.rank, exc,
-                              step=getattr(trainer, "step", None), phase=trainer.hb.phase if trainer else None)
+                              step=getattr(trainer, "step", None), phase=trainer.recorder.hb.phase if trainer else None)
 
 
 def main() -> int:

@@ -70,6 +70,7 @@ import sys
 import time
 
 from trainer.contract import WARM_SOCKET_VAR, resident_socket
+from trainer.forked import FORKED, finish_like_exit
 
 #: The signals a client passes on to its worker (those torchrun passes on to its workers: the
 #: launcher's `--signals-to-handle`); the template ignores them.
@@ -98,9 +99,6 @@ _KEEP: list[socket.socket] = []
 AGENT_NAME = "ddpkit-agent"
 #: torch's thread count before the template built the workload on one thread (a worker gets it back).
 DEFAULT_THREADS: list[int] = []
-#: Set in a forked worker (`_child`): the template's, client's and torchrun agent's pids, the
-#: client's start and the fork's time; the trainer records them (launch marks, progress record).
-FORKED: dict[str, float] = {}
 
 
 # -- the wire ------------------------------------------------------------------------------------
@@ -552,7 +550,6 @@ def _child(request: dict, fds: list[int], conn: socket.socket) -> int:
             import trainer.train
 
             sys.argv = [trainer.train.__file__, *entry[2:]]
-            trainer.train.WORKER_T0 = FORKED["client_t0"]
             trainer.train.entry()
         else:
             import runpy
@@ -639,19 +636,6 @@ def _reset_process() -> None:
             torch.set_num_threads(DEFAULT_THREADS[0])
 
 
-def finish_like_exit() -> None:
-    """What the interpreter does at exit: wait for non-daemon threads, run atexit, flush."""
-    import atexit
-    import threading
-
-    with contextlib.suppress(Exception):
-        threading._shutdown()  # type: ignore[attr-defined]
-    with contextlib.suppress(Exception):
-        atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--serve"] and len(argv) in (2, 3) and argv[2:] in ([], ["--now"]):
@@ -667,7 +651,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    # Through the module's own name: a forked worker's `trainer.warm.FORKED` is this one's.
+    # Through the module's own name: a forked worker's module state (`_KEEP`, `DEFAULT_THREADS`) is this one's.
     from trainer.warm import main as _main
 
     sys.exit(_main(sys.argv[1:]))

@@ -11,11 +11,11 @@ A flavor folder owns everything about its workload, in two modules:
   its controller's effects (`pods(obj, objects)`: the pods and the injected env, and
   `restarts(obj, objects)`), which `ddpkit run --docker` runs.
 
-Layers (no import cycles): `deploy.kube` (standard library only; the job model uses it) <
-`spec` < `pod` (the pod template and the checks every flavor shares) and `controller` (what
-controllers make of pods) < `<flavor>/__init__` < `<flavor>/operator` (which may use lint's
-engines, `deploy.lint.meta`/`report`) < `deploy.k8s.render`, `deploy.k8s.submit`,
-`deploy.run.docker`, `deploy.lint.admission`/`command`. A flavor imports no third-party
+Layers (no import cycles): `deploy.kube` (Kubernetes' own rules: names, ObjectMeta, the core
+kinds; the job model uses them) < `spec` < `pod` (the pod template and the checks every flavor
+shares) and `controller` (what controllers make of pods) < `<flavor>/__init__` <
+`<flavor>/operator` (which uses `deploy.kube.meta`) < `cluster` (the API seam) < `blame` <
+`deploy.k8s.render`, `deploy.k8s.submit` < `deploy.run.docker`, `deploy.lint`. A flavor imports no third-party
 package, so `status`, `logs`, `cancel` and `lint` load it cheaply.
 """
 

@@ -8,7 +8,7 @@ node affinity: only nodes *without* the label `avoid.ddpkit.io/<job name>` (pod.
 
 The label is put on by whoever watches the job: each refresh of `ddpkit status --watch` (and
 of `Handle.wait()` in the Python API) reads the job's pods and labels the node of each pod that
-the node lifecycle controller marked lost (submit.pod_on_lost_node) `avoid.ddpkit.io/<name>=lost`.
+the node lifecycle controller marked lost (`pod_on_lost_node`) `avoid.ddpkit.io/<name>=lost`.
 From then on the job's new pods go elsewhere, or wait, Unschedulable in the scheduler's words
 ("didn't match Pod's node affinity/selector"), when no other node fits. `ddpkit cancel` takes
 the labels off again, and so does the watcher once the job has ended. Labelling a node needs
@@ -18,8 +18,8 @@ it the watcher says so once and carries on, and the job behaves as Kubernetes do
 
 from __future__ import annotations
 
+from deploy.k8s.cluster import ApiError, Cluster, connect, parse_handle
 from deploy.k8s.pod import AVOID_LABEL, pod_selector
-from deploy.k8s.submit import ApiError, Cluster, _cluster, parse_handle, pod_on_lost_node
 
 #: the label's value on a node lost under the job
 LOST = "lost"
@@ -27,6 +27,34 @@ LOST = "lost"
 
 def label_key(name: str) -> str:
     return AVOID_LABEL + name
+
+
+def pod_on_lost_node(pod: dict, ended: bool = False) -> str | None:
+    """`on lost node N: ...` for a pod whose node stopped answering, read from the pod alone
+    (a user may not be allowed to read nodes): the node lifecycle controller marks a Running
+    pod Ready=False while its containers were last reported ready, and the taint-eviction
+    controller then deletes it (DisruptionTarget, DeletionByTaintManager). Nothing confirms
+    the deletion on a dead node: the pod is replaced once the node is deleted or tainted
+    `node.kubernetes.io/out-of-service` (PodGC force-deletes it then). `ended`: the job has
+    ended (nothing will replace the pod): the node's words only.
+
+    A job that ended FAILED because of the lost node (restarts used up, or 0) keeps such a pod,
+    Terminating, until the node is deleted or tainted out of service: until then `status`
+    names the node; after, the pod and its node are gone from the API and `status` says
+    FAILED alone."""
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    node = (pod.get("spec") or {}).get("nodeName") or "?"
+    disrupted = conditions.get("DisruptionTarget", {})
+    if disrupted.get("status") == "True" and disrupted.get("reason") == "DeletionByTaintManager":
+        said = f"on lost node {node}: NotReady, the pod evicted (DeletionByTaintManager)"
+        return said if ended else (said + "; it is replaced once the node is deleted or tainted "
+                                   "node.kubernetes.io/out-of-service")
+    if (status.get("phase") == "Running" and conditions.get("Ready", {}).get("status") == "False"
+            and conditions.get("ContainersReady", {}).get("status") == "True"):
+        said = f"on lost node {node}: NotReady (containers last reported running)"
+        return said if ended else said + ", eviction after k8s.node_lost_after"
+    return None
 
 
 def lost_nodes(pods: list[dict]) -> list[str]:
@@ -38,7 +66,7 @@ def lost_nodes(pods: list[dict]) -> list[str]:
 def avoid_lost_nodes(handle: str, *, cluster: Cluster | None = None) -> list[str]:
     """Label every node lost under the job so that its pods stay off it; the nodes labelled now
     (not those labelled before). ApiError when the cluster refuses (no `patch` on nodes)."""
-    h, cluster = parse_handle(handle), _cluster(cluster)
+    h, cluster = parse_handle(handle), connect(cluster)
     selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
     key = label_key(h.name)
     lost = lost_nodes(cluster.pods(h.namespace, selector))
@@ -54,7 +82,7 @@ def avoid_lost_nodes(handle: str, *, cluster: Cluster | None = None) -> list[str
 def forget(handle: str, *, cluster: Cluster | None = None) -> list[str]:
     """Take the job's avoid label off every node that has it; those nodes. Nothing (and no
     error) without the right to list or patch nodes."""
-    h, cluster = parse_handle(handle), _cluster(cluster)
+    h, cluster = parse_handle(handle), connect(cluster)
     key = label_key(h.name)
     try:
         marked = [n["metadata"]["name"] for n in cluster.nodes(key)]

@@ -2,37 +2,31 @@
 
 `submit` sends exactly what `ddpkit render k8s` prints, by server-side apply with field manager
 `ddpkit` (as `kubectl apply --server-side --field-manager=ddpkit` would; `--dry-run` asks the
-server to validate without persisting). Every verb takes an injectable `cluster` (anything with
-the methods of `KubeCluster`); the real one wraps the `kubernetes` dynamic client (any kind, by
-apiVersion and kind), imported only here and only when used, with kubeconfig or in-cluster
-credentials. What a flavor's objects are, how its conditions read and how its pods are ranked
-is the flavor module's (`deploy.k8s.<flavor>`).
+server to validate without persisting). Every verb takes an injectable `cluster` (the
+`Cluster` protocol of deploy/k8s/cluster.py, where the real client, the handles and the API
+errors' lines are). What a flavor's objects are, how its conditions read and how its pods are
+ranked is the flavor module's (`deploy.k8s.<flavor>`).
 
 Handles are `k8s://NAMESPACE/FLAVOR/NAME`. States are the vocabulary shared with Slurm:
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, CANCELLED (each flavor's `state` maps its
-conditions). API errors become one line that names the object and the fix.
+conditions).
 """
 
 from __future__ import annotations
 
-import os
-import re
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
+from deploy.k8s.blame import forget, pod_on_lost_node
+from deploy.k8s.cluster import ApiError, Cluster, Handle, connect, explain, parse_handle
 from deploy.kube import (
-    FIELD_MANAGER,
-    FLAVOR_KIND,
     KUEUE_JOB_UID_LABEL,
     KUEUE_QUEUE_LABEL,
-    KUEUE_WORKLOAD_API_VERSION,
     STATES,
     configmap_name,
     pod_selector,
@@ -43,254 +37,8 @@ from trainer.contract import NPROC_PER_NODE_VAR
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
-#: kind -> apiVersion of every kind ddpkit sends.
-API_VERSIONS = {"ConfigMap": "v1", "Service": "v1", "Workload": KUEUE_WORKLOAD_API_VERSION,
-                **{kind: flavor_module(f).API_VERSION for f, kind in FLAVOR_KIND.items()}}
-
-
-def _group_version(kind: str) -> tuple[str, str]:
-    group, _, version = API_VERSIONS.get(kind, "v1").rpartition("/")
-    return group, version
-
-
-# --------------------------------------------------------------------------------------------
-# Handles
-
-
-@dataclass(frozen=True)
-class Handle:
-    namespace: str
-    flavor: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"k8s://{self.namespace}/{self.flavor}/{self.name}"
-
-    @property
-    def kind(self) -> str:
-        return FLAVOR_KIND[self.flavor]
-
-
-_HANDLE = re.compile(r"k8s://([a-z0-9]([-a-z0-9]*[a-z0-9])?)/([a-z]+)/([a-z]([-a-z0-9]*[a-z0-9])?)")
-
-
-def parse_handle(text: str) -> Handle:
-    match = _HANDLE.fullmatch(text.strip())
-    if not match or match.group(3) not in FLAVOR_KIND:
-        raise UserError(f"{text!r} is not a Kubernetes job handle: expected "
-                        f"k8s://NAMESPACE/FLAVOR/NAME with FLAVOR one of {', '.join(FLAVOR_KIND)}")
-    return Handle(match.group(1), match.group(3), match.group(4))
-
-
-# --------------------------------------------------------------------------------------------
-# The cluster seam
-
-
-class ApiError(Exception):
-    """An API call that failed: HTTP status (0: no answer), reason, server message, details kind."""
-
-    def __init__(self, status: int, reason: str = "", message: str = "", details_kind: str = ""):
-        self.status, self.reason, self.message, self.details_kind = status, reason, message, details_kind
-        super().__init__(f"{status} {reason}: {message}")
-
-
-class Cluster(Protocol):
-    def apply(self, obj: dict, *, dry_run: bool) -> dict: ...
-    def get(self, kind: str, namespace: str, name: str) -> dict: ...
-    def delete(self, kind: str, namespace: str, name: str) -> None: ...
-    def pods(self, namespace: str, selector: str) -> list[dict]: ...
-    def events(self, namespace: str, pod: str, reason: str) -> list[dict]: ...
-    def listed(self, kind: str, namespace: str, selector: str) -> list[dict]: ...
-    def log(self, namespace: str, pod: str, container: str, follow: bool,
-            tail_lines: int | None = None, previous: bool = False) -> Iterator[str]: ...
-    def nodes(self, selector: str) -> list[dict]: ...
-    def label_node(self, node: str, key: str, value: str | None) -> None: ...
-
-
-class KubeCluster:
-    """The real cluster through the `kubernetes` dynamic client (kubeconfig, else in-cluster)."""
-
-    def __init__(self) -> None:
-        try:
-            from kubernetes import client, config
-            from kubernetes.dynamic import DynamicClient
-            from kubernetes.dynamic.exceptions import ResourceNotFoundError
-        except ModuleNotFoundError:
-            raise RuntimeFailure("talking to Kubernetes needs the Python package 'kubernetes': "
-                                 "pip install 'ddpkit[k8s]'") from None
-        load_credentials(config)
-        self._client = client
-        self._not_served = ResourceNotFoundError
-        self.api = client.ApiClient()
-        self.core = client.CoreV1Api(self.api)
-        self._dynamic_class = DynamicClient
-        self._dynamic = None
-        self._resources: dict[str, Any] = {}
-
-    def _call(self, fn, *args, **kwargs) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except self._client.ApiException as exc:
-            raise api_error_from(exc) from None
-        except self._not_served:
-            raise ApiError(404, "NotFound", "the server does not serve this kind") from None
-        except Exception as exc:  # urllib3 connection errors and the like
-            if type(exc).__module__.startswith(("urllib3", "socket", "ssl")) or isinstance(exc, OSError):
-                host = self.api.configuration.host
-                raise ApiError(0, "Unreachable", f"cannot reach the Kubernetes API at {host}") from None
-            raise
-
-    def _resource(self, kind: str) -> Any:
-        """The dynamic client's resource for `kind` (discovery, once per kind)."""
-        if kind not in self._resources:
-            if self._dynamic is None:
-                self._dynamic = self._call(self._dynamic_class, self.api)
-            self._resources[kind] = self._call(self._dynamic.resources.get,
-                                               api_version=API_VERSIONS[kind], kind=kind)
-        return self._resources[kind]
-
-    @staticmethod
-    def _dict(value: Any) -> dict:
-        return value.to_dict() if hasattr(value, "to_dict") else dict(value or {})
-
-    def apply(self, obj: dict, *, dry_run: bool) -> dict:
-        """Server-side apply with field manager `ddpkit` and strict field validation; the
-        server answers with the object as stored (or as it would be, on a dry run)."""
-        meta = obj["metadata"]
-        params: dict[str, Any] = {"field_manager": FIELD_MANAGER,
-                                  "query_params": [("fieldValidation", "Strict")]}
-        if dry_run:
-            params["dry_run"] = "All"
-        resource = self._resource(obj["kind"])
-        return self._dict(self._call(resource.server_side_apply, body=obj, name=meta["name"],
-                                     namespace=meta["namespace"], **params))
-
-    def get(self, kind: str, namespace: str, name: str) -> dict:
-        return self._dict(self._call(self._resource(kind).get, name=name, namespace=namespace))
-
-    def delete(self, kind: str, namespace: str, name: str) -> None:
-        """Foreground propagation: the object stays (with a deletionTimestamp) until its
-        dependents (Jobs, pods) are gone."""
-        self._call(self._resource(kind).delete, name=name, namespace=namespace,
-                   body={"propagationPolicy": "Foreground"})
-
-    def pods(self, namespace: str, selector: str) -> list[dict]:
-        found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        return self.api.sanitize_for_serialization(found).get("items", [])
-
-    def events(self, namespace: str, pod: str, reason: str) -> list[dict]:
-        """The pod's events of one `reason` (the kubelet's FailedMount, ...), oldest first."""
-        found = self._call(self.core.list_namespaced_event, namespace,
-                           field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason={reason}")
-        return self.api.sanitize_for_serialization(found).get("items", [])
-
-    def listed(self, kind: str, namespace: str, selector: str) -> list[dict]:
-        """The objects of `kind` in `namespace` whose labels match `selector`."""
-        found = self._call(self._resource(kind).get, namespace=namespace, label_selector=selector)
-        return self._dict(found).get("items") or []
-
-    def nodes(self, selector: str) -> list[dict]:
-        found = self._call(self.core.list_node, label_selector=selector)
-        return self.api.sanitize_for_serialization(found).get("items", [])
-
-    def label_node(self, node: str, key: str, value: str | None) -> None:
-        """Set the node's label `key` (None: take it off), a merge patch of its labels alone."""
-        self._call(self.core.patch_node, node, {"metadata": {"labels": {key: value}}})
-
-    def log(self, namespace: str, pod: str, container: str, follow: bool,
-            tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
-        extra = {"tail_lines": tail_lines} if tail_lines else {}
-        if previous:  # the container before the kubelet restarted it (kubectl logs --previous)
-            extra["previous"] = True
-        resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
-                          follow=follow, _preload_content=False, **extra)
-        import codecs
-
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
-        try:
-            for chunk in resp.stream(4096):
-                yield decoder.decode(chunk)
-            yield decoder.decode(b"", final=True)
-        finally:
-            resp.release_conn()
-
-
-def kubeconfig_files() -> list[str]:
-    """The kubeconfig files that exist: `$KUBECONFIG` (a list, as kubectl reads it), else
-    ~/.kube/config."""
-    listed = [p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p]
-    return [p for p in listed or [os.path.expanduser("~/.kube/config")] if os.path.isfile(p)]
-
-
-def load_credentials(config: Any) -> None:
-    """The kubeconfig, else the pod's service account. A kubeconfig that exists but cannot be
-    used is named with the client's reason (a wrong context, a missing certificate file); only
-    when there is none at all, and no service account, is it "no credentials"."""
-    files = kubeconfig_files()
-    if files:
-        try:  # KUBECONFIG read now, not when the client was imported (it caches the variable)
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None)
-        except Exception as exc:  # the client's ConfigException, yaml, OSError: its words, one line
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            raise RuntimeFailure(f"kubeconfig {os.pathsep.join(files)}: {reason}") from None
-        return
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        raise RuntimeFailure("no Kubernetes credentials: set KUBECONFIG (or ~/.kube/config) "
-                             "or run inside a cluster") from None
-
-
-def api_error_from(exc: Any) -> ApiError:
-    """An `ApiException` (status, reason, JSON body) as an ApiError."""
-    import json
-
-    message, details_kind = "", ""
-    try:
-        body = json.loads(exc.body or "{}")
-        message = body.get("message", "")
-        details_kind = (body.get("details") or {}).get("kind", "")
-    except (ValueError, TypeError, AttributeError):
-        message = str(exc.body or "").strip()[:200]
-    return ApiError(int(exc.status or 0), exc.reason or "", message, details_kind)
-
-
-def explain(err: ApiError, kind: str, namespace: str, name: str, verb: str) -> str:
-    """One line for an API error: what failed and what to do."""
-    what = f"{kind} {namespace}/{name}"
-    if err.status == 0:
-        return f"{verb} {what}: {err.message}; check the cluster address in your kubeconfig"
-    if err.status == 401:
-        return f"{verb} {what}: the cluster rejected the credentials (401); refresh your kubeconfig"
-    if err.status == 403:
-        module = flavor_of_kind(kind)
-        plural = module.PLURAL if module else kind.lower() + "s"
-        group = _group_version(kind)[0]
-        resource = f"{plural}.{group}" if group else plural
-        return (f"{verb} {what}: forbidden (403): you may not {verb} {resource} in namespace "
-                f"{namespace}; ask a cluster admin for the RBAC rights")
-    if err.status == 404:
-        if err.details_kind == "namespaces":
-            return f"{verb} {what}: namespace {namespace!r} does not exist; create it or set k8s.namespace"
-        module = flavor_of_kind(kind)
-        if verb == "create" and module is not None and module.NAME != "job":
-            return (f"create {what}: the cluster does not serve {kind} ({module.API_VERSION}); "
-                    f"install {module.INSTALLS}, or use --flavor job (needs no operator)")
-        return f"{verb} {what}: not found (never submitted, cancelled, or removed after finishing)"
-    if err.status == 409:
-        return (f"create {what}: already exists; cancel it first (ddpkit cancel "
-                f"k8s://{namespace}/<flavor>/{name}) or rename the job")
-    if err.status in (400, 422):
-        return f"{verb} {what}: the cluster rejected it ({err.status}): {err.message}"
-    return f"{verb} {what}: Kubernetes API error {err.status} {err.reason}: {err.message}".rstrip(": ")
-
-
 # --------------------------------------------------------------------------------------------
 # Verbs
-
-
-def _cluster(cluster: Cluster | None) -> Cluster:
-    return cluster if cluster is not None else KubeCluster()
 
 
 def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str = "job.yaml",
@@ -308,7 +56,7 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
 
     flavor = flavor or job.k8s.flavor
     objects = render_objects(job, flavor=flavor)
-    cluster = _cluster(cluster)
+    cluster = connect(cluster)
     workload = objects[-1]
     kind, ns, name = workload["kind"], job.k8s.namespace, job.name
     try:
@@ -363,7 +111,7 @@ def _get(cluster: Cluster, handle: Handle) -> dict:
 
 def status(handle: str, *, cluster: Cluster | None = None) -> str:
     h = parse_handle(handle)
-    return status_from(h.kind, _get(_cluster(cluster), h))
+    return status_from(h.kind, _get(connect(cluster), h))
 
 
 def describe(handle: str, *, cluster: Cluster | None = None) -> str:
@@ -371,7 +119,7 @@ def describe(handle: str, *, cluster: Cluster | None = None) -> str:
     kubelet's words: `PENDING (Unschedulable: 0/2 nodes are available: 2 Insufficient
     nvidia.com/gpu.)`, `RUNNING (1 of 2 pods not scheduled: Unschedulable: ...)`,
     `PENDING (ImagePullBackOff: ...)`."""
-    return _state_line(*_workload_and_pods(parse_handle(handle), _cluster(cluster)))[0]
+    return _state_line(*_workload_and_pods(parse_handle(handle), connect(cluster)))[0]
 
 
 def _workload_and_pods(h: Handle, cluster: Cluster) -> tuple[Handle, dict, dict[int, dict]]:
@@ -482,39 +230,11 @@ def pod_held_up(pod: dict) -> str | None:
     return None
 
 
-def pod_on_lost_node(pod: dict, ended: bool = False) -> str | None:
-    """`on lost node N: ...` for a pod whose node stopped answering, read from the pod alone
-    (a user may not be allowed to read nodes): the node lifecycle controller marks a Running
-    pod Ready=False while its containers were last reported ready, and the taint-eviction
-    controller then deletes it (DisruptionTarget, DeletionByTaintManager). Nothing confirms
-    the deletion on a dead node: the pod is replaced once the node is deleted or tainted
-    `node.kubernetes.io/out-of-service` (PodGC force-deletes it then). `ended`: the job has
-    ended (nothing will replace the pod): the node's words only.
-
-    A job that ended FAILED because of the lost node (restarts used up, or 0) keeps such a pod,
-    Terminating, until the node is deleted or tainted out of service: until then `status`
-    names the node; after, the pod and its node are gone from the API and `status` says
-    FAILED alone."""
-    status = pod.get("status") or {}
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    node = (pod.get("spec") or {}).get("nodeName") or "?"
-    disrupted = conditions.get("DisruptionTarget", {})
-    if disrupted.get("status") == "True" and disrupted.get("reason") == "DeletionByTaintManager":
-        said = f"on lost node {node}: NotReady, the pod evicted (DeletionByTaintManager)"
-        return said if ended else (said + "; it is replaced once the node is deleted or tainted "
-                                   "node.kubernetes.io/out-of-service")
-    if (status.get("phase") == "Running" and conditions.get("Ready", {}).get("status") == "False"
-            and conditions.get("ContainersReady", {}).get("status") == "True"):
-        said = f"on lost node {node}: NotReady (containers last reported running)"
-        return said if ended else said + ", eviction after k8s.node_lost_after"
-    return None
-
-
 def report(handle: str, *, cluster: Cluster | None = None) -> Report:
     """`ddpkit status`'s report: the state line (`describe`), the trainer's newest progress
     record from the end of rank 0's pod log (the user's own `pods/log` permission; the trainer
     needs none), and how long rank 0's pod waited to be scheduled."""
-    cluster = _cluster(cluster)
+    cluster = connect(cluster)
     h = parse_handle(handle)
     state_line, pods = _state_line(*_workload_and_pods(h, cluster))
     pod = pods.get(0)
@@ -560,7 +280,7 @@ def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
     container's log too), read by deploy/why.py."""
     from deploy.why import explain
 
-    cluster = _cluster(cluster)
+    cluster = connect(cluster)
     h = parse_handle(handle)
     state_line, pods = _state_line(*_workload_and_pods(h, cluster))
     failed = {rank: said for rank, said in ((r, pod_failed(p)) for r, p in sorted(pods.items())) if said}
@@ -628,7 +348,7 @@ def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0
     error while its ConfigMap or Service was still there to delete.
     """
     h = parse_handle(handle)
-    cluster = _cluster(cluster)
+    cluster = connect(cluster)
     extras = [("ConfigMap", configmap_name(h.name))] + ([("Service", h.name)] if h.flavor == "job" else [])
     missing: ApiError | None = None
     deleted = 0
@@ -643,19 +363,9 @@ def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0
                 missing = err
     if missing is not None and not deleted:
         raise RuntimeFailure(explain(missing, h.kind, h.namespace, h.name, "delete"))
-    from deploy.k8s import blame
-
-    blame.forget(handle, cluster=cluster)  # k8s.avoid_lost_nodes: the nodes it kept off
+    forget(handle, cluster=cluster)  # k8s.avoid_lost_nodes: the nodes it kept off
     if missing is None and wait_s > 0:
         _wait_until_gone(cluster, h, wait_s, poll_s)
-
-
-def tend(handle: str, ended: bool, *, cluster: Cluster | None = None) -> list[str]:
-    """A watcher's refresh beside reading (deploy/k8s/blame.py): the nodes lost under the job
-    labelled so that its pods stay off them, or the labels taken off once it has ended."""
-    from deploy.k8s import blame
-
-    return blame.tend(handle, ended, cluster=cluster)
 
 
 def _wait_until_gone(cluster: Cluster, h: Handle, wait_s: float, poll_s: float) -> None:
@@ -707,7 +417,7 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
         raise UserError("--attempt: Kubernetes keeps the log of a pod's current container and of "
                         "the one before it only (--previous); a pod its controller replaced is gone")
     h = parse_handle(handle)
-    cluster = _cluster(cluster)
+    cluster = connect(cluster)
     out = out or sys.stdout
     selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
     try:

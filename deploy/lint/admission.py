@@ -13,7 +13,7 @@ from deploy.k8s import jobset, pytorchjob, trainjob
 from deploy.k8s.jobset import operator as jobset_webhook
 from deploy.k8s.pytorchjob import operator as pytorchjob_webhook
 from deploy.k8s.trainjob import operator as trainjob_webhook
-from deploy.lint.report import Finding
+from deploy.kube.finding import Finding
 
 
 def _none(obj: dict, *_: Any) -> list:

@@ -12,7 +12,7 @@ from typing import Any
 
 from deploy import units
 from deploy.k8s import pytorchjob, trainjob
-from deploy.lint.report import join
+from deploy.kube.finding import join
 from trainer.contract import LAUNCH_MODULE, NPROC_PER_NODE_VAR
 
 RULES = {
@@ -36,7 +36,7 @@ PYTORCHJOB_ENV = frozenset({
     "PET_RDZV_CONF", "PET_RDZV_ENDPOINT", "PET_STANDALONE", "PET_MAX_RESTARTS",
 })
 #: Set by torchrun for each worker; a container running `trainer.launch` with one of them set
-#: is taken for a worker already under torchrun (trainer/launch.py).
+#: is taken for a worker already under torchrun (trainer/launch/plan.py).
 TORCHRUN_WORKER_ENV = frozenset({"LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID"})
 #: The Job controller's per-pod variable (Indexed Jobs, hence JobSets).
 JOB_ENV = frozenset({"JOB_COMPLETION_INDEX"})

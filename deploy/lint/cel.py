@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from deploy.lint.report import LintInputError
+from deploy.kube.finding import LintInputError
 
 _programs: dict[str, Any] = {}
 _REASONS = {"FieldValueRequired": "Required value", "FieldValueForbidden": "Forbidden",

@@ -24,16 +24,18 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from deploy.lint import advice, core, schema
+from deploy.kube import core
+from deploy.kube.finding import Finding, LintInputError, join
+from deploy.kube.meta import validate_object_meta
+from deploy.lint import advice, schema
 from deploy.lint.admission import WEBHOOKS
-from deploy.lint.meta import validate_object_meta
-from deploy.lint.report import ERROR, WARNING, Finding, LintBug, LintInputError, Problem, join
+from deploy.lint.report import ERROR, WARNING, LintBug, LintFinding
 from deploy.lint.schema import CRDIndex, load_crds
 
-__all__ = ["ERROR", "WARNING", "Problem", "LintInputError", "CRDIndex", "load_crds", "lint_object",
+__all__ = ["ERROR", "WARNING", "LintFinding", "LintInputError", "CRDIndex", "load_crds", "lint_object",
            "lint_text", "lint_files", "refusals", "run_lint", "RULES", "REFUSED_LATER"]
 
-#: Every rule name a Problem can carry, with what it checks.
+#: Every rule name a LintFinding can carry, with what it checks.
 RULES = {
     "schema": "the object matches its schema (CRD or core OpenAPI), unknown fields included",
     "meta": "ObjectMeta: name, namespace, labels, annotations as the API server validates them",
@@ -53,7 +55,7 @@ _MALFORMED = (AttributeError, TypeError, KeyError, ValueError, IndexError)
 _RUNTIME_KINDS = ("ClusterTrainingRuntime", "TrainingRuntime")
 
 
-class Context:
+class LintRun:
     """What one lint run knows beyond a single object: CRDs, the core schema version, runtimes."""
 
     def __init__(self, crds: CRDIndex, k8s_version: str | None = None, objects: Iterable[Any] = ()):
@@ -76,25 +78,25 @@ class Context:
         return found
 
 
-def _context(crds: CRDIndex | Context | None, k8s_version: str | None) -> Context:
-    if isinstance(crds, Context):
+def _context(crds: CRDIndex | LintRun | None, k8s_version: str | None) -> LintRun:
+    if isinstance(crds, LintRun):
         return crds
-    return Context(crds if crds is not None else load_crds(), k8s_version)
+    return LintRun(crds if crds is not None else load_crds(), k8s_version)
 
 
-def lint_object(obj: Any, crds: CRDIndex | Context | None = None, *, source: str = "-", index: int = 0,
-                k8s_version: str | None = None) -> list[Problem]:
+def lint_object(obj: Any, crds: CRDIndex | LintRun | None = None, *, source: str = "-", index: int = 0,
+                k8s_version: str | None = None) -> list[LintFinding]:
     """Every problem with one object (errors first, then warnings)."""
     ctx = _context(crds, k8s_version)
     if (not isinstance(obj, dict) or not isinstance(obj.get("kind"), str)
             or not isinstance(obj.get("apiVersion"), str)):
-        return [Problem(source, f"document {index + 1}", "", "not a Kubernetes object "
+        return [LintFinding(source, f"document {index + 1}", "", "not a Kubernetes object "
                         "(needs apiVersion and kind, both strings)")]
     label = _object_label(obj)
-    problems: list[Problem] = []
+    problems: list[LintFinding] = []
 
     def add(found: Iterable[Finding], rule: str, severity: str = ERROR) -> None:
-        problems.extend(Problem(source, label, p, msg, rule, severity) for p, msg in found)
+        problems.extend(LintFinding(source, label, p, msg, rule, severity) for p, msg in found)
 
     try:
         if core.is_core(obj["apiVersion"]):
@@ -108,11 +110,11 @@ def lint_object(obj: Any, crds: CRDIndex | Context | None = None, *, source: str
     if not any(p.severity == ERROR and p.rule == "schema" for p in problems):
         # advice reads only a structure the schema layer vouched for: a crash here is a bug
         for rule, path, message in advice.advise(obj) + advice.advise_hostnames(obj):
-            problems.append(Problem(source, label, path, message, rule, WARNING))
+            problems.append(LintFinding(source, label, path, message, rule, WARNING))
     return problems
 
 
-def _lint_custom(obj: dict, ctx: Context, add, problems: list[Problem]) -> None:
+def _lint_custom(obj: dict, ctx: LintRun, add, problems: list[LintFinding]) -> None:
     kind, api_version = obj["kind"], obj["apiVersion"]
     group = api_version.rpartition("/")[0]
     crd = ctx.crds.lookup(api_version, kind)
@@ -186,11 +188,11 @@ def documents(text: str, source: str) -> list[Any]:
     return out
 
 
-def lint_text(text: str, crds: CRDIndex | Context | None = None, *, source: str = "-",
-              k8s_version: str | None = None) -> list[Problem]:
+def lint_text(text: str, crds: CRDIndex | LintRun | None = None, *, source: str = "-",
+              k8s_version: str | None = None) -> list[LintFinding]:
     docs = documents(text, source)
     base = _context(crds, k8s_version)
-    ctx = Context(base.crds, base.k8s_version, docs)  # this text's runtimes, beside the CRDs'
+    ctx = LintRun(base.crds, base.k8s_version, docs)  # this text's runtimes, beside the CRDs'
     ctx._version = base._version
     return _lint_docs(docs, ctx, source)
 
@@ -201,16 +203,16 @@ def _bundled() -> CRDIndex:
     return load_crds()
 
 
-def refusals(objects: list[dict]) -> list[Problem]:
+def refusals(objects: list[dict]) -> list[LintFinding]:
     """What a cluster with the bundled CRDs refuses of `objects` applied together: the errors,
     and the warnings of REFUSED_LATER. A crash of a rule is `LintBug`, never a finding."""
-    ctx = Context(_bundled(), None, objects)
+    ctx = LintRun(_bundled(), None, objects)
     return [p for p in _lint_docs(list(objects), ctx, "-")
             if p.severity == ERROR or p.rule in REFUSED_LATER]
 
 
-def _lint_docs(docs: list[Any], ctx: Context, source: str) -> list[Problem]:
-    problems: list[Problem] = []
+def _lint_docs(docs: list[Any], ctx: LintRun, source: str) -> list[LintFinding]:
+    problems: list[LintFinding] = []
     for i, doc in enumerate(docs):
         problems += lint_object(doc, ctx, source=source, index=i)
     try:
@@ -218,12 +220,12 @@ def _lint_docs(docs: list[Any], ctx: Context, source: str) -> list[Problem]:
     except _MALFORMED:
         across = []
     for i, rule, path, message in across:
-        problems.append(Problem(source, _object_label(docs[i]), path, message, rule, WARNING))
+        problems.append(LintFinding(source, _object_label(docs[i]), path, message, rule, WARNING))
     return problems
 
 
 def lint_files(paths: Iterable[str], crd_dir: str | Path | None = None, *,
-               k8s_version: str | None = None, stdin_text: str | None = None) -> list[Problem]:
+               k8s_version: str | None = None, stdin_text: str | None = None) -> list[LintFinding]:
     """Lint YAML files (`-` reads `stdin_text`). Raises LintInputError on unusable input."""
     texts = []
     for path in paths:
@@ -237,8 +239,8 @@ def lint_files(paths: Iterable[str], crd_dir: str | Path | None = None, *,
         except UnicodeDecodeError:
             raise LintInputError(f"{path}: not UTF-8 text") from None
     parsed = [(path, documents(text, path)) for path, text in texts]
-    ctx = Context(load_crds(crd_dir), k8s_version, [d for _, docs in parsed for d in docs])
-    problems: list[Problem] = []
+    ctx = LintRun(load_crds(crd_dir), k8s_version, [d for _, docs in parsed for d in docs])
+    problems: list[LintFinding] = []
     for path, docs in parsed:
         problems += _lint_docs(docs, ctx, path)
     return problems

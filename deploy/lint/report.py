@@ -1,4 +1,5 @@
-"""What every layer of `ddpkit lint` reports: a Problem (where, what, how bad) and bad input."""
+"""What `ddpkit lint` reports: a `LintFinding` (where in which file, what, how bad), and
+`LintBug` for a crash of ddpkit's own rules. The rules' raw findings are deploy/kube/finding.py's."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ WARNING = "warning"
 
 
 @dataclass(frozen=True)
-class Problem:
-    """One finding: where (file, object, field path), what, and whether a server refuses it."""
+class LintFinding:
+    """One finding placed: where (file, object, field path), what, and whether a server refuses it."""
 
     source: str
     obj: str
@@ -25,26 +26,6 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.path}: " if self.path else ""
         return f"{self.source}: {self.obj}: {self.severity}: {where}{self.message} [{self.rule}]"
-
-
-class LintInputError(Exception):
-    """The input itself is unusable (unreadable file, bad YAML, a CRD directory that is not)."""
-
-
-def join(path: str, key: str | int) -> str:
-    """`spec.a` + `b` = `spec.a.b`; `spec.a` + 0 = `spec.a[0]` (the API server's field paths)."""
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else str(key)
-
-
-def short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-#: A finding before it is placed in a file: (path, message).
-Finding = tuple[str, str]
 
 
 class LintBug(Exception):

@@ -30,8 +30,8 @@ import jsonschema
 import yaml
 from jsonschema import Draft4Validator
 
+from deploy.kube.finding import Finding, LintInputError, join, short
 from deploy.lint import cel
-from deploy.lint.report import Finding, LintInputError, join, short
 from deploy.yamlfile import load_documents
 
 BUNDLED_CRDS = Path(__file__).resolve().parent / "crds"

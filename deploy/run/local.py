@@ -28,7 +28,7 @@ from trainer.contract import (
     LaunchEnv,
     read_node_line_tag,
 )
-from trainer.launch import WORKER_VARS
+from trainer.launch.plan import WORKER_VARS
 from trainer.stragglers import describe as describe_straggler
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)

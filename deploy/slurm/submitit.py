@@ -124,7 +124,7 @@ class SlurmLaunch:
     def launch_env(self, env: Mapping[str, str]) -> LaunchEnv:
         """The launch contract of a task whose Slurm environment is `env`: the request's
         LaunchEnv with what only the running job knows (trainer.launch's first Slurm host)."""
-        from trainer.launch import slurm_first_host
+        from trainer.launch.plan import slurm_first_host
 
         job_id = env["SLURM_JOB_ID"]
         return replace(self.request.launch_env, job_file=self.request.job_file(self.job_dir(), job_id),

@@ -17,7 +17,7 @@ podFailurePolicy is set: kubernetes pkg/apis/batch/v1/defaults.go), two pods of 
 would run at once, both writing the checkpoint. Beta and on by default since Kubernetes 1.29,
 GA in 1.34; an API server without the feature drops the field. The API server allows only
 `Failed` with a podFailurePolicy (pkg/apis/batch/validation validatePodReplacementPolicy;
-deploy/lint/core.py), so one added later keeps it valid.
+deploy/kube/core.py), so one added later keeps it valid.
 """
 
 from __future__ import annotations

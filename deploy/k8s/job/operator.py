@@ -1,5 +1,5 @@
 """What Kubernetes' own Job controller does with the Indexed Job ddpkit renders (there is no
-operator and no webhook; the API server's validation of a Job is `deploy.lint.core`): the pods
+operator and no webhook; the API server's validation of a Job is `deploy.kube.core`): the pods
 it makes, and how it restarts them (`deploy.k8s.controller`). `ddpkit run --docker` runs them.
 """
 

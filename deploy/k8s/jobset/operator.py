@@ -11,10 +11,11 @@ import hashlib
 import re
 from typing import Any
 
+from deploy import kube
 from deploy.errors import UserError
 from deploy.k8s.controller import Pod, Restarts, job_pods, job_restarts, service_names
-from deploy.lint import meta as m
-from deploy.lint.report import Finding
+from deploy.kube import meta as m
+from deploy.kube.finding import Finding
 
 MAX_INT32 = 2**31 - 1
 JOB_FAILURE_REASONS = ["BackoffLimitExceeded", "DeadlineExceeded", "FailedIndexes",
@@ -45,7 +46,7 @@ def default(obj: dict) -> None:
 
 def _dns1035(path: str, value: str, too_long: str) -> list[Finding]:
     return [m.invalid(path, value, too_long if "must be no more than 63" in e else e)
-            for e in m.is_dns1035_label(value)]
+            for e in kube.is_dns1035_label(value)]
 
 
 def validate(obj: dict, context: Any = None) -> list[Finding]:
@@ -61,7 +62,7 @@ def validate(obj: dict, context: Any = None) -> list[Finding]:
         found.append(("spec", "DependsOn can't be set for the first ReplicatedJob"))
     subdomain = (spec.get("network") or {}).get("subdomain")
     if subdomain:
-        found += [m.invalid("spec.network.subdomain", subdomain, e) for e in m.is_dns1123_subdomain(subdomain)]
+        found += [m.invalid("spec.network.subdomain", subdomain, e) for e in kube.is_dns1123_subdomain(subdomain)]
         found += _dns1035("spec.network.subdomain", subdomain,
                           ".spec.network.subdomain is too long, must be less than 63 characters")
     manager = spec.get("managedBy")
@@ -158,7 +159,7 @@ def _validate_coordinator(obj: dict) -> list[Finding]:
     name = (obj.get("metadata") or {}).get("name") or ""
     subdomain = (spec.get("network") or {}).get("subdomain") or name
     endpoint = f"{name}-{target}-{job_index}-{pod_index}.{subdomain}"
-    errs = m.is_label_value(endpoint)
+    errs = kube.is_label_value(endpoint)
     if errs:
         found.append(("spec.coordinator", f"spec will lead to invalid label value {endpoint!r} for coordinator "
                       f"label \"jobset.sigs.k8s.io/coordinator\" (long JobSet / ReplicatedJob / SubDomain name?): "
@@ -178,7 +179,7 @@ def _validate_volume_claim_policies(obj: dict) -> list[Finding]:
             tname = (template.get("metadata") or {}).get("name") or template.get("name") or ""
             if tname in claims:
                 found.append(m.invalid(path, tname, "names must be unique for VolumeClaimPolicies template"))
-            found += [m.invalid(path, tname, e) for e in m.is_dns1123_subdomain(tname)]
+            found += [m.invalid(path, tname, e) for e in kube.is_dns1123_subdomain(tname)]
             if len(f"{tname}-{name}") > 63:
                 found.append(m.invalid(path, tname, "VolumeClaimPolicies template name is too long"))
             mounted = False

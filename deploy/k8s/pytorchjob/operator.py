@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from deploy import kube
 from deploy.errors import UserError
 from deploy.k8s.controller import (
     Pod,
@@ -35,8 +36,8 @@ from deploy.k8s.pytorchjob import (
     REPLICA_INDEX_LABEL,
     REPLICA_TYPE_LABEL,
 )
-from deploy.lint import meta as m
-from deploy.lint.report import Finding
+from deploy.kube import meta as m
+from deploy.kube.finding import Finding
 
 REPLICA_TYPES = ["Master", "Worker"]
 MANAGERS = ["kueue.x-k8s.io/multikueue", "kubeflow.org/training-operator"]
@@ -50,7 +51,7 @@ def default(obj: dict) -> None:
 def validate(obj: dict, context: Any = None) -> list[Finding]:
     found: list[Finding] = []
     name = (obj.get("metadata") or {}).get("name") or ""
-    errs = m.is_dns1035_label(name)
+    errs = kube.is_dns1035_label(name)
     if errs:
         found.append(m.invalid("metadata.name", name, f"should match: {','.join(errs)}"))
     spec = obj.get("spec") or {}

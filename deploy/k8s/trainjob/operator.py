@@ -29,8 +29,8 @@ from deploy.k8s.controller import (
 )
 from deploy.k8s.jobset import operator as jobset
 from deploy.k8s.trainjob import ANCESTOR_LABEL, GROUP, NODE, PORT
-from deploy.lint import meta as m
-from deploy.lint.report import Finding
+from deploy.kube import meta as m
+from deploy.kube.finding import Finding
 
 RUNTIME_KINDS = {"ClusterTrainingRuntime", "TrainingRuntime"}
 TORCH_RESERVED_ENV = ["PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE"]

@@ -4,6 +4,11 @@ Kubernetes' own name rules (with upstream's messages), the flavor names, ddpkit'
 vocabulary and the labels it puts on everything. `deploy.spec` validates names with these
 rules and offers `FLAVORS`; the flavor modules, the renderer, the submitters and `ddpkit lint`
 use the rest. Standard library only.
+
+Beside it, the API server's own rules with its messages, which the job model, the flavors'
+operators and `ddpkit lint` all use: `meta` (ObjectMeta), `core` (the core kinds: Job, Service,
+pod specs), `finding` (what a rule finds: a field path and a message). This module imports none
+of them.
 """
 
 from __future__ import annotations

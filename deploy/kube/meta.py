@@ -11,21 +11,13 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from deploy.kube import (  # noqa: F401  (the name rules, re-exported for the lint rules)
-    C_IDENTIFIER,
-    DNS1035_LABEL,
-    DNS1123_LABEL,
-    DNS1123_SUBDOMAIN,
-    IANA_SVC_NAME,
-    LABEL_VALUE,
-    QUALIFIED_NAME,
-    is_dns1035_label,
+from deploy.kube import (
     is_dns1123_label,
     is_dns1123_subdomain,
     is_label_value,
     is_qualified_name,
 )
-from deploy.lint.report import Finding, join
+from deploy.kube.finding import Finding, join
 
 
 def invalid(path: str, value: Any, message: str) -> Finding:

@@ -23,9 +23,9 @@ from decimal import Decimal
 from functools import cache
 from typing import Any
 
-from deploy import units
-from deploy.lint import meta as m
-from deploy.lint.report import Finding, LintInputError, join
+from deploy import kube, units
+from deploy.kube import meta as m
+from deploy.kube.finding import Finding, LintInputError, join
 
 CORE_GROUPS = {"", "v1", "apps", "batch", "policy", "rbac.authorization.k8s.io", "networking.k8s.io",
                "scheduling.k8s.io", "storage.k8s.io", "autoscaling", "coordination.k8s.io",
@@ -144,12 +144,12 @@ STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
 
 def _is_extended(name: str) -> bool:
     """IsExtendedResourceName: not native, and `requests.<name>` is a qualified name."""
-    return not _is_native(name) and not name.startswith("requests.") and not m.is_qualified_name(f"requests.{name}")
+    return not _is_native(name) and not name.startswith("requests.") and not kube.is_qualified_name(f"requests.{name}")
 
 
 def validate_container_resource_name(name: str, path: str) -> list[Finding]:
     """validateContainerResourceName (pkg/apis/core/validation/validation.go), its messages."""
-    errors = m.is_qualified_name(name)
+    errors = kube.is_qualified_name(name)
     if errors:
         return [m.invalid(path, name, e) for e in errors]
     if "/" not in name:
@@ -228,7 +228,7 @@ def _validate_container(ctr: dict, path: str, volumes: set[str]) -> list[Finding
     if not name:
         found.append(m.required(join(path, "name")))
     elif isinstance(name, str):
-        found += [m.invalid(join(path, "name"), name, e) for e in m.is_dns1123_label(name)]
+        found += [m.invalid(join(path, "name"), name, e) for e in kube.is_dns1123_label(name)]
     if not ctr.get("image"):
         found.append(m.required(join(path, "image")))
     policy = ctr.get("imagePullPolicy")
@@ -239,7 +239,7 @@ def _validate_container(ctr: dict, path: str, volumes: set[str]) -> list[Finding
         sub = join(join(path, "ports"), i)
         pname = port.get("name")
         if isinstance(pname, str) and pname:
-            if len(pname) > 15 or not m.IANA_SVC_NAME.match(pname) or not re.search("[a-z]", pname) \
+            if len(pname) > 15 or not kube.IANA_SVC_NAME.match(pname) or not re.search("[a-z]", pname) \
                     or "--" in pname or pname.startswith("-") or pname.endswith("-"):
                 found.append(m.invalid(join(sub, "name"), pname, "must be an IANA_SVC_NAME (at most 15 "
                                        "characters, matching regex [a-z0-9]([a-z0-9-]*[a-z0-9])*, it must "
@@ -286,7 +286,7 @@ def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
         if not name:
             found.append(m.required(join(sub, "name")))
         elif isinstance(name, str):
-            found += [m.invalid(join(sub, "name"), name, e) for e in m.is_dns1123_label(name)]
+            found += [m.invalid(join(sub, "name"), name, e) for e in kube.is_dns1123_label(name)]
             if name in volumes:
                 found.append(m.duplicate(join(sub, "name"), name))
             volumes.add(name)
@@ -319,7 +319,7 @@ def validate_pod_spec(pod: Any, path: str) -> list[Finding]:
     for key in ("hostname", "subdomain"):
         value = pod.get(key)
         if isinstance(value, str) and value:
-            found += [m.invalid(join(path, key), value, e) for e in m.is_dns1123_label(value)]
+            found += [m.invalid(join(path, key), value, e) for e in kube.is_dns1123_label(value)]
     found += m.validate_labels(pod.get("nodeSelector"), join(path, "nodeSelector"))
     for i, tol in enumerate(_dicts(pod.get("tolerations"))):
         found += validate_toleration(tol, join(join(path, "tolerations"), i))
@@ -386,14 +386,14 @@ def validate_toleration(tol: dict, path: str) -> list[Finding]:
     found: list[Finding] = []
     key, op, value, effect = tol.get("key") or "", tol.get("operator") or "", tol.get("value") or "", tol.get("effect") or ""
     if key:
-        found += [m.invalid(join(path, "key"), key, e) for e in m.is_qualified_name(str(key))]
+        found += [m.invalid(join(path, "key"), key, e) for e in kube.is_qualified_name(str(key))]
     if not key and op != "Exists":
         found.append(m.invalid(join(path, "operator"), op, "operator must be Exists when `key` is empty, "
                                "which means \"match all values and all keys\""))
     if tol.get("tolerationSeconds") is not None and effect != "NoExecute":
         found.append(m.invalid(join(path, "effect"), effect, "effect must be 'NoExecute' when `tolerationSeconds` is set"))
     if op in ("Equal", ""):
-        errs = m.is_label_value(str(value))
+        errs = kube.is_label_value(str(value))
         if errs:
             found.append(m.invalid(join(path, "operator"), value, ";".join(errs)))
     elif op == "Exists":
@@ -453,7 +453,7 @@ def validate_job(job: dict) -> list[Finding]:
     found += validate_pod_template(template, "spec.template")
     # The strategy labels the pods with the job name (batch.kubernetes.io/job-name).
     if isinstance(name, str) and name and not spec.get("manualSelector"):
-        found += [m.invalid("spec.template.metadata.labels", name, e) for e in m.is_label_value(name)]
+        found += [m.invalid("spec.template.metadata.labels", name, e) for e in kube.is_label_value(name)]
     if spec.get("selector") is not None and not spec.get("manualSelector"):
         found.append(m.invalid("spec.selector", spec["selector"], "`selector` not auto-generated"))
     pod = template.get("spec") if isinstance(template.get("spec"), dict) else {}
@@ -468,7 +468,7 @@ def validate_job(job: dict) -> list[Finding]:
     completions = spec.get("completions")
     if mode == "Indexed" and isinstance(completions, int) and completions > 0 and isinstance(name, str):
         hostname = f"{name}-{completions - 1}"
-        if m.is_dns1123_label(hostname):
+        if kube.is_dns1123_label(hostname):
             found.append(m.invalid("metadata.name", name,
                                    f"will not able to create pod with invalid DNS label: {hostname}"))
     return found
@@ -531,7 +531,7 @@ def validate_service(svc: dict) -> list[Finding]:
         if len(ports) > 1 and not name:
             found.append(m.required(join(sub, "name")))
         elif isinstance(name, str) and name:
-            found += [m.invalid(join(sub, "name"), name, e) for e in m.is_dns1123_label(name)]
+            found += [m.invalid(join(sub, "name"), name, e) for e in kube.is_dns1123_label(name)]
             if name in names:
                 found.append(m.duplicate(join(sub, "name"), name))
             names.add(name)
@@ -569,7 +569,7 @@ def validate_configmap(cm: dict) -> list[Finding]:
 
 
 #: Name rules per core kind (ValidateObjectMeta's nameFn); others: DNS-1123 subdomain.
-NAME_RULES = {"Service": m.is_dns1035_label, "Namespace": m.is_dns1123_label}
+NAME_RULES = {"Service": kube.is_dns1035_label, "Namespace": kube.is_dns1123_label}
 KIND_RULES = {("batch", "Job"): validate_job, ("", "Service"): validate_service,
               ("", "ConfigMap"): validate_configmap}
 
@@ -579,6 +579,6 @@ def validate_core(obj: dict, version: str) -> list[Finding]:
     schema_errors = core_schema(obj, version)
     if schema_errors:
         return schema_errors  # strict decoding fails before validation runs
-    found = m.validate_object_meta(obj.get("metadata"), NAME_RULES.get(obj["kind"], m.is_dns1123_subdomain))
+    found = m.validate_object_meta(obj.get("metadata"), NAME_RULES.get(obj["kind"], kube.is_dns1123_subdomain))
     rule = KIND_RULES.get((obj["apiVersion"].rpartition("/")[0], obj["kind"]))
     return found + (rule(obj) if rule else [])
