@@ -92,7 +92,7 @@ def test_precision_per_device(precision, device, bf16, dtype):
 
 @pytest.mark.parametrize("precision, device, bf16, message", [
     ("fp16", "cpu", False, "fp16 needs CUDA"),
-    ("bf16", "cuda", False, "this GPU has no bf16"),
+    ("bf16", "cuda", False, "this GPU has no native bf16"),
 ])
 def test_impossible_precisions_are_config_errors(precision, device, bf16, message):
     with pytest.raises(ConfigError, match=message):
