@@ -77,9 +77,11 @@ def wall(argv: list[str], cwd: Path) -> tuple[float, float]:
 
 def instructions(argv: list[str], cwd: Path) -> int:
     """Instructions executed by one run of `argv` (valgrind's cachegrind, no cache simulation)."""
-    result = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
-                             "--cachegrind-out-file=/dev/null", *argv],
-                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # its own output file (not /dev/null: a tool that replaces its output file would replace the device)
+    with tempfile.TemporaryDirectory(prefix="ddpkit-cachegrind-") as tmp:
+        result = subprocess.run(["valgrind", "--tool=cachegrind", "--cache-sim=no",
+                                 f"--cachegrind-out-file={tmp}/out", *argv],
+                                cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     match = re.search(r"I\s+refs:\s+([\d,]+)", result.stderr)
     if result.returncode != 0 or not match:
         raise SystemExit(f"valgrind {' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
