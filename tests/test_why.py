@@ -448,11 +448,17 @@ def test_a_script_job_leaves_every_ranks_stacks_and_a_verdict(tmp_path):
 
 @pytest.mark.slow
 def test_a_script_job_that_succeeded_is_completed(tmp_path):
-    """A script keeps no progress record: the launchers' records (torchrun and every worker
-    exit 0) say it completed, not "failed: attempt record says None"."""
+    """A script that takes no optimizer step (trainer/script_steps.py counts none): completed at
+    step 0, not "failed: attempt record says None"; and without the guard's records (a run
+    directory of the launchers' alone) the launchers' exits 0 say the same."""
     (tmp_path / "ok.py").write_text(
         "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
         "dist.destroy_process_group()\n")
     assert launch(tmp_path, {"name": "why-script-ok", "script": "ok.py"}, 2).returncode == 0
-    lines, _ = timed_why(tmp_path / "runs" / "why-script-ok")
+    run_dir = tmp_path / "runs" / "why-script-ok"
+    lines, _ = timed_why(run_dir)
+    assert lines[0] == "completed: attempt 0: step 0", lines
+    for record in (run_dir / "attempts").glob("attempt-*"):
+        record.unlink()
+    lines, _ = timed_why(run_dir)
     assert lines[0] == "completed: attempt 0: every worker exited 0 (torchrun on 1 node(s))", lines
