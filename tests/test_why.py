@@ -462,3 +462,16 @@ def test_a_script_job_that_succeeded_is_completed(tmp_path):
         record.unlink()
     lines, _ = timed_why(run_dir)
     assert lines[0] == "completed: attempt 0: every worker exited 0 (torchrun on 1 node(s))", lines
+
+
+@pytest.mark.slow
+def test_why_names_the_scripts_own_line_with_the_library_frame_as_context(tmp_path):
+    """The innermost frame is often a library's (torch, json, ...): `why` points at the user's
+    line that called it, the library frame after it."""
+    (tmp_path / "lib_fault.py").write_text(
+        "import json, os\nimport torch.distributed as dist\n\n\ndef main():\n    dist.init_process_group('gloo')\n"
+        "    if os.environ['RANK'] == '1':\n        json.loads('{not json')\n    dist.barrier()\n\n\nmain()\n")
+    assert launch(tmp_path, {"name": "why-lib", "script": "lib_fault.py"}, 2).returncode != 0
+    lines, _ = timed_why(tmp_path / "runs" / "why-lib")
+    assert lines[0].startswith(f"exception: rank 1 on {socket.gethostname()}, attempt 0: JSONDecodeError: "), lines
+    assert "lib_fault.py:8 in main (in " in lines[0] and "json/decoder.py:" in lines[0], lines
