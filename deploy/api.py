@@ -105,8 +105,9 @@ class Job:
                                              flavor=flavor, via=via))
 
     def run_local(self, nproc: int | None = None) -> int:
-        """Train as `nproc` local processes (gloo on CPU), as `ddpkit run --local`: the exit
-        code (0 done, 143 stopped after a checkpoint, 137 stopped before one)."""
+        """Train as the job's nodes' local launchers, `nproc` processes each (gloo on CPU), as
+        `ddpkit run --local`: the exit code (0 done, 143 stopped after a checkpoint, 137 stopped
+        before one)."""
         return load_module("deploy.run.local", "`ddpkit run --local`").run_local(self._spec, self.source, nproc=nproc)
 
     def run_docker(self, *, flavor: str | None = None) -> int:

@@ -261,7 +261,7 @@ def _job_commands(sub) -> None:
                  "ddpkit run examples/quickstart.yaml --local --nproc 2")
     _with_job(p)
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--local", action="store_true", help="N local processes (gloo on CPU)")
+    where.add_argument("--local", action="store_true", help="each node of the job as a local launcher of N processes (gloo on CPU)")
     where.add_argument("--docker", action="store_true",
                        help="each rendered Kubernetes pod as a Docker container")
     p.add_argument("--nproc", type=int, metavar="N", help="--local: processes (default: the job's)")

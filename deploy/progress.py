@@ -46,15 +46,23 @@ def duration(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def step_of(record: dict[str, Any]) -> str:
+    """`120/500`, or `120` where the total is unknown (a script job without `steps:`)."""
+    total = record.get("total_steps")
+    return f"{record.get('step', 0)}/{total}" if total else f"{record.get('step', 0)}"
+
+
 def progress_text(record: dict[str, Any], now: float | None = None) -> str:
     """The part of the status line after the state."""
     now = time.time() if now is None else now
     step, total = record.get("step", 0), record.get("total_steps") or 0
-    parts = [f"step {step}/{total}" + (f" ({100 * step // total}%)" if total else "")]
+    parts = [f"step {step_of(record)}" + (f" ({100 * step // total}%)" if total else "")]
     if record.get("epochs"):
         parts.append(f"epoch {min(record.get('epoch', 0) + 1, record['epochs'])}/{record['epochs']}")  # 1-based
     if record.get("samples_per_s"):
         parts.append(f"{record['samples_per_s']:.0f} samples/s")
+    elif record.get("steps_per_s"):  # a script job: its samples per step are its own
+        parts.append(f"{record['steps_per_s']:.2f} steps/s")
     if record.get("state") == "running" and record.get("eta_s") is not None:
         parts.append(f"ETA {duration(record['eta_s'])}")
     run_goodput = (record.get("run") or {}).get("goodput")

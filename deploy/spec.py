@@ -48,6 +48,7 @@ from trainer.config import (
     CheckpointConfig,
     Module,
     Script,
+    Steps,
     TorchrunArgs,
     TrainConfig,
     entry_problems,
@@ -876,6 +877,7 @@ class JobSpec(Strict):
     script: Script = None
     module: Module = None
     args: Args = Field(default_factory=list)
+    steps: Steps = None
     preflight: bool = Field(False, description="Check the distributed setup before training on "
                             "every node (`python -m trainer.preflight`: master reachable, world "
                             "layout, backend for the device, an all-reduce with a bandwidth figure); "
@@ -943,7 +945,8 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _cross_field(self) -> JobSpec:
-        problems = [Problem(*p) for p in entry_problems(self.script, self.module, self.args, self.command)]
+        problems = [Problem(*p) for p in entry_problems(self.script, self.module, self.args, self.command,
+                                                                    self.steps)]
         if self.script is not None or self.module is not None:
             own = "script" if self.script is not None else "module"
             for section, allowed in (("train", SCRIPT_TRAIN_FIELDS), ("checkpoint", set())):

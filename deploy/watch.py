@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from deploy.kube import TERMINAL_STATES
-from deploy.progress import Report, duration
+from deploy.progress import Report, duration, step_of
 
 
 def table(rows: list[tuple[str, Report]], now: float) -> Any:
@@ -21,11 +21,10 @@ def table(rows: list[tuple[str, Report]], now: float) -> Any:
         out.add_column(column, justify="right" if column not in ("job", "state") else "left")
     for handle, report in rows:
         r = report.record or {}
-        total = r.get("total_steps") or 0
         running = r.get("state") == "running"
         out.add_row(
             handle, report.state_line,
-            f"{r['step']}/{total}" if r else "",
+            step_of(r) if r else "",
             f"{min(r.get('epoch', 0) + 1, r.get('epochs', 0))}/{r.get('epochs')}" if r.get("epochs") else "",
             f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "",
             duration(r["eta_s"]) if running and r.get("eta_s") is not None else "",

@@ -188,7 +188,7 @@ def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any]
         return failure_cause(first, n)
     state = (record or {}).get("state")
     if state == "completed":
-        return Cause("completed", f"step {record.get('step')}/{record.get('total_steps')}{_skipped(record)}", attempt=n)
+        return Cause("completed", f"step {_step(record)}{_skipped(record)}", attempt=n)
     if state == "stopped":  # the workers' stop exits (143 after SIGTERM) are no failure
         return Cause("stopped", f"after the checkpoint of step {record.get('step')}{_skipped(record)}", attempt=n)
     if errors:
@@ -196,8 +196,14 @@ def attempt_cause(n: int, record: dict[str, Any] | None, verdict: dict[str, Any]
     if failures:
         return failure_cause(failures[0], n)
     if state == "running":
-        return Cause("running", f"at step {record.get('step')}/{record.get('total_steps')}", attempt=n)
+        return Cause("running", f"at step {_step(record)}", attempt=n)
     return Cause("failed", f"attempt record says {state!r}, and no worker failure was recorded", attempt=n)
+
+
+def _step(record: dict[str, Any]) -> str:
+    """`40/100`, or `40` where the total is not known (a script job without `steps:`)."""
+    total = record.get("total_steps")
+    return f"{record.get('step')}/{total}" if total else f"{record.get('step')}"
 
 
 def timeout_cause(timed_out: list[dict[str, Any]], failures: list[dict[str, Any]], hosts: dict[int, str],

@@ -127,6 +127,21 @@ def test_ddpkit_run_local_runs_the_textbook_script_unchanged(tmp_path):
 
 
 @pytest.mark.slow
+def test_ddpkit_run_local_runs_a_two_node_job_as_two_node_launchers(tmp_path):
+    """`nodes: 2` locally is two node launchers (node ranks 0 and 1, as two pods of an Indexed
+    Job), the world size the cluster would have: 2 x 2 ranks, one set of parameters."""
+    result = ddpkit("run", str(EXAMPLE), "--local", "--set", f"script={SCRIPT}", "--set", "nodes=2",
+                    "--set", "args=[--epochs, '1', --samples, '512', --out, out]", cwd=tmp_path,
+                    env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "as 2 local nodes x 2 processes" in result.stderr
+    assert "context indexed-job, node rank 1" in result.stdout + result.stderr
+    sums = checksums(result.stdout)
+    assert sorted(sums) == [0, 1, 2, 3] and len(set(sums.values())) == 1, result.stdout
+    assert re.search(r"rank 3/4 on ", result.stdout), result.stdout
+
+
+@pytest.mark.slow
 def test_a_module_runs_in_srun_mode_as_the_slurm_tasks(tmp_path):
     """One task per process (srun mode): the launcher execs `python -m MODULE ARGS` itself."""
     (tmp_path / "ownpkg").mkdir()

@@ -448,11 +448,30 @@ def test_a_script_job_leaves_every_ranks_stacks_and_a_verdict(tmp_path):
 
 @pytest.mark.slow
 def test_a_script_job_that_succeeded_is_completed(tmp_path):
-    """A script keeps no progress record: the launchers' records (torchrun and every worker
-    exit 0) say it completed, not "failed: attempt record says None"."""
+    """A script that takes no optimizer step (trainer/script_steps.py counts none): completed at
+    step 0, not "failed: attempt record says None"; and without the guard's records (a run
+    directory of the launchers' alone) the launchers' exits 0 say the same."""
     (tmp_path / "ok.py").write_text(
         "import torch.distributed as dist\ndist.init_process_group('gloo')\ndist.barrier()\n"
         "dist.destroy_process_group()\n")
     assert launch(tmp_path, {"name": "why-script-ok", "script": "ok.py"}, 2).returncode == 0
-    lines, _ = timed_why(tmp_path / "runs" / "why-script-ok")
+    run_dir = tmp_path / "runs" / "why-script-ok"
+    lines, _ = timed_why(run_dir)
+    assert lines[0] == "completed: attempt 0: step 0", lines
+    for record in (run_dir / "attempts").glob("attempt-*"):
+        record.unlink()
+    lines, _ = timed_why(run_dir)
     assert lines[0] == "completed: attempt 0: every worker exited 0 (torchrun on 1 node(s))", lines
+
+
+@pytest.mark.slow
+def test_why_names_the_scripts_own_line_with_the_library_frame_as_context(tmp_path):
+    """The innermost frame is often a library's (torch, json, ...): `why` points at the user's
+    line that called it, the library frame after it."""
+    (tmp_path / "lib_fault.py").write_text(
+        "import json, os\nimport torch.distributed as dist\n\n\ndef main():\n    dist.init_process_group('gloo')\n"
+        "    if os.environ['RANK'] == '1':\n        json.loads('{not json')\n    dist.barrier()\n\n\nmain()\n")
+    assert launch(tmp_path, {"name": "why-lib", "script": "lib_fault.py"}, 2).returncode != 0
+    lines, _ = timed_why(tmp_path / "runs" / "why-lib")
+    assert lines[0].startswith(f"exception: rank 1 on {socket.gethostname()}, attempt 0: JSONDecodeError: "), lines
+    assert "lib_fault.py:8 in main (in " in lines[0] and "json/decoder.py:" in lines[0], lines

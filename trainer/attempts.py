@@ -91,17 +91,38 @@ def signal_name(exitcode: int) -> str | None:
         return None
 
 
+def _library(filename: str) -> bool:
+    """A frame of an installed package or of Python's own library (not the user's code)."""
+    import sysconfig
+
+    if filename.startswith("<") or "/site-packages/" in filename or "/dist-packages/" in filename:
+        return True
+    return any(filename.startswith(sysconfig.get_paths()[key] + os.sep) for key in ("stdlib", "platstdlib"))
+
+
+def where_raised(frames: list[traceback.FrameSummary]) -> str | None:
+    """`FILE:LINE in FUNC` of the innermost frame of the user's own code (outside site-packages
+    and the standard library: the line to look at), with the library frame that raised after it
+    where they differ: `train.py:89 in main (in .../torch/cuda/__init__.py:689 in set_device)`."""
+    if not frames:
+        return None
+    said = [f"{f.filename}:{f.lineno} in {f.name}" for f in frames]
+    own = next((i for i in range(len(frames) - 1, -1, -1) if not _library(frames[i].filename)), None)
+    if own is None or own == len(frames) - 1:
+        return said[-1]
+    return f"{said[own]} (in {said[-1]})"
+
+
 def record_exception(run_dir: Path, rank: int, exc: BaseException, *, step: int | None,
                      phase: str | None) -> None:
     """A worker's uncaught exception, for `ddpkit why` (never raises: the exception itself
     must still reach torchrun)."""
     frames = traceback.extract_tb(exc.__traceback__)
-    where = frames[-1] if frames else None
     record = {
         "rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "time": time.time(),
         "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0),
         "type": type(exc).__name__, "message": str(exc).strip()[:2000], "step": step, "phase": phase,
-        "where": f"{where.filename}:{where.lineno} in {where.name}" if where else None,
+        "where": where_raised(frames),
         "traceback": "".join(traceback.format_exception(exc))[-4000:],
     }
     try:

@@ -103,10 +103,14 @@ Module = Annotated[str | None, AfterValidator(_module), Field(
     "ARGS`); it must be importable on every node (installed in the image, or on PYTHONPATH).")]
 Args = Annotated[list[Annotated[str, BeforeValidator(_arg)]], Field(
     description="Arguments of `script` or `module` (numbers are passed as strings).")]
+Steps = Annotated[int | None, Field(
+    ge=1, description="How many optimizer steps your `script` or `module` will take in all (every "
+    "rank counts its optimizer's steps with no change to the script): `ddpkit status` then gives "
+    "an ETA. The built-in trainer's are `train.max_steps` / `train.epochs`.")]
 
 
 def entry_problems(script: str | None, module: str | None, args: list[str],
-                   command: list[str] | None = None) -> list[tuple[str, str, str]]:
+                   command: list[str] | None = None, steps: int | None = None) -> list[tuple[str, str, str]]:
     """What is wrong with a job's choice of program, as (field, message, fix); empty: nothing."""
     problems = []
     if script is not None and module is not None:
@@ -116,6 +120,9 @@ def entry_problems(script: str | None, module: str | None, args: list[str],
                          "starts your code", "remove command"))
     if args and script is None and module is None:
         problems.append(("args", "are the arguments of script or module", "set one of them"))
+    if steps is not None and script is None and module is None:
+        problems.append(("steps", "counts the steps of your script or module; the built-in trainer's "
+                         "come from train.max_steps and train.epochs", "remove it, or set script"))
     return problems
 
 
@@ -375,6 +382,7 @@ class JobSections(BaseModel):
     module: Module = None
     args: Args = []
     torchrun_args: TorchrunArgs = []
+    steps: Steps = None
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
     # gpus_per_node (owned by deploy): None without a job file (the trainer started by hand)
@@ -384,7 +392,7 @@ class JobSections(BaseModel):
 
     @model_validator(mode="after")
     def _entry(self) -> JobSections:
-        problems = entry_problems(self.script, self.module, self.args)
+        problems = entry_problems(self.script, self.module, self.args, steps=self.steps)
         if problems:
             raise ValueError("; ".join(f"{path}: {message}; {fix}" for path, message, fix in problems))
         return self
@@ -416,7 +424,7 @@ def load_job_sections(path: str | None = None) -> JobSections:
         "name": str(doc.get("name") or "ddpkit"),
         "train": doc.get("train") or {},
         "checkpoint": doc.get("checkpoint") or {},
-        **{k: doc[k] for k in ("script", "module", "args", "torchrun_args") if doc.get(k) is not None},
+        **{k: doc[k] for k in ("script", "module", "args", "torchrun_args", "steps") if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
         "gpus_per_node": int(doc.get("gpus_per_node") or 0),
         "preflight": bool(doc.get("preflight")),

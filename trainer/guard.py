@@ -35,6 +35,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from trainer import script_steps
 from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exception
 from trainer.contract import RUN_DIR_VAR
 
@@ -90,8 +91,11 @@ def install(run_dir: Path) -> None:
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m trainer.guard SCRIPT [ARGS...] | -m MODULE [ARGS...]")
-    if os.environ.get(RUN_DIR_VAR):
-        install(Path(os.environ[RUN_DIR_VAR]))
+    run_dir = Path(os.environ[RUN_DIR_VAR]) if os.environ.get(RUN_DIR_VAR) else None
+    if run_dir is not None:
+        install(run_dir)
+    steps = script_steps.from_environment(run_dir, int(os.environ.get("RANK", "0") or 0))
+    steps.install()
     try:
         if argv[0] == "-m":
             sys.argv = argv[1:]
@@ -104,6 +108,7 @@ def main(argv: list[str]) -> None:
     except SystemExit as e:
         if e.code not in (0, None):
             raise
+    steps.finish("completed")
     leave_finished()
 
 

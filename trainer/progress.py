@@ -255,14 +255,16 @@ class Progress:
         if self.attempt:
             run["between_attempts"] += max(0.0, self.ledger.t0 - self.earlier_end)
         rate = self.steps_per_s()
-        remaining = max(0, self.total_steps - step)
+        remaining = max(0, self.total_steps - step) if self.total_steps else None  # a script without `steps:`
         return {
             "attempt": self.attempt, "state": state, "host": self.host, "pid": self.pid,
             "agent_pid": self.agent_pid, "start": self.start, "started": self.ledger.t0, "updated": now,
-            "step": step, "furthest_step": max(step, self.furthest), "total_steps": self.total_steps,
+            "step": step, "furthest_step": max(step, self.furthest), "total_steps": self.total_steps or None,
             "epoch": epoch, "epochs": self.epochs, "loss": self.loss,
-            "samples_per_s": rate * self.global_batch if rate else None,
-            "eta_s": remaining / rate if rate and state == "running" else (0.0 if remaining == 0 else None),
+            "samples_per_s": rate * self.global_batch if rate and self.global_batch else None,
+            "steps_per_s": rate,
+            "eta_s": (remaining / rate if remaining is not None and rate and state == "running"
+                      else (0.0 if remaining == 0 else None)),
             "restarts": self.attempt, "restarts_allowed": self.restarts_allowed,
             "wall_s": now - self.ledger.t0, "classes": _rounded(classes),
             "straggler": self.straggler, "ranks": self.ranks, "resumed": self.resumed,

@@ -1,9 +1,14 @@
-"""`ddpkit run JOB --local`: the job's trainer as N processes on this machine.
+"""`ddpkit run JOB --local`: the job's nodes as local processes on this machine.
 
-It starts exactly what every cluster target starts, `python -m trainer.launch`, as one node
-with the `DDPKIT_*` launch environment (docs/CONTRACT.md), a free localhost port, output
-streamed as it comes, Ctrl-C / SIGTERM forwarded (the trainer checkpoints and exits 143), and
-then prints the run's summary from `metrics.jsonl`. No torch is imported here.
+It starts exactly what every cluster target starts, `python -m trainer.launch`, once per node of
+the job (`nodes: 2`: two node launchers, as two pods or two Slurm tasks would be, each with its
+node rank as an Indexed Job's pod gets it, `JOB_COMPLETION_INDEX`), with the `DDPKIT_*` launch
+environment (docs/CONTRACT.md) and one free localhost port for the rendezvous: ranks and world
+size are the cluster's (an elastic `MIN:MAX` job runs MAX nodes). Where the machine has a CPU
+per node or more, each node launcher gets its own share of the CPUs, as separate machines
+would. Output is streamed as it comes, Ctrl-C / SIGTERM forwarded to every node (the trainer
+checkpoints and exits 143), then the run's summary printed from `metrics.jsonl`. No torch is
+imported here.
 """
 
 from __future__ import annotations
@@ -57,17 +62,34 @@ def write_effective_job(job, run_dir: Path) -> Path:
     return path.resolve()
 
 
-def launch_env(job, job_file: Path, nproc: int, port: int) -> dict[str, str]:
+def launch_env(job, job_file: Path, nproc: int, port: int, nodes: int = 1, node: int = 0) -> dict[str, str]:
+    """Node `node` of `nodes`'s environment: the launch contract, and the pod index of an
+    Indexed Job where there are several nodes (the launcher's `indexed-job` context)."""
     env = {**os.environ, **{k: str(v) for k, v in job.env.items()}}
     for k in [k for k in env if k.startswith(("PET_", "SLURM_", "TORCHELASTIC_"))] + [
         *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
     ]:
         env.pop(k, None)  # a shell inside a cluster job must not make this look like one
-    env.update(LaunchEnv(job_file=str(job_file), run_id=job.name, nnodes="1", nproc_per_node=nproc,
+    env.update(LaunchEnv(job_file=str(job_file), run_id=job.name, nnodes=str(nodes), nproc_per_node=nproc,
                          max_restarts=job.restarts, launcher="torchrun", master_addr="127.0.0.1",
                          master_port=port).to_env())
+    if nodes > 1:
+        env["JOB_COMPLETION_INDEX"] = str(node)
     env[LAUNCH_T0_VAR] = repr(time.time())
     return env
+
+
+def node_cpus(nodes: int) -> list[set[int] | None]:
+    """Each node launcher's CPUs: contiguous equal shares of this process's where there is at
+    least one CPU per node (separate machines, as on a cluster), else no binding."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        return [None] * nodes
+    if nodes == 1 or len(cpus) < nodes:
+        return [None] * nodes
+    share = len(cpus) // nodes
+    return [set(cpus[i * share:(i + 1) * share]) for i in range(nodes)]
 
 
 def metrics_size(run_dir: Path) -> int:
@@ -121,10 +143,25 @@ def format_summary(s: dict) -> str:
 OUTPUT_LOG = "output.log"
 
 
-def start_line(name: str, nproc: int) -> str:
+def start_line(name: str, nproc: int, nodes: int = 1) -> str:
     """The line each `ddpkit run --local` writes first to RUN_DIR/output.log (deploy/logs.py
     START_LINE: `ddpkit logs RUN_DIR --attempt K` is the K-th run's output)."""
-    return f"ddpkit: {name} (run --local) as {nproc} processes, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+    shape = f"{nodes} nodes x {nproc} processes" if nodes > 1 else f"{nproc} processes"
+    return f"ddpkit: {name} (run --local) as {shape}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+
+
+def show_outputs(procs: list[subprocess.Popen], log: Path | None = None) -> None:
+    """`show_output` of every node launcher at once (whole lines, each node's tagged)."""
+    import threading
+
+    if len(procs) == 1:
+        show_output(procs[0], log)
+        return
+    threads = [threading.Thread(target=show_output, args=(proc, log), daemon=True) for proc in procs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
@@ -161,40 +198,47 @@ def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
 
 
 def run_local(job, job_path: str, nproc: int | None = None) -> int:
-    """Train `job` as `nproc` local processes through `trainer.launch`; return its exit code."""
+    """Train `job` as its nodes' launchers, `nproc` processes each, through `trainer.launch`;
+    return the run's exit code (node 0's, else the first node's that failed)."""
     nproc = nproc if nproc is not None else job.nproc_per_node
     if nproc < 1:
         raise UserError(f"--nproc {nproc}: give at least 1 process")
-    if job.nodes.max > 1:
-        print(f"ddpkit: {job.name} asks for {job.nodes} nodes; --local runs one node with "
-              f"{nproc} processes", file=sys.stderr)
+    nodes = job.nodes.max
     run_dir = run_dir_of(job)
     job_file = write_effective_job(job, run_dir)
-    env = launch_env(job, job_file, nproc, free_port())
+    port = free_port()
     offset = metrics_size(run_dir)
     what = job.script or job.module or f"{job.name} ({job_path})"
-    print(f"ddpkit: training {what} as {nproc} local processes; run dir {run_dir}",
-          file=sys.stderr, flush=True)
+    shape = f"{nodes} local nodes x {nproc} processes" if nodes > 1 else f"{nproc} local processes"
+    print(f"ddpkit: training {what} as {shape}; run dir {run_dir}", file=sys.stderr, flush=True)
     own_code = job.script is not None or job.module is not None  # its output as it is, unbuffered
-    if not own_code:  # the trainer's lines, tagged, kept in the run directory (show_output)
-        env[LINE_TAGS_VAR] = "1"
-    proc = subprocess.Popen([sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True,
-                            stdout=None if own_code else subprocess.PIPE,
-                            stderr=None if own_code else subprocess.PIPE)
+    procs = []
+    for node, cpus in enumerate(node_cpus(nodes)):
+        env = launch_env(job, job_file, nproc, port, nodes, node)
+        if not own_code or nodes > 1:  # the trainer's lines (every node's: tagged), kept in the run directory
+            env[LINE_TAGS_VAR] = "1"
+        piped = not own_code
+        procs.append(subprocess.Popen(
+            [sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True,
+            stdout=subprocess.PIPE if piped else None, stderr=subprocess.PIPE if piped else None,
+            preexec_fn=(lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if cpus else None))
 
     def forward(signum: int, frame: object) -> None:
-        proc.send_signal(signum)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         if not own_code:
             with (run_dir / OUTPUT_LOG).open("a", encoding="utf-8") as fh:  # where a run begins
-                fh.write(start_line(job.name, nproc))
-            show_output(proc, run_dir / OUTPUT_LOG)
-        rc = proc.wait()
+                fh.write(start_line(job.name, nproc, nodes))
+            show_outputs(procs, run_dir / OUTPUT_LOG)
+        codes = [proc.wait() for proc in procs]
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    rc = codes[0] if codes[0] != 0 else next((c for c in codes if c != 0), 0)
     if job.script is not None or job.module is not None:  # the user's code: no trainer summary
         if rc in (EXIT_STOPPED, EXIT_STOPPED_UNSAVED):  # a script says nothing of checkpoints: 137
             print("ddpkit: stopped by a signal", file=sys.stderr)
