@@ -32,6 +32,10 @@ EXIT_STOPPED_UNSAVED = 137
 #: timeout(1)'s code; under torchrun the group restarts while `restarts` are left.
 EXIT_HANG = 124
 
+#: The stop signals torchrun passes on to its workers (the launcher's `--signals-to-handle`), and
+#: so a warm worker's client to its worker (trainer/warm.py); the line relay ignores them.
+TORCHRUN_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR2")
+
 #: The node-level entry point every target starts (the container image has `python`).
 LAUNCH_MODULE = "trainer.launch"
 LAUNCH_ARGV = ("python", "-m", LAUNCH_MODULE)

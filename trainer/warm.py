@@ -69,12 +69,12 @@ import struct
 import sys
 import time
 
-from trainer.contract import WARM_SOCKET_VAR, resident_socket
+from trainer.contract import TORCHRUN_SIGNALS, WARM_SOCKET_VAR, resident_socket
 from trainer.forked import FORKED, finish_like_exit
 
-#: The signals a client passes on to its worker (those torchrun passes on to its workers: the
-#: launcher's `--signals-to-handle`); the template ignores them.
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR2)
+#: The signals a client passes on to its worker (those torchrun passes on to its workers); the
+#: template ignores them.
+FORWARDED = tuple(getattr(signal, name) for name in TORCHRUN_SIGNALS)
 #: How long a client waits for the template's socket to appear before it starts cold.
 CONNECT_WAIT_S = 10.0
 #: What the template imports once (the built-in trainer's imports, `torch._dynamo` included:

@@ -126,7 +126,7 @@ class SbatchRequest:
 
 
 def gpu_vendor_flag(job: JobSpec) -> str | None:
-    """Apptainer's GPU option by the vendor of gpu_resource (deploy/kube.py `gpu_vendor`):
+    """Apptainer's GPU option by the vendor of gpu_resource (deploy/kube/__init__.py `gpu_vendor`):
     `--nv` for every NVIDIA name (`nvidia.com/gpu`, MIG `nvidia.com/mig-3g.40gb`,
     `nvidia.com/gpu.shared`), `--rocm` for AMD's; without it Apptainer binds neither the driver
     libraries nor the devices and the job trains on CPU (Apptainer docs, "GPU Support")."""

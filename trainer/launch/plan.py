@@ -50,6 +50,7 @@ from trainer.contract import (
     NPROC_PER_NODE_VAR,
     RUN_ID_VAR,
     STOP_GRACE_S_VAR,
+    TORCHRUN_SIGNALS,
     WARM_VAR,
     format_cpus,
 )
@@ -62,7 +63,6 @@ PREFLIGHT = ["-m", "trainer.preflight"]
 GUARD = ["-m", "trainer.guard"]  # a script job's workers: stacks on a stop, its exceptions recorded
 WARM_CLIENT = ["-m", "trainer.warm"]  # the worker torchrun starts on the warm path (trainer/warm.py)
 FRESH_STORE_VAR = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")  # to torchrun (supervise.py); the relay ignores them
 # Variables that describe one worker; stale copies in a node's environment are dropped.
 WORKER_VARS = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
@@ -382,7 +382,7 @@ def plan_launch(env: Env, python: str = sys.executable, run_id: str | None = Non
         "--rdzv-id", run_id,
         "--rdzv-conf", rdzv_conf(is_host, timeout_s, nnodes),
         "--max-restarts", str(restarts),
-        "--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR2",
+        "--signals-to-handle", ",".join(TORCHRUN_SIGNALS),
         "--shutdown-timeout", str(grace),
         *torchrun_args,
         *(WARM_CLIENT if warm else []),

@@ -13,7 +13,6 @@ import threading
 import time
 
 from trainer import contract
-from trainer.launch.plan import FORWARDED_SIGNALS
 
 #: Contexts whose nodes share one output file: their lines carry contract.NODE_LINE_TAG
 #: (any context does with DDPKIT_LINE_TAGS=1: `ddpkit run --local` keeps RUN_DIR/output.log).
@@ -77,7 +76,7 @@ def start_relay(node: int, rank: int | None) -> int:
     pid = os.fork()
     if pid == 0:  # the relay
         try:
-            for name in (*FORWARDED_SIGNALS, "SIGQUIT"):
+            for name in contract.TORCHRUN_SIGNALS:
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
             for _, write_end in pipes.values():
                 os.close(write_end)

@@ -54,7 +54,10 @@ from trainer.contract import (
     WARM_SOCKET_VAR,
     resident_socket,
 )
-from trainer.launch.plan import FORWARDED_SIGNALS, endpoint
+from trainer.launch.plan import endpoint
+
+#: The stop signals the launcher passes on to torchrun (all of `contract.TORCHRUN_SIGNALS` but SIGQUIT).
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR2")
 
 
 def _die_with_parent(signum: int = signal.SIGTERM) -> None:
@@ -120,16 +123,9 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     env.setdefault("PET_LOG_DIR", os.path.join(stop_dir, "torchelastic"))
     template = None
     if warm:
-        prefix = env.get(RESIDENT_VAR)
-        sock = resident_template(resident_socket(prefix, env) if prefix else None, log)
-        if sock is not None:  # the allocation's template forks torchrun too
-            argv = [argv[0], "-m", "trainer.warm", "--agent", *argv[1:]]
-        else:
-            sock = os.path.join(stop_dir, "warm.sock")
-            template = start_template(sock, env, now=warm_now)
-            if record is not None:
-                record.template_pid = template.pid
-        env[WARM_SOCKET_VAR] = sock
+        argv, template = warm_template(argv, env, stop_dir, log, now=warm_now)
+        if template is not None and record is not None:
+            record.template_pid = template.pid
     # Own session: a terminal's Ctrl-C reaches torchrun once (from us), not twice.
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=_die_with_parent,
                             stderr=subprocess.PIPE if record else None)
@@ -151,10 +147,7 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
             os.unlink(env[WARM_SOCKET_VAR])
     if relay is not None:
         relay.join(timeout=5)
-    try:
-        saved = open(stop_file).read().strip() or "?"
-    except OSError:
-        saved = None
+    saved = _stop_checkpoint(stop_file)
     shutil.rmtree(stop_dir, ignore_errors=True)
     code = _exit_code(rc, saved, stopped, log)
     if record is not None:
@@ -163,6 +156,32 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
             log(f"{attempts.OOM_LINE} {record.oom_kills} process(es) in this node's memory cgroup while "
                 "torchrun ran: a worker's SIGKILL (-9) is out of memory")
     return code
+
+
+def warm_template(argv: list[str], env: dict[str, str], folder: str, log: Callable[[str], None],
+                  now: bool = False) -> tuple[list[str], subprocess.Popen | None]:
+    """The template that forks this torchrun's workers, its socket in `env` (`WARM_SOCKET_VAR`):
+    the allocation's resident one where it answers (it forks torchrun's agent too: the argv
+    returned starts `trainer.warm --agent`), else one of our own in `folder` (returned, for
+    `end_template`)."""
+    prefix = env.get(RESIDENT_VAR)
+    sock = resident_template(resident_socket(prefix, env) if prefix else None, log)
+    template = None
+    if sock is not None:  # the allocation's template forks torchrun too
+        argv = [argv[0], "-m", "trainer.warm", "--agent", *argv[1:]]
+    else:
+        sock = os.path.join(folder, "warm.sock")
+        template = start_template(sock, env, now=now)
+    env[WARM_SOCKET_VAR] = sock
+    return argv, template
+
+
+def _stop_checkpoint(stop_file: str) -> str | None:
+    """The step a worker wrote to `DDPKIT_STOP_FILE` after its stop checkpoint; None: none."""
+    try:
+        return open(stop_file).read().strip() or "?"
+    except OSError:
+        return None
 
 
 #: torchrun without a worker for this long, not exiting: is its rendezvous store still there?
