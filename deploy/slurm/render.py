@@ -30,7 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from deploy import __version__, durability, image_forms, units
+from deploy import __version__, durability, image_forms, units, workdir
 from deploy.problems import Problem, refuse
 from deploy.slurm import directives
 from deploy.slurm.request import JOB_FILE, SbatchRequest, container_mounts
@@ -77,7 +77,7 @@ def after_render(job: JobSpec) -> None:
 def check(job: JobSpec, flavor: None = None) -> list[Problem]:
     """Everything an sbatch script (or submitit) cannot do with `job` (deploy/problems.py:
     `ddpkit validate` reports the same lines as `render slurm` and `submit slurm`)."""
-    problems = []
+    problems = workdir.problems(job)
     s = job.slurm
     if s.container != "none":
         problems += image_forms.problems(job.image, s.container)

@@ -1,0 +1,208 @@
+"""`workdir:` the tree that ships with a job (deploy/workdir.py): which files, the content hash,
+git's state, the archive, the copy, and the one-line refusals of a bad tree."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deploy import workdir
+from deploy.errors import UserError
+from deploy.load import load_job
+from tests.builders import job_data
+
+
+def write_tree(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return root
+
+
+def job_in(directory: Path, **fields):
+    """A job file in `directory` (the workdir is relative to it), loaded as the CLI loads it."""
+    path = directory / "job.yaml"
+    data = {key: value for key, value in job_data(**fields).items() if key != "checkpoint"}
+    path.write_text(yaml.safe_dump(data))
+    return load_job(str(path))
+
+
+def shipped(job) -> list[str]:
+    return [f.path for f in workdir.snapshot(job).files]
+
+
+def problems_of(job) -> list[str]:
+    return [str(p) for p in workdir.problems(job)]
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    return write_tree(tmp_path / "proj", {
+        "train.py": "print('v1')\n", "pkg/__init__.py": "", "pkg/model.py": "x = 1\n",
+        "data/big.bin": b"\0" * 1000, "notes.log": "log\n", "keep.log": "kept\n",
+        ".gitignore": "*.log\n!keep.log\n__pycache__/\n", "pkg/.gitignore": "model.py\n",
+        "pkg/__pycache__/model.cpython-311.pyc": b"\1\2",
+    })
+
+
+# -- which files ---------------------------------------------------------------------------------
+
+
+def test_the_trees_gitignore_files_and_the_jobs_excludes_leave_files_out(tree):
+    job = job_in(tree.parent, workdir={"dir": "proj", "exclude": ["data/"]}, script="train.py")
+    assert shipped(job) == [".gitignore", "keep.log", "pkg/.gitignore", "pkg/__init__.py", "train.py"]
+
+
+def test_the_jobs_excludes_come_last_and_can_bring_a_file_back(tree):
+    job = job_in(tree.parent, workdir={"dir": "proj", "exclude": ["!notes.log", "*.py", "!train.py"]},
+                 script="train.py")
+    assert "notes.log" in shipped(job) and "pkg/__init__.py" not in shipped(job) and "train.py" in shipped(job)
+
+
+def test_git_is_never_shipped_and_the_short_form_is_the_dir(tree):
+    write_tree(tree, {".git/HEAD": "ref: refs/heads/main\n"})
+    job = job_in(tree, workdir=".", script="train.py")
+    assert job.workdir.dir == "." and not any(p.startswith(".git/") for p in shipped(job))
+    assert "job.yaml" in shipped(job)  # the job file's own directory: it ships too
+
+
+def test_a_symlink_inside_the_tree_ships_as_a_relative_link(tree):
+    os.symlink(tree / "train.py", tree / "main.py")  # absolute, but pointing inside
+    os.symlink("pkg", tree / "lib")
+    snap = workdir.snapshot(job_in(tree.parent, workdir="proj", script="main.py"))
+    links = {f.path: f.link for f in snap.files if f.link}
+    assert links == {"main.py": "train.py", "lib": "pkg"}
+
+
+# -- the content hash ----------------------------------------------------------------------------
+
+
+def test_the_hash_is_the_content_not_where_or_when(tree, tmp_path):
+    job = job_in(tree.parent, workdir="proj", script="train.py")
+    first = workdir.snapshot(job).digest
+    copy = tmp_path / "elsewhere" / "proj"
+    copy.parent.mkdir()
+    subprocess.run(["cp", "-a", str(tree), str(copy)], check=True)
+    os.utime(copy / "train.py", (1, 1))
+    assert workdir.snapshot(job_in(copy.parent, workdir="proj", script="train.py")).digest == first
+    (tree / "train.py").write_text("print('v2')\n")
+    assert workdir.snapshot(job).digest != first
+    (tree / "train.py").write_text("print('v1')\n")
+    (tree / "train.py").chmod(0o755)  # the mode counts (as git keeps it: executable or not)
+    assert workdir.snapshot(job).digest != first
+
+
+def test_the_hash_covers_paths_modes_sizes_and_bytes_in_path_order(tree):
+    snap = workdir.snapshot(job_in(tree.parent, workdir="proj", script="train.py"))
+    expect = hashlib.sha256()
+    for f in sorted(snap.files, key=lambda f: f.path):
+        data = (tree / f.path).read_bytes()
+        expect.update(f"{f.mode:o}\0{len(data)}\0{hashlib.sha256(data).hexdigest()}\0{f.path}\0".encode())
+    assert snap.digest == expect.hexdigest()
+    assert snap.describe() == f"sha256:{snap.digest[:12]}, 6 files, 1.0 KiB"
+
+
+# -- git -----------------------------------------------------------------------------------------
+
+
+def git(root: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                   check=True, capture_output=True)
+
+
+def test_git_commit_and_dirty_flag(tree):
+    job = job_in(tree.parent, workdir="proj", script="train.py")
+    assert workdir.snapshot(job).git is None
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "one")
+    head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert workdir.snapshot(job).git == workdir.Git(head, False)
+    (tree / "train.py").write_text("print('v2')\n")
+    assert workdir.snapshot(job).git == workdir.Git(head, True)
+    assert "(dirty)" in workdir.snapshot(job).describe()
+
+
+# -- the archive and the copy --------------------------------------------------------------------
+
+
+def test_the_archive_is_deterministic_and_unpacks_to_the_snapshot(tree, tmp_path):
+    job = job_in(tree.parent, workdir="proj", script="train.py")
+    snap = workdir.snapshot(job)
+    data = snap.archive()
+    workdir._ARCHIVES.clear()
+    (tree / "train.py").touch()
+    assert workdir.snapshot(job).archive() == data  # times are not in it
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+        assert [m.name for m in members] == [f.path for f in snap.files]
+        assert {(m.uid, m.gid, m.uname, m.mtime) for m in members} == {(0, 0, "", workdir.ARCHIVE_MTIME)}
+        tar.extractall(tmp_path / "out", filter="data")
+    assert (tmp_path / "out" / "train.py").read_text() == "print('v1')\n"
+
+
+def test_the_copy_is_content_addressed_and_whole(tree, tmp_path):
+    snap = workdir.snapshot(job_in(tree.parent, workdir="proj", script="train.py"))
+    dest, written = snap.write(tmp_path / "logs", "demo")
+    assert written and dest.name == f"demo-workdir-{snap.short}"
+    assert sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()) == \
+        [f.path for f in snap.files]
+    assert snap.write(tmp_path / "logs", "demo") == (dest, False)
+    assert [p.name for p in (tmp_path / "logs").iterdir()] == [dest.name]  # no temporary left
+
+
+def test_a_file_edited_while_shipping_stops_the_copy(tree, tmp_path):
+    snap = workdir.snapshot(job_in(tree.parent, workdir="proj", script="train.py"))
+    (tree / "train.py").write_text("print('edited')\n")
+    with pytest.raises(workdir.RuntimeFailure, match="train.py changed while it was being shipped"):
+        snap.write(tmp_path / "logs", "demo")
+    assert list((tmp_path / "logs").iterdir()) == []
+
+
+# -- bad trees: one line each, naming the field and the fix -------------------------------------
+
+
+def test_a_missing_directory(tmp_path):
+    job = job_in(tmp_path, workdir="nope", script="train.py")
+    [line] = problems_of(job)
+    assert line.startswith(f"workdir.dir: {tmp_path / 'nope'}: no such directory; give a directory "
+                           "relative to the job file's")
+    with pytest.raises(UserError) as err:
+        workdir.snapshot(job)
+    assert err.value.problems[0].startswith(f"{tmp_path / 'job.yaml'}:")  # where the field is written
+
+
+def test_a_tree_over_the_limit_names_its_largest_files(tree):
+    job = job_in(tree.parent, workdir={"dir": "proj", "max_size": "512"}, script="train.py")
+    [line] = problems_of(job)
+    assert "workdir.max_size: the tree" in line and "over 512 B; the largest: data/big.bin (1000 B)" in line
+    assert line.endswith("raise workdir.max_size")
+
+
+def test_a_symlink_that_leaves_the_tree(tree, tmp_path):
+    (tmp_path / "secret.txt").write_text("s")
+    os.symlink(tmp_path / "secret.txt", tree / "outside.txt")
+    [line] = problems_of(job_in(tree.parent, workdir="proj", script="train.py"))
+    assert line.startswith(f"workdir.dir: outside.txt is a symlink to {tmp_path / 'secret.txt'}, outside the tree")
+    assert "workdir.exclude: [outside.txt]" in line
+
+
+@pytest.mark.parametrize("script, why", [("missing.py", "no such file"),
+                                         ("notes.log", "is left out by .gitignore or workdir.exclude")])
+def test_a_script_that_is_not_in_the_snapshot(tree, script, why):
+    [line] = problems_of(job_in(tree.parent, workdir="proj", script=script))
+    assert line.startswith(f"script: {script}: {why} in workdir {tree}")
+
+
+def test_a_script_outside_the_tree_is_refused_by_the_model(tmp_path):
+    with pytest.raises(UserError, match=r"script: \.\./train\.py is outside workdir '\.'"):
+        job_in(tmp_path, workdir=".", script="../train.py")
