@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 from deploy.errors import RuntimeFailure
 from deploy.problems import Problem, refuse
+from trainer.contract import WORKDIR_COMMIT_VAR, WORKDIR_DIRTY_VAR, WORKDIR_HASH_VAR
 
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
@@ -169,6 +170,16 @@ class Snapshot:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         return dest, True
+
+
+def record_env(snap: Snapshot) -> dict[str, str]:
+    """The variables that tell the launcher what it runs (trainer/contract.py), for its records."""
+    env = {WORKDIR_HASH_VAR: snap.digest}
+    if snap.git is not None:
+        if snap.git.commit:
+            env[WORKDIR_COMMIT_VAR] = snap.git.commit
+        env[WORKDIR_DIRTY_VAR] = "1" if snap.git.dirty else "0"
+    return env
 
 
 _ARCHIVES: dict[tuple[Path, str], bytes] = {}

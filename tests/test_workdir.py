@@ -206,3 +206,32 @@ def test_a_script_that_is_not_in_the_snapshot(tree, script, why):
 def test_a_script_outside_the_tree_is_refused_by_the_model(tmp_path):
     with pytest.raises(UserError, match=r"script: \.\./train\.py is outside workdir '\.'"):
         job_in(tmp_path, workdir=".", script="../train.py")
+
+
+# -- run --local: the snapshot, not the live tree ------------------------------------------------
+
+SHOW = """import os, pathlib, sys
+print("version", open("VERSION").read().strip(), "in", os.getcwd(), flush=True)
+print("env", os.environ.get("DDPKIT_WORKDIR_HASH"), os.environ.get("DDPKIT_WORKDIR_DIRTY"), flush=True)
+pathlib.Path("out.txt").write_text("written")
+"""
+
+
+@pytest.mark.slow
+def test_run_local_runs_a_copy_of_the_tree_not_the_tree(tmp_path):
+    from tests.conftest import ddpkit
+
+    tree = write_tree(tmp_path / "proj", {"train.py": SHOW, "VERSION": "v1\n", "big/x": "x"})
+    (tree / "job.yaml").write_text(yaml.safe_dump({"name": "wd", "image": "img:1", "script": "train.py",
+                                                   "workdir": {"dir": ".", "exclude": ["big/"]}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = ddpkit("run", str(tree / "job.yaml"), "--local", cwd=elsewhere, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    snap = workdir.snapshot(load_job(str(tree / "job.yaml")))
+    copy = elsewhere / "runs" / f"wd-workdir-{snap.short}"
+    assert f"version v1 in {copy}" in result.stdout
+    assert f"env {snap.digest} None" in result.stdout  # not a git work tree: no commit, no flag
+    assert f"workdir {tree} (sha256:{snap.short}, 3 files," in result.stderr
+    assert (copy / "out.txt").read_text() == "written" and not (tree / "out.txt").exists()
+    assert not (copy / "big").exists() and (elsewhere / "runs" / "wd" / "job.yaml").exists()

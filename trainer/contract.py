@@ -125,6 +125,12 @@ RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.gu
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
 WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
 NODE_CPUS_VAR = "DDPKIT_NODE_CPUS"  # the CPUs the node's launcher may use (`format_cpus`; trainer/host.py)
+#: What a `workdir:` job runs (deploy/workdir.py), set by every target beside the contract and
+#: kept in the run's records: the tree's content hash (sha256, hex), the git commit it was
+#: taken from (unset outside a git work tree) and "1" when the tree differed from that commit.
+WORKDIR_HASH_VAR = "DDPKIT_WORKDIR_HASH"
+WORKDIR_COMMIT_VAR = "DDPKIT_WORKDIR_COMMIT"
+WORKDIR_DIRTY_VAR = "DDPKIT_WORKDIR_DIRTY"
 # A template that outlives the job steps of a Slurm allocation: the prefix of its directory
 # (`resident_socket`); a launcher uses it instead of its own (slurm/job.sh.j2 sets it).
 RESIDENT_VAR = "DDPKIT_WARM_RESIDENT"

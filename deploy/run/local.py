@@ -4,6 +4,13 @@ It starts exactly what every cluster target starts, `python -m trainer.launch`, 
 with the `DDPKIT_*` launch environment (docs/CONTRACT.md), a free localhost port, output
 streamed as it comes, Ctrl-C / SIGTERM forwarded (the trainer checkpoints and exits 143), and
 then prints the run's summary from `metrics.jsonl`. No torch is imported here.
+
+With `workdir:` the launcher runs in a copy of the tree (deploy/workdir.py), the one a cluster
+would get: `<train.output_dir>/<name>-workdir-<hash>`, beside the run directory, made at start
+(kept for the next run of the same tree). The run directory stays where it is without one
+(a relative `train.output_dir` is made absolute in the job file the trainer reads), so
+`ddpkit status`, `logs` and `why` find it as always; what a script writes to relative paths
+lands in the copy, as on a cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from deploy import workdir
 from deploy.errors import UserError
 from trainer.contract import (
     EXIT_STOPPED,
@@ -25,6 +33,9 @@ from trainer.contract import (
     LAUNCH_ARGV,
     LAUNCH_T0_VAR,
     LINE_TAGS_VAR,
+    WORKDIR_COMMIT_VAR,
+    WORKDIR_DIRTY_VAR,
+    WORKDIR_HASH_VAR,
     LaunchEnv,
     read_node_line_tag,
 )
@@ -32,6 +43,7 @@ from trainer.launch.plan import WORKER_VARS
 from trainer.stragglers import describe as describe_straggler
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+WORKDIR_VARS = (WORKDIR_HASH_VAR, WORKDIR_COMMIT_VAR, WORKDIR_DIRTY_VAR)
 
 
 def free_port() -> int:
@@ -60,7 +72,7 @@ def write_effective_job(job, run_dir: Path) -> Path:
 def launch_env(job, job_file: Path, nproc: int, port: int) -> dict[str, str]:
     env = {**os.environ, **{k: str(v) for k, v in job.env.items()}}
     for k in [k for k in env if k.startswith(("PET_", "SLURM_", "TORCHELASTIC_"))] + [
-        *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
+        *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK", *WORKDIR_VARS,
     ]:
         env.pop(k, None)  # a shell inside a cluster job must not make this look like one
     env.update(LaunchEnv(job_file=str(job_file), run_id=job.name, nnodes="1", nproc_per_node=nproc,
@@ -160,6 +172,15 @@ def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
         kept.close()
 
 
+def _own_source() -> list[str]:
+    """ddpkit's own source directory when it is imported from the current directory (a checkout
+    used without installing it): the launcher, started in the workdir's copy, must still find it."""
+    import trainer
+
+    source = Path(trainer.__file__).resolve().parent.parent
+    return [str(source)] if source == Path.cwd().resolve() else []
+
+
 def run_local(job, job_path: str, nproc: int | None = None) -> int:
     """Train `job` as `nproc` local processes through `trainer.launch`; return its exit code."""
     nproc = nproc if nproc is not None else job.nproc_per_node
@@ -168,17 +189,29 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     if job.nodes.max > 1:
         print(f"ddpkit: {job.name} asks for {job.nodes} nodes; --local runs one node with "
               f"{nproc} processes", file=sys.stderr)
+    snapshot = workdir.snapshot(job)  # a bad tree: refused before anything is written
     run_dir = run_dir_of(job)
+    cwd = None
+    if snapshot is not None:
+        cwd, _ = snapshot.write(Path(job.train.output_dir), job.name)
+        job = job.model_copy(update={"train": job.train.model_copy(
+            update={"output_dir": str(Path(job.train.output_dir).absolute())})})
     job_file = write_effective_job(job, run_dir)
     env = launch_env(job, job_file, nproc, free_port())
+    if snapshot is not None:
+        env.update(workdir.record_env(snapshot))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), *_own_source()]))
     offset = metrics_size(run_dir)
     what = job.script or job.module or f"{job.name} ({job_path})"
     print(f"ddpkit: training {what} as {nproc} local processes; run dir {run_dir}",
           file=sys.stderr, flush=True)
+    if snapshot is not None:
+        print(f"ddpkit: workdir {snapshot.root} ({snapshot.describe()}) runs from its copy {cwd}",
+              file=sys.stderr, flush=True)
     own_code = job.script is not None or job.module is not None  # its output as it is, unbuffered
     if not own_code:  # the trainer's lines, tagged, kept in the run directory (show_output)
         env[LINE_TAGS_VAR] = "1"
-    proc = subprocess.Popen([sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True,
+    proc = subprocess.Popen([sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True, cwd=cwd,
                             stdout=None if own_code else subprocess.PIPE,
                             stderr=None if own_code else subprocess.PIPE)
 
