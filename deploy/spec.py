@@ -360,8 +360,9 @@ class Workdir(Strict):
     exclude: list[str] = Field(
         default_factory=list, description="What not to ship, in .gitignore syntax, relative to "
         "`dir` (`data/`, `*.ckpt`, `!keep.ckpt`). Applied after the tree's own .gitignore files "
-        "(which always apply, as does leaving `.git/` out), so they can re-include a file; as in "
-        "git, nothing inside an excluded directory comes back.")
+        "(which always apply, as does leaving out `.git/` and ddpkit's own output directories, "
+        "`slurm.log_dir` and `train.output_dir` as seen from where you submit), so they can "
+        "re-include a file; as in git, nothing inside an excluded directory comes back.")
     max_size: Quantity = Field(
         WORKDIR_MAX_SIZE, description="The most the shipped files may hold together, before "
         "compression (`500Mi`, `2Gi`): a larger tree is refused with its largest files named, "

@@ -5,7 +5,7 @@ A pure reading of the tree (no clock, no randomness; git is asked, never changed
 - `snapshot(job)` walks `workdir.dir` (relative to the job file) and returns a `Snapshot`: the
   files that ship, sorted, each with its mode (0644, or 0755 when executable, as git keeps it),
   size and sha256; symlinks that stay inside the tree as links (relative), none that leave it.
-  Left out: `.git/`, what the tree's `.gitignore` files say (each for its own directory, as
+  Left out: `.git/`, ddpkit's own outputs (`own_outputs`), what the tree's `.gitignore` files say (each for its own directory, as
   git reads them, through `pathspec`), then `workdir.exclude` (the job file's, last, so it can
   re-include). Its `digest` is the content hash, a sha256 over every file's path, mode, size
   and bytes in path order: the same tree gives the same hash wherever it lies and whenever it
@@ -261,7 +261,15 @@ def _digest(path: Path, st: os.stat_result) -> str:
     return found
 
 
-def _walk(root: Path, exclude: list[str], max_bytes: int) -> tuple[list[tuple[str, Path, os.stat_result, str | None]], list[Problem]]:
+def own_outputs(job: JobSpec) -> set[Path]:
+    """Where ddpkit itself writes, seen from the current directory (the submit directory):
+    the Slurm logs (and the snapshots beside them) and the run directories. Never shipped, so
+    that a tree holding them (`workdir: .` beside the job file) hashes the same after a run."""
+    return {Path(job.slurm.log_dir).absolute(), Path(job.train.output_dir).absolute()}
+
+
+def _walk(root: Path, exclude: list[str], max_bytes: int, outputs: set[Path] = frozenset()) \
+        -> tuple[list[tuple[str, Path, os.stat_result, str | None]], list[Problem]]:
     """(path, absolute path, stat, link target) of every entry that ships, unhashed; and the
     problems of the tree (a symlink out of it, something that is no file)."""
     ignore = _Ignore(exclude)
@@ -274,7 +282,7 @@ def _walk(root: Path, exclude: list[str], max_bytes: int) -> tuple[list[tuple[st
         kept = []
         for name in sorted(dirs):
             rel = f"{rel_dir}/{name}" if rel_dir else name
-            if ignore.left_out(rel, True):
+            if ignore.left_out(rel, True) or here / name in outputs:
                 continue
             if (here / name).is_symlink():
                 names.append(name)  # a link to a directory ships as a link
@@ -341,7 +349,7 @@ def _tree_problems(job: JobSpec) -> tuple[Path, list, list[Problem]]:
         what = "is not a directory" if root.exists() else "no such directory"
         return root, [], [Problem("workdir.dir", f"{root}: {what}",
                                   f"give a directory relative to the job file's ({job.base_dir.absolute()})")]
-    found, problems = _walk(root, list(workdir.exclude), workdir.max_bytes)
+    found, problems = _walk(root, list(workdir.exclude), workdir.max_bytes, own_outputs(job))
     if job.script is not None and not problems:
         script = os.path.normpath(job.script).replace(os.sep, "/")
         if not any(rel == script for rel, *_ in found):

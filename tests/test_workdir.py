@@ -235,3 +235,80 @@ def test_run_local_runs_a_copy_of_the_tree_not_the_tree(tmp_path):
     assert f"workdir {tree} (sha256:{snap.short}, 3 files," in result.stderr
     assert (copy / "out.txt").read_text() == "written" and not (tree / "out.txt").exists()
     assert not (copy / "big").exists() and (elsewhere / "runs" / "wd" / "job.yaml").exists()
+
+
+# -- Slurm: the script runs in the snapshot beside the logs --------------------------------------
+
+
+def slurm_job(tree: Path, **fields):
+    (tree / "job.yaml").write_text(yaml.safe_dump({"name": "wd", "image": "img:1", "script": "train.py",
+                                                   "workdir": ".", **fields}))
+    return load_job(str(tree / "job.yaml"))
+
+
+def test_the_sbatch_script_cds_into_the_snapshot_named_by_its_hash(tree):
+    from deploy.slurm.render import render_slurm
+
+    job = slurm_job(tree)
+    snap = workdir.snapshot(job)
+    script = render_slurm(job, source="job.yaml")
+    assert f'workdir="$log_dir"/wd-workdir-{snap.short}\n' in script
+    assert '\ncd "$workdir"\n' in script and f"export DDPKIT_WORKDIR_HASH={snap.digest}\n" in script
+    # before anything reads a relative path (the FINISHED marker, the job file beside the logs)
+    assert script.index('cd "$workdir"') < script.index("finished_marker=") < script.index("job_dir=")
+    assert render_slurm(job, source="job.yaml") == script  # a function of the job file and the tree
+    (tree / "train.py").write_text("print('v2')\n")
+    assert render_slurm(job, source="job.yaml") != script
+
+
+def test_ddpkits_own_outputs_in_the_tree_are_not_shipped(tree, monkeypatch):
+    monkeypatch.chdir(tree)
+    job = slurm_job(tree)
+    before = workdir.snapshot(job).digest
+    write_tree(tree, {"logs/wd-12.out": "x", "runs/wd/metrics.jsonl": "{}"})
+    assert workdir.snapshot(job).digest == before
+
+
+def test_submit_ships_the_snapshot_before_sbatch_and_dry_run_ships_nothing(tree, tmp_path, capsys):
+    from deploy.slurm import submit as slurm
+    from tests.test_slurm_submit import FakeSlurm
+
+    job = slurm_job(tree)
+    snap = workdir.snapshot(job)
+    copy = tmp_path / "submit" / "logs" / f"wd-workdir-{snap.short}"
+    seen = []
+    fake = FakeSlurm(sbatch=lambda argv: (seen.append(copy.is_dir()), (0, "12\n", ""))[1])
+    assert slurm.submit(job, runner=fake, cwd=tmp_path / "submit", dry_run=True) == "12"
+    assert seen == [False] and not copy.exists()
+    assert f"ddpkit: would ship workdir {tree} ({snap.describe()}) to {copy}" in capsys.readouterr().err
+    assert slurm.submit(job, runner=fake, cwd=tmp_path / "submit") == "slurm://12"
+    assert seen == [False, True] and (copy / "train.py").read_text() == "print('v1')\n"
+    assert f"ddpkit: shipped: workdir {tree} ({snap.describe()}) in {copy}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["missing", "too big", "symlink out", "script outside"])
+def test_a_bad_tree_is_one_line_exit_2_and_nothing_shipped(tmp_path, case):
+    from tests.conftest import ddpkit
+
+    tree = write_tree(tmp_path / "proj", {"train.py": "print(1)\n", "data.bin": b"\0" * 4096})
+    fields = {"workdir": {"dir": ".", "max_size": "1Ki"} if case == "too big" else "."}
+    if case == "missing":
+        fields["workdir"] = "nope"
+    if case == "symlink out":
+        (tmp_path / "outside.txt").write_text("x")
+        os.symlink(tmp_path / "outside.txt", tree / "link.txt")
+    if case == "script outside":
+        fields["script"] = "../train.py"
+    (tree / "job.yaml").write_text(yaml.safe_dump({"name": "wd", "image": "img:1", "script": "train.py", **fields}))
+    field = {"missing": "workdir.dir", "too big": "workdir.max_size", "symlink out": "workdir.dir",
+             "script outside": "script"}[case]
+    for argv in (["submit", "slurm"], ["submit", "k8s", "--dry-run"], ["render", "slurm"], ["run", "--local"]):
+        args = [*argv[:2], str(tree / "job.yaml"), *argv[2:]] if argv[0] != "run" else \
+            ["run", str(tree / "job.yaml"), "--local"]
+        result = ddpkit(*args, cwd=tmp_path)
+        assert result.returncode == 2, (argv, result.stderr)
+        [line] = result.stderr.splitlines()
+        assert line.startswith(f"error: {tree / 'job.yaml'}:") and f": {field}: " in line, line
+        assert "Traceback" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.txt", "proj"][case != "symlink out":]
+    assert not (tree / "logs").exists() and not (tree / "runs").exists()

@@ -109,13 +109,15 @@ def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool 
         if dry_run:
             raise UserError("--dry-run is not available with --via submitit; use --via sbatch")
         return _submit_submitit(job, cwd=cwd)
-    from deploy.slurm.render import render_slurm
+    from deploy.slurm.render import render_slurm, ship
 
     script = render_slurm(job, source=source)
-    workdir = Path(cwd or os.getcwd())
+    submit_dir = Path(cwd or os.getcwd())
+    if job.workdir is not None:  # the snapshot first: the script runs nothing without it
+        print(ship(job, submit_dir, dry_run=dry_run), file=sys.stderr)
     # Slurm does not create the output directory; a job whose log cannot be opened just fails
-    (workdir / job.slurm.log_dir).mkdir(parents=True, exist_ok=True)
-    argv = ["sbatch", "--parsable", f"--chdir={workdir}"]
+    (submit_dir / job.slurm.log_dir).mkdir(parents=True, exist_ok=True)
+    argv = ["sbatch", "--parsable", f"--chdir={submit_dir}"]
     if dry_run:
         proc = _run(runner, [*argv, "--test-only"], input=script, check=False)
         if proc.returncode != 0:
@@ -151,6 +153,10 @@ def _submit_submitit(job, *, cwd) -> str:
     from deploy.slurm.request import SbatchRequest
 
     request = SbatchRequest.of(job)
+    if job.workdir is not None:
+        from deploy.slurm.render import ship
+
+        print(ship(job, Path(cwd or os.getcwd())), file=sys.stderr)
     executor = via_submitit.executor(request, Path(cwd or os.getcwd()))
     try:
         submitted = executor.submit(via_submitit.SlurmLaunch(request))
