@@ -50,6 +50,8 @@ ALWAYS_LEFT_OUT = (".git",)
 IGNORE_FILE = ".gitignore"
 #: The time and owner of every archive entry (the archive depends on the content only).
 ARCHIVE_MTIME = 946684800  # 2000-01-01T00:00:00Z
+#: Where a Kubernetes object says which tree it carries (the full sha256).
+HASH_ANNOTATION = "ddpkit.io/workdir-sha256"
 #: The hash as it is shown and named: `sha256:` + the first SHORT hex digits.
 SHORT = 12
 LARGEST_SHOWN = 3

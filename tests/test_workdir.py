@@ -312,3 +312,141 @@ def test_a_bad_tree_is_one_line_exit_2_and_nothing_shipped(tmp_path, case):
         assert "Traceback" not in result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["outside.txt", "proj"][case != "symlink out":]
     assert not (tree / "logs").exists() and not (tree / "runs").exists()
+
+
+# -- Kubernetes: the archive in a ConfigMap, unpacked into the pods' working directory ----------
+
+
+def k8s_objects(job, flavor: str) -> list[dict]:
+    from deploy.targets import REGISTRY
+
+    return REGISTRY["k8s"].request(job, flavor=flavor)  # lint's refusals included: none
+
+
+def pod_specs(objects: list[dict]) -> list[dict]:
+    """Every pod template spec of the workload (the TrainJob's runtime patch for a TrainJob)."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "containers" in node and isinstance(node["containers"], list):
+                found.append(node)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(objects[-1])
+    return found
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "trainjob", "jobset", "job"])
+def test_every_flavor_unpacks_the_archive_into_its_working_directory(tree, flavor, tmp_path):
+    import base64
+
+    from deploy.k8s import pod as podlib
+
+    job = slurm_job(tree, nodes=2)
+    snap = workdir.snapshot(job)
+    objects = k8s_objects(job, flavor)
+    [cm] = [o for o in objects if o["metadata"]["name"] == "wd-workdir"]
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["annotations"] == {workdir.HASH_ANNOTATION: snap.digest}
+    assert base64.b64decode(cm["binaryData"][podlib.WORKDIR_KEY]) == snap.archive()
+    assert objects.index(cm) == 1  # after the job file's, before the workload
+    for spec in pod_specs(objects):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["ddpkit-workdir"] == {"name": "ddpkit-workdir", "emptyDir": {}}
+        assert volumes["ddpkit-workdir-archive"]["configMap"] == {"name": "wd-workdir"}
+        main = spec["containers"][0]
+        assert {"name": "ddpkit-workdir", "mountPath": "/workdir"} in main["volumeMounts"]
+        if flavor == "trainjob":  # runtimePatches add no init container: the trainer unpacks
+            assert "initContainers" not in spec and podlib.WORKDIR_ARCHIVE_MOUNT in main["volumeMounts"]
+            continue
+        assert main["workingDir"] == "/workdir"
+        init = spec["initContainers"][0]
+        assert init["name"] == "ddpkit-workdir" and init["image"] == "img:1"
+        assert init["command"] == ["python", "-c", podlib.UNPACK, "/etc/ddpkit-workdir/workdir.tar.gz", "/workdir"]
+        assert {"name": "DDPKIT_WORKDIR_HASH", "value": snap.digest} in main["env"]
+    if flavor == "trainjob":
+        trainer = objects[-1]["spec"]["trainer"]
+        assert trainer["command"] == ["python", "-c", podlib.UNPACK, "/etc/ddpkit-workdir/workdir.tar.gz",
+                                      "/workdir", "python", "-m", "trainer.launch"]
+        assert {"name": "DDPKIT_WORKDIR_HASH", "value": snap.digest} in trainer["env"]
+
+
+def test_the_unpack_code_unpacks_and_then_runs_in_the_tree(tree, tmp_path):
+    from deploy.k8s import pod as podlib
+
+    snap = workdir.snapshot(slurm_job(tree))
+    (tmp_path / "a.tar.gz").write_bytes(snap.archive())
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", podlib.UNPACK, str(tmp_path / "a.tar.gz"), str(tmp_path / "w"),
+                             sys.executable, "train.py"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "DDPKIT_WORKDIR_HASH": snap.digest})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"ddpkit: workdir sha256:{snap.short}: {len(snap.files)} files in {tmp_path / 'w'}\nv1\n"
+
+
+def test_a_tree_a_configmap_cannot_carry_is_refused_naming_the_fix(tree):
+    from deploy.targets import REGISTRY
+
+    (tree / "noise.bin").write_bytes(os.urandom(1100 * 1024))  # does not compress
+    job = slurm_job(tree)
+    [problem] = REGISTRY["k8s"].check(job)
+    assert problem.path == "workdir" and "over the 1.0 MiB a ConfigMap can carry" in problem.message
+    assert "workdir.exclude" in problem.fix
+    assert REGISTRY["slurm"].check(job) == []  # Slurm copies any tree within max_size
+
+
+def test_submit_says_what_it_ships_and_the_workload_owns_the_configmap(tree, capsys):
+    from deploy.k8s import submit as k8s_submit
+    from tests.test_k8s_submit import FakeCluster
+
+    job = slurm_job(tree)
+    cluster = FakeCluster()
+    k8s_submit.submit(job, dry_run=True, cluster=cluster)
+    snap = workdir.snapshot(job)
+    assert f"ddpkit: would ship: workdir {tree} ({snap.describe()}) as a " in capsys.readouterr().err
+    handle = k8s_submit.submit(job, cluster=cluster)
+    assert "ddpkit: shipped: workdir" in capsys.readouterr().err
+    assert handle == "k8s://default/pytorchjob/wd"
+    owners = cluster.objects[("ConfigMap", "default", "wd-workdir")]["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owners] == [("PyTorchJob", "wd")]  # deleted with it
+
+
+# -- run --docker: the pods as the cluster would run them ----------------------------------------
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "trainjob", "jobset", "job"])
+def test_docker_pods_get_the_snapshot_as_their_working_directory(tree, tmp_path, flavor):
+    import io as _io
+
+    from deploy.k8s import pod as podlib
+    from deploy.k8s.render import render_objects
+    from deploy.run import docker as dk
+
+    job = slurm_job(tree, nodes=2)
+    snap = workdir.snapshot(job)
+    objects = render_objects(job, flavor=flavor)
+    pods = dk.controller_pods(objects)
+    plans = dk.plan_containers(pods, objects, tmp_path / "run", "t0", "net0", {}, {})
+    dk.prepare_mounts(plans)
+    out = _io.StringIO()
+    dk.unpack_workdirs(plans, out)
+    for plan in plans:
+        mounts = {m.target: m for m in plan.mounts}
+        local = mounts["/workdir"].source
+        assert local == tmp_path / "run" / "pods" / plan.pod.name / "ddpkit-workdir"  # each pod its own
+        if flavor == "trainjob":  # the container unpacks (its command), as on the cluster
+            assert plan.unpack is None and plan.argv[:2] == ["-c", podlib.UNPACK]
+            assert (mounts["/etc/ddpkit-workdir"].source / "workdir.tar.gz").read_bytes() == snap.archive()
+            continue
+        assert (local / "train.py").read_text() == "print('v1')\n"
+        assert sorted(p.relative_to(local).as_posix() for p in local.rglob("*") if not p.is_dir()) == \
+            [f.path for f in snap.files]
+        args = plan.create_args
+        assert args[args.index("--workdir") + 1] == "/workdir"
+    if flavor != "trainjob":
+        assert out.getvalue().count(f"ddpkit: workdir sha256:{snap.short}: {len(snap.files)} files in ") == 2

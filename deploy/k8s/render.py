@@ -38,14 +38,16 @@ def check(job: JobSpec, flavor: str | None = None) -> list[Problem]:
     module = flavor_module(flavor)
     # every flavor: a registry image, checkpoints that outlive a pod (deploy/durability.py)
     return [*workdir.problems(job), *image_forms.problems(job.image, "k8s"), *durability.k8s_problems(job),
-            *podlib.common_checks(job), *podlib.patch_problems(job, module.CONTAINER), *module.check(job)]
+            *podlib.workdir_problems(job), *podlib.common_checks(job),
+            *podlib.patch_problems(job, module.CONTAINER), *module.check(job)]
 
 
 def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
     """The objects as data (what `kubectl apply` sends): the ConfigMap, then the flavor's."""
     flavor = flavor or job.k8s.flavor
     refuse(job, check(job, flavor))
-    return [podlib.configmap(job), *flavor_module(flavor).objects(job)]
+    tree = [podlib.workdir_configmap(job)] if job.workdir is not None else []
+    return [podlib.configmap(job), *tree, *flavor_module(flavor).objects(job)]
 
 
 def _header(job: JobSpec, flavor: str, source: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
+from deploy.k8s import pod as podlib
 from deploy.k8s.blame import forget, pod_on_lost_node
 from deploy.k8s.cluster import ApiError, Cluster, Handle, connect, explain, parse_handle
 from deploy.kube import (
@@ -78,6 +79,8 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
         if not dry_run:
             applied.append((obj, answer))
     handle = Handle(ns, flavor, name)
+    if job.workdir is not None:
+        print(f"ddpkit: {'would ship' if dry_run else 'shipped'}: {podlib.shipped(job)}", file=sys.stderr)
     if dry_run:
         return f"{handle} (dry run: the server accepted every object)"
     uid = (applied[-1][1].get("metadata") or {}).get("uid")

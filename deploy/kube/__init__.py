@@ -130,6 +130,11 @@ WORKDIR_VOLUMES = {"ddpkit-workdir": "the job's workdir (an emptyDir)",
 FIELD_MANAGER = "ddpkit"
 
 
+def workdir_configmap_name(job_name: str) -> str:
+    """The ConfigMap carrying a job's workdir (deploy/k8s/pod.py `workdir_configmap`)."""
+    return f"{job_name}-workdir"
+
+
 def configmap_name(job_name: str) -> str:
     """The ConfigMap carrying a job's job file."""
     return f"{job_name}-job"
