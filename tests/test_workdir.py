@@ -235,6 +235,8 @@ def test_run_local_runs_a_copy_of_the_tree_not_the_tree(tmp_path):
     assert f"workdir {tree} (sha256:{snap.short}, 3 files," in result.stderr
     assert (copy / "out.txt").read_text() == "written" and not (tree / "out.txt").exists()
     assert not (copy / "big").exists() and (elsewhere / "runs" / "wd" / "job.yaml").exists()
+    why = ddpkit("why", "runs/wd", cwd=elsewhere)  # the launcher's record says what it ran
+    assert why.returncode == 0 and why.stdout.splitlines()[-1] == f"  workdir sha256:{snap.digest}", why.stdout
 
 
 # -- Slurm: the script runs in the snapshot beside the logs --------------------------------------
@@ -254,6 +256,7 @@ def test_the_sbatch_script_cds_into_the_snapshot_named_by_its_hash(tree):
     script = render_slurm(job, source="job.yaml")
     assert f'workdir="$log_dir"/wd-workdir-{snap.short}\n' in script
     assert '\ncd "$workdir"\n' in script and f"export DDPKIT_WORKDIR_HASH={snap.digest}\n" in script
+    assert f"\necho 'ddpkit: workdir sha256:{snap.digest}'\n" in script  # what status and why read
     # before anything reads a relative path (the FINISHED marker, the job file beside the logs)
     assert script.index('cd "$workdir"') < script.index("finished_marker=") < script.index("job_dir=")
     assert render_slurm(job, source="job.yaml") == script  # a function of the job file and the tree
@@ -450,3 +453,80 @@ def test_docker_pods_get_the_snapshot_as_their_working_directory(tree, tmp_path,
         assert args[args.index("--workdir") + 1] == "/workdir"
     if flavor != "trainjob":
         assert out.getvalue().count(f"ddpkit: workdir sha256:{snap.short}: {len(snap.files)} files in ") == 2
+
+
+# -- records: what a run ran, in status --json and why ------------------------------------------
+
+
+def test_the_record_as_a_log_line_and_back():
+    from trainer import contract
+
+    env = {"DDPKIT_WORKDIR_HASH": "a" * 64, "DDPKIT_WORKDIR_COMMIT": "b" * 40, "DDPKIT_WORKDIR_DIRTY": "1"}
+    record = contract.workdir_record(env)
+    assert record == {"sha256": "a" * 64, "commit": "b" * 40, "dirty": True}
+    line = contract.workdir_line(record)
+    assert line == f"workdir sha256:{'a' * 64} git {'b' * 40} (dirty)"
+    assert contract.parse_workdir_line(f"[0/-] ddpkit launch: {line} in /workdir\n") == record
+    outside = contract.workdir_record({"DDPKIT_WORKDIR_HASH": "c" * 64})  # not a git work tree
+    assert outside == {"sha256": "c" * 64, "commit": None, "dirty": None}
+    assert contract.parse_workdir_line(contract.workdir_line(outside)) == outside
+    assert contract.workdir_record({}) is None and contract.parse_workdir_line("no such line") is None
+
+
+def test_status_json_and_why_show_the_tree_a_kubernetes_job_runs(tree):
+    from deploy.k8s import submit as k8s_submit
+    from deploy.progress import Report
+    from deploy.why import explain
+    from tests.test_k8s_submit import FakeCluster
+
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "one")
+    job = slurm_job(tree)
+    (tree / "train.py").write_text("print('v2')\n")  # edited after the commit: dirty
+    snap = workdir.snapshot(job)
+    for flavor in ("pytorchjob", "trainjob"):
+        cluster = FakeCluster()
+        k8s_submit.submit(job, flavor=flavor, cluster=cluster)
+        obj = cluster.objects[(objects := k8s_objects(job, flavor))[-1]["kind"], "default", "wd"]
+        expect = {"sha256": snap.digest, "commit": snap.git.commit, "dirty": True}
+        assert k8s_submit.workdir_of(obj) == expect, flavor
+        assert Report("RUNNING", workdir=expect).as_json("k8s://x")["workdir"] == expect
+    lines = explain("FAILED", "", None, workdir=expect)
+    assert lines[-1] == f"  workdir sha256:{snap.digest} git {snap.git.commit} (dirty)"
+    assert objects  # rendered once more, for the kind
+
+
+def test_slurm_status_and_why_read_the_line_the_batch_script_prints_first(tree, tmp_path):
+    from deploy.slurm import submit as slurm
+    from tests.test_slurm_submit import FakeSlurm, scontrol_line
+
+    snap = workdir.snapshot(slurm_job(tree))
+    log = tmp_path / "wd-12.out"
+    log.write_text(f"ddpkit: workdir sha256:{snap.digest}\n" + "noise\n" * 20000)
+    fake = FakeSlurm(scontrol=(0, scontrol_line("RUNNING", stdout=str(log)), ""))
+    report = slurm.report("slurm://12", runner=fake)
+    assert report.as_json("slurm://12")["workdir"] == {"sha256": snap.digest, "commit": None, "dirty": None}
+    assert slurm.why("slurm://12", runner=fake)[-1] == f"  workdir sha256:{snap.digest}"
+
+
+@pytest.mark.slow
+def test_a_trainer_run_from_a_workdir_shows_it_in_status_json(tmp_path):
+    import json
+
+    from tests.conftest import ddpkit
+
+    tree = write_tree(tmp_path / "proj", {"notes.txt": "the tree\n"})
+    git(tree, "init", "-q")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-qm", "one")
+    (tree / "job.yaml").write_text(yaml.safe_dump({
+        "name": "wdt", "image": "img:1", "workdir": ".", "checkpoint": {"ephemeral": True},
+        "train": {"max_steps": 2, "data_samples": 256, "batch_size": 32, "plot": False, "eval_every_epochs": 0}}))
+    result = ddpkit("run", str(tree / "job.yaml"), "--local", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    status = ddpkit("status", "runs/wdt", "--json", cwd=tmp_path)
+    assert status.returncode == 0, status.stderr
+    snap = workdir.snapshot(load_job(str(tree / "job.yaml")))
+    assert json.loads(status.stdout)["workdir"] == {"sha256": snap.digest, "commit": snap.git.commit,
+                                                     "dirty": True}  # job.yaml is not committed

@@ -36,7 +36,7 @@ from deploy.slurm import directives
 from deploy.slurm.request import JOB_FILE, SbatchRequest, container_mounts
 from deploy.slurm.template import render_template, shquote
 from deploy.spec import JobSpec
-from trainer.contract import RESIDENT_VAR, slurm_port_bash
+from trainer.contract import RESIDENT_VAR, slurm_port_bash, workdir_line, workdir_record
 
 HEREDOC_END = "DDPKIT_JOB_YAML"
 
@@ -273,8 +273,10 @@ def _workdir_context(request: SbatchRequest) -> dict | None:
     snapshot = request.workdir
     if snapshot is None:
         return None
+    env = workdir.record_env(snapshot)
     return {"dir": request.workdir_dir, "describe": snapshot.describe(),
-            "exports": {k: shquote(v) for k, v in workdir.record_env(snapshot).items()}}
+            "exports": {k: shquote(v) for k, v in env.items()},
+            "line": shquote(f"ddpkit: {workdir_line(workdir_record(env))}")}
 
 
 def slurm_context(job: JobSpec, *, source: str) -> dict:

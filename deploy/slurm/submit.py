@@ -29,6 +29,7 @@ from deploy.logs import LineWriter, Query, pick_tagged, print_file
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, last_record, tail_of_file
 from deploy.slurm import sacct
+from trainer.contract import parse_workdir_line
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -328,7 +329,18 @@ def report(handle: str, *, runner: Runner = subprocess.run) -> Report:
     if info is None:
         return Report(_describe_ended(accounted(handle, runner=runner)))
     record = last_record(tail_of_file(_log_path(info))) if info.get("StdOut") else None
-    return Report(_describe(info), record, _waited(info))
+    return Report(_describe(info), record, _waited(info), _workdir(info))
+
+
+def _workdir(info: dict[str, str]) -> dict | None:
+    """The tree a `workdir:` job runs: the batch script says it first thing in the job's log."""
+    if not info.get("StdOut"):
+        return None
+    try:
+        with _log_path(info).open("rb") as fh:
+            return parse_workdir_line(fh.read(64 * 1024).decode("utf-8", "replace"))
+    except OSError:
+        return None
 
 
 def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
@@ -340,7 +352,7 @@ def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
     if info is None:
         return explain(_describe_ended(accounted(handle, runner=runner)), "")
     text = tail_of_file(_log_path(info)) if info.get("StdOut") else ""
-    return explain(_describe(info), text, run_dir(info))
+    return explain(_describe(info), text, run_dir(info), _workdir(info))
 
 
 def run_dir(info: dict[str, str]) -> Path | None:
