@@ -119,9 +119,17 @@ def ddpkit(*args: str, env: dict | None = None, cwd: Path | None = None) -> tupl
 def slurm_submits(trees: dict[str, Path], repeats: int) -> list[list]:
     from deploy.testbed import slurm as testbed
 
-    if not testbed.status(quiet=True):
+    was_up = testbed.status(quiet=True)
+    if not was_up:
         testbed.up()
-    env = {**testbed.client_env(), "PYTHONPATH": str(REPO)}
+    try:
+        return _slurm_submits(trees, repeats, {**testbed.client_env(), "PYTHONPATH": str(REPO)})
+    finally:
+        if not was_up:  # left as it was found
+            testbed.down()
+
+
+def _slurm_submits(trees: dict[str, Path], repeats: int, env: dict) -> list[list]:
     rows = []
     for label, tree in [("no workdir", None), *trees.items()]:
         times = []

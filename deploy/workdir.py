@@ -127,7 +127,7 @@ class Snapshot:
         if cached is not None:
             return cached
         raw = io.BytesIO()
-        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=9) as gz, \
+        with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for entry in self.files:
                 data = self.read(entry)
