@@ -530,3 +530,13 @@ def test_a_trainer_run_from_a_workdir_shows_it_in_status_json(tmp_path):
     snap = workdir.snapshot(load_job(str(tree / "job.yaml")))
     assert json.loads(status.stdout)["workdir"] == {"sha256": snap.digest, "commit": snap.git.commit,
                                                      "dirty": True}  # job.yaml is not committed
+
+
+def test_validate_says_which_tree_would_ship(tree):
+    from tests.conftest import cli
+
+    job = slurm_job(tree)
+    snap = workdir.snapshot(job)
+    result = cli("validate", str(tree / "job.yaml"))
+    assert result.returncode == 0, result.stderr
+    assert f"runs train.py from workdir {tree} ({snap.describe()}); checked for" in result.stdout
