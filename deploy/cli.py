@@ -107,6 +107,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     nodes = f"{job.nodes} nodes" if job.nodes.elastic else f"{job.nodes.min} node(s)"
     device = f"{job.gpus_per_node} GPU(s)" if job.gpus_per_node else "CPU"
     program = f", runs {job.script}" if job.script else f", runs -m {job.module}" if job.module else ""
+    if job.workdir is not None:  # checked already: the tree is fine
+        snapshot = load_module("deploy.workdir", "workdir").snapshot(job)
+        program += f" from workdir {snapshot.root} ({snapshot.describe()})"
     print(f"{args.job}: ok: {job.name}, {nodes} x {job.nproc_per_node} process(es) on {device}, "
           f"world size {job.world_size}, backend {job.backend}{program}; checked for {checked}")
     return 0

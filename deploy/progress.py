@@ -84,6 +84,7 @@ class Report:
     state_line: str
     record: dict[str, Any] | None = None
     waited_s: float | None = None
+    workdir: dict[str, Any] | None = None  # the tree a `workdir:` job runs, where the target keeps it
 
     @property
     def state(self) -> str:
@@ -97,7 +98,8 @@ class Report:
         """`ddpkit status --json`: the state, the target's words, the record (null without one)."""
         _, _, detail = self.state_line.partition(" ")
         return {"handle": handle, "state": self.state, "detail": detail.strip().strip("()") or None,
-                "waited_s": self.waited_s, "progress": self.record}
+                "waited_s": self.waited_s, "progress": self.record,
+                "workdir": self.workdir or (self.record or {}).get("workdir")}
 
 
 def tail_of_file(path: Path, size: int = TAIL_BYTES) -> str:

@@ -12,6 +12,7 @@ them (`python -m deploy.docs`), and a test fails when the two drift apart.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -39,6 +40,8 @@ from deploy.kube import (
     KUEUE_QUEUE_LABEL,
     LABEL_VALUE,
     POD_VOLUMES,
+    WORKDIR_MOUNT,
+    WORKDIR_VOLUMES,
 )
 from deploy.kube import core as api_rules
 from deploy.problems import Problem, Problems
@@ -341,6 +344,63 @@ class NFS(Strict):
 class EmptyDir(Strict):
     medium: Literal["", "Memory"] = Field("", description="`Memory` for tmpfs, empty for disk.")
     size_limit: Quantity | None = Field(None, description="Size limit as a quantity.")
+
+
+#: `workdir.max_size` by default: the files a tree ships, before compression.
+WORKDIR_MAX_SIZE = "100Mi"
+
+
+class Workdir(Strict):
+    """The directory shipped with the job, snapshotted at submit (deploy/workdir.py)."""
+
+    dir: str = Field(description="The directory to ship, relative to the job file (`.`: the job "
+                     "file's own). Snapshotted when the job is submitted (or run): every node, "
+                     "every restart and requeue runs that snapshot as its working directory, "
+                     "never the live tree; `script`/`module` and other relative paths are "
+                     "read there. Writing `workdir: DIR` is short for `workdir: {dir: DIR}`.")
+    exclude: list[str] = Field(
+        default_factory=list, description="What not to ship, in .gitignore syntax, relative to "
+        "`dir` (`data/`, `*.ckpt`, `!keep.ckpt`). Applied after the tree's own .gitignore files "
+        "(which always apply, as does leaving out `.git/` and ddpkit's own output directories, "
+        "`slurm.log_dir` and `train.output_dir` as seen from where you submit), so they can "
+        "re-include a file; as in git, nothing inside an excluded directory comes back.")
+    max_size: Quantity = Field(
+        WORKDIR_MAX_SIZE, description="The most the shipped files may hold together, before "
+        "compression (`500Mi`, `2Gi`): a larger tree is refused with its largest files named, "
+        "so that a data set or checkpoints left in it are not shipped by mistake.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, value: Any) -> Any:
+        return {"dir": value} if isinstance(value, str) else value
+
+    @field_validator("dir")
+    @classmethod
+    def _dir(cls, v: str) -> str:
+        if not v.strip() or any(c in v for c in "\n\r\0"):
+            raise ValueError(f"{v!r} is not a directory path; give one such as `.` or `src`")
+        return v
+
+    @field_validator("exclude")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        problems = [Problem(str(i), f"{p!r} is not a pattern", "write one .gitignore pattern "
+                            "per entry, e.g. data/") for i, p in enumerate(v)
+                    if not p.strip() or any(c in p for c in "\n\r\0")]
+        if problems:
+            raise Problems(problems)
+        return v
+
+    @field_validator("max_size")
+    @classmethod
+    def _positive(cls, v: str) -> str:
+        if units.parse_quantity(v) <= 0:
+            raise ValueError(f"{v} ships nothing; give a size such as {WORKDIR_MAX_SIZE}")
+        return v
+
+    @property
+    def max_bytes(self) -> int:
+        return units.parse_quantity(self.max_size)
 
 
 VOLUME_SOURCES = ("claim", "host_path", "nfs", "empty_dir", "secret", "config_map")
@@ -874,6 +934,9 @@ class JobSpec(Strict):
                                       "(default `python -m trainer.launch`), as an argv list. "
                                       "This bypasses the launcher; to run your own torchrun "
                                       "script with it, use `script` instead.")
+    workdir: Workdir | None = Field(
+        None, description="Ship a directory with the job: `workdir: .` (or `{dir, exclude, "
+        "max_size}`). docs/WORKLOADS.md \"Your working directory on every target\".")
     script: Script = None
     module: Module = None
     args: Args = Field(default_factory=list)
@@ -970,6 +1033,7 @@ class JobSpec(Strict):
                     problems.append(Problem(f"volumes.{i}.name", f"{value} is the name of ddpkit's own "
                                             f"volume for {POD_VOLUMES[value]} (Kubernetes refuses a "
                                             "pod with two volumes of one name)", "rename it"))
+        problems += self._workdir_problems()
         seen = set(self.env)
         for i, secret in enumerate(self.secret_env):
             if secret.name in seen:
@@ -989,6 +1053,43 @@ class JobSpec(Strict):
         if problems:
             raise Problems(problems)
         return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler) -> dict[str, Any]:
+        """The fields; a job without a workdir reads as it did before the field existed."""
+        data = handler(self)
+        if data.get("workdir", ...) is None:
+            del data["workdir"]
+        return data
+
+    def _workdir_problems(self) -> list[Problem]:
+        """With a workdir, the script is a path inside it, and its mount path is ddpkit's
+        (what is in the tree is deploy/workdir.py's to check, at render and submit)."""
+        if self.workdir is None:
+            return []
+        problems = []
+        if self.script is not None:
+            parts = self.script.replace("\\", "/").split("/")
+            if self.script.startswith("/") or ".." in parts:
+                problems.append(Problem("script", f"{self.script} is outside workdir "
+                                        f"{self.workdir.dir!r}: the nodes run the snapshot of "
+                                        "that tree, and only what is in it",
+                                        "give the script's path relative to workdir.dir, inside it"))
+        for i, volume in enumerate(self.volumes):
+            mount = volume.mount.rstrip("/") or "/"
+            if mount == WORKDIR_MOUNT or WORKDIR_MOUNT.startswith(mount + "/") or mount.startswith(WORKDIR_MOUNT + "/"):
+                problems.append(Problem(f"volumes.{i}.mount", f"{volume.mount}: the pods' copy of "
+                                        f"the workdir is mounted at {WORKDIR_MOUNT}", "mount it elsewhere"))
+            if volume.name in WORKDIR_VOLUMES:
+                problems.append(Problem(f"volumes.{i}.name", f"{volume.name} is the name of ddpkit's "
+                                        f"own volume for {WORKDIR_VOLUMES[volume.name]}", "rename it"))
+        return problems
+
+    @property
+    def base_dir(self) -> Path:
+        """The directory the job file's relative paths (`workdir.dir`) are read from: the job
+        file's own; the current directory for a job not read from a file."""
+        return Path(self._origin[0]).parent
 
     def _gpu_problems(self) -> list[Problem]:
         """A GPU job that would not get its GPUs, or would take others' (trainer/gpus.py is

@@ -32,7 +32,14 @@ from trainer.attempts import (
     read_verdicts,
     signal_name,
 )
-from trainer.contract import EXIT_BAD_CONFIG, EXIT_HANG, EXIT_OK, read_node_line_tag
+from trainer.contract import (
+    EXIT_BAD_CONFIG,
+    EXIT_HANG,
+    EXIT_OK,
+    parse_workdir_line,
+    read_node_line_tag,
+    workdir_line,
+)
 from trainer.progress import attempt_files, read_record
 
 #: The causes `why` names, in the words of its first line.
@@ -400,10 +407,12 @@ def state_cause(state_line: str) -> Cause | None:
     return None
 
 
-def explain(state_line: str, log_text: str, run_dir: Path | None = None) -> list[str]:
+def explain(state_line: str, log_text: str, run_dir: Path | None = None,
+            workdir: dict | None = None) -> list[str]:
     """`ddpkit why`'s lines: the cause, then one line per attempt where the run directory is
     readable. The scheduler's words win for what only it knows (a lost node, the time limit,
-    OOM, preemption, a pod never scheduled); the records and the log say which rank and how."""
+    OOM, preemption, a pod never scheduled); the records and the log say which rank and how.
+    Last, for a `workdir:` job, the tree it ran (`workdir`, else the records' or the log's)."""
     causes = run_dir_causes(run_dir) if run_dir is not None and (run_dir / ATTEMPTS_DIR).is_dir() else []
     said = state_cause(state_line) if state_line else None
     from_log = log_cause(log_text) if log_text else None
@@ -419,4 +428,15 @@ def explain(state_line: str, log_text: str, run_dir: Path | None = None) -> list
         lines += [f"  attempt {c.attempt}: {c.line()}" for c in causes]
     if state_line:
         lines.append(f"  scheduler: {state_line}")
+    workdir = workdir or ran(run_dir) or (parse_workdir_line(log_text) if log_text else None)
+    if workdir:
+        lines.append(f"  {workdir_line(workdir)}")
     return lines
+
+
+def ran(run_dir: Path | None) -> dict | None:
+    """The tree a `workdir:` run ran, as its launchers recorded it (trainer/attempts.py)."""
+    if run_dir is None or not (run_dir / ATTEMPTS_DIR).is_dir():
+        return None
+    found = [x["workdir"] for x in read_records(run_dir / ATTEMPTS_DIR / LAUNCH_DIR) if x.get("workdir")]
+    return found[-1] if found else None

@@ -658,3 +658,52 @@ def test_the_fault_corpus_on_slurm(cluster, jobs, tmp_path):
     why = ended("time-limit", {"FAILED"}, timeout=240)
     assert job_field(cluster, handles["time-limit"], "JobState") == "TIMEOUT"
     assert why[0].startswith("time-limit: "), why
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 40: `workdir:` the tree snapshotted at submit; an edit while the job waits changes nothing
+
+WORKDIR_SCRIPT = """import os
+VERSION = "{version}"
+print(f"workdir-version {{VERSION}} in {{os.getcwd()}} restart {{os.environ.get('SLURM_RESTART_COUNT', '0')}}", flush=True)
+"""
+
+
+def test_workdir_runs_the_submitted_tree_after_an_edit_in_the_queue_and_after_a_requeue(cluster, jobs, tmp_path):
+    """Submitted held (`#SBATCH --hold` through slurm.extra_directives), train.py edited, then
+    released: the job prints the submitted version; requeued by hand, it prints it again."""
+    import yaml
+
+    from deploy import workdir
+    from deploy.load import load_job
+
+    tree = tmp_path / "proj"
+    tree.mkdir()
+    (tree / "train.py").write_text(WORKDIR_SCRIPT.format(version="submitted"))
+    (tree / "job.yaml").write_text(yaml.safe_dump({
+        "name": "wd-e2e", "image": "ddpkit:0.1", "script": "train.py", "workdir": ".", "restarts": 1,
+        "resources": {"cpus_per_node": 1}, "slurm": {"venv": sys.prefix, "extra_directives": ["--hold"]}}))
+    snap = workdir.snapshot(load_job(str(tree / "job.yaml")))
+    proc = ddpkit("submit", "slurm", str(tree / "job.yaml"), cwd=tree, env=cluster)
+    assert proc.returncode == 0, proc.stderr
+    assert f"shipped: workdir {tree} ({snap.describe()})" in proc.stderr
+    handle = proc.stdout.strip()
+    jobs.append(handle)
+    jobid = submit_slurm.job_id(handle)
+    assert (job_field(cluster, handle, "JobState"), job_field(cluster, handle, "Priority")) == ("PENDING", "0")  # held
+    time.sleep(3)  # a scheduling pass or two: the job stays in the queue, held
+    assert job_field(cluster, handle, "JobState") == "PENDING"
+    (tree / "train.py").write_text(WORKDIR_SCRIPT.format(version="edited"))
+    subprocess.run(["scontrol", "release", jobid], env=cluster, check=True)
+    wait_for(cluster, handle, {"SUCCEEDED"})
+    copy = tree / "logs" / f"wd-e2e-workdir-{snap.short}"
+    assert re.findall(r"workdir-version (\S+) in (\S+) restart (\d)", job_log(cluster, handle)) == \
+        [("submitted", str(copy), "0")]
+    subprocess.run(["scontrol", "requeue", jobid], env=cluster, check=True)
+    deadline = time.monotonic() + 2 * JOB_TIMEOUT_S  # a requeued job waits before it is eligible again
+    while not (job_field(cluster, handle, "Restarts") == "1" and
+               submit_slurm.status(handle, runner=runner_for(cluster)) == "SUCCEEDED"):
+        assert time.monotonic() < deadline, job_log(cluster, handle)
+        time.sleep(0.5)
+    assert re.findall(r"workdir-version (\S+) in (\S+) restart (\d)", job_log(cluster, handle)) == \
+        [("submitted", str(copy), "0"), ("submitted", str(copy), "1")]

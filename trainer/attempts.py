@@ -27,6 +27,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from trainer.contract import workdir_record
+
 ATTEMPTS_DIR = "attempts"
 ERRORS_DIR = "errors"
 LAUNCH_DIR = "launch"
@@ -205,7 +207,8 @@ class LaunchRecord:
                   "nproc": self.nproc, "started": self.started, "ended": time.time(),
                   "torchrun_exit": torchrun_exit, "exit": exit_code, "failures": self.failures,
                   "tail": list(self.tail), **({"refused": refused} if refused else {}),
-                  **({"template_pid": self.template_pid} if self.template_pid else {})}
+                  **({"template_pid": self.template_pid} if self.template_pid else {}),
+                  **({"workdir": workdir} if (workdir := workdir_record(os.environ)) else {})}
         ooms = oom_kills()
         if ooms is not None and self.ooms_before is not None and ooms > self.ooms_before:
             record["oom_kills"] = self.oom_kills = ooms - self.ooms_before

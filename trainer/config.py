@@ -96,7 +96,8 @@ Script = Annotated[str | None, AfterValidator(_script), Field(
     "launcher (env contract, master wait, restarts, port choice, signals): each node runs "
     "`torchrun ... SCRIPT ARGS`. A path on every node, relative to its working directory: the "
     "image's WORKDIR (`/workspace` in ddpkit's image) on Kubernetes and Docker, the submit "
-    "directory on Slurm, the current directory for `run --local`. Only `train.timeout_s` and "
+    "directory on Slurm, the current directory for `run --local`; with `workdir`, the snapshot "
+    "of that tree on every target (and the path must be in it). Only `train.timeout_s` and "
     "`train.threads` of the `train:` section apply.")]
 Module = Annotated[str | None, AfterValidator(_module), Field(
     description="Like `script`, a module run as `python -m MODULE ARGS` (`torchrun ... -m MODULE "

@@ -9,6 +9,7 @@ launch command, and the Slurm port formula. docs/CONTRACT.md says the same in pr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 
@@ -125,6 +126,14 @@ RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.gu
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
 WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
 NODE_CPUS_VAR = "DDPKIT_NODE_CPUS"  # the CPUs the node's launcher may use (`format_cpus`; trainer/host.py)
+#: What a `workdir:` job runs (deploy/workdir.py), set by every target beside the contract and
+#: kept in the run's records: the tree's content hash (sha256, hex), the git commit it was
+#: taken from (unset outside a git work tree) and "1" when the tree differed from that commit.
+WORKDIR_HASH_VAR = "DDPKIT_WORKDIR_HASH"
+WORKDIR_COMMIT_VAR = "DDPKIT_WORKDIR_COMMIT"
+WORKDIR_DIRTY_VAR = "DDPKIT_WORKDIR_DIRTY"
+#: How logs say which tree a run ran (`workdir_line`), for `status` and `why` to read back.
+WORKDIR_LINE = re.compile(r"workdir sha256:([0-9a-f]{64})(?: git ([0-9a-f]{7,64}|\(no commit\)))?(?: \((dirty|clean)\))?")
 # A template that outlives the job steps of a Slurm allocation: the prefix of its directory
 # (`resident_socket`); a launcher uses it instead of its own (slurm/job.sh.j2 sets it).
 RESIDENT_VAR = "DDPKIT_WARM_RESIDENT"
@@ -205,3 +214,32 @@ def parse_cpus(text: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out.extend(range(int(lo), int(hi or lo) + 1))
     return sorted(set(out))
+
+
+def workdir_record(env: Mapping[str, str]) -> dict[str, object] | None:
+    """What a `workdir:` run runs, from the WORKDIR_* variables (None without a workdir): the
+    tree's sha256, the git commit (None outside a git work tree or before its first commit)
+    and whether the tree differed from it (None outside a git work tree)."""
+    digest = env.get(WORKDIR_HASH_VAR)
+    if not digest:
+        return None
+    dirty = env.get(WORKDIR_DIRTY_VAR)
+    return {"sha256": digest, "commit": env.get(WORKDIR_COMMIT_VAR) or None,
+            "dirty": None if dirty is None else dirty == "1"}
+
+
+def workdir_line(record: Mapping[str, object]) -> str:
+    """`workdir sha256:HASH git COMMIT (dirty)`: the record as one line of a log (WORKDIR_LINE)."""
+    git = ""
+    if record.get("dirty") is not None:
+        git = f" git {record.get('commit') or '(no commit)'} ({'dirty' if record['dirty'] else 'clean'})"
+    return f"workdir sha256:{record['sha256']}{git}"
+
+
+def parse_workdir_line(text: str) -> dict[str, object] | None:
+    """The first `workdir_line` in `text` as its record (None when there is none)."""
+    found = WORKDIR_LINE.search(text)
+    if found is None:
+        return None
+    commit = found[2] if found[2] and not found[2].startswith("(") else None
+    return {"sha256": found[1], "commit": commit, "dirty": None if found[3] is None else found[3] == "dirty"}

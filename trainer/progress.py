@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from trainer.contract import workdir_record
 from trainer.forked import FORKED
 
 #: An attempt's classes, in the order they usually come.
@@ -222,6 +223,7 @@ class Progress:
         self.ranks: list[dict[str, Any]] | None = None  # each rank's rate over the last window
         self.exporter: Exporter | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint resumed from, those skipped
+        self.workdir = workdir_record(os.environ)  # the tree a `workdir:` job runs
 
     def phase_of(self, step: int) -> str:
         """The class of a step that starts at `step` (done steps): redone up to the furthest."""
@@ -268,6 +270,7 @@ class Progress:
             "restarts": self.attempt, "restarts_allowed": self.restarts_allowed,
             "wall_s": now - self.ledger.t0, "classes": _rounded(classes),
             "straggler": self.straggler, "ranks": self.ranks, "resumed": self.resumed,
+            **({"workdir": self.workdir} if self.workdir else {}),
             "run": {"started": self.run_started, "wall_s": now - self.run_started,
                     "goodput": goodput(run), "classes": _rounded(run)},
         }

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from deploy import image_forms, units
+from deploy import image_forms, units, workdir
 from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
@@ -26,9 +26,12 @@ from deploy.kube import (
     KUEUE_QUEUE_LABEL,
     KUEUE_REQUIRED_TOPOLOGY,
     POD_VOLUMES,
+    WORKDIR_MOUNT,
+    WORKDIR_VOLUMES,
     common_labels,
     configmap_name,
     pod_selector,
+    workdir_configmap_name,
 )
 from deploy.problems import Problem
 from trainer.contract import LAUNCH_ARGV, LaunchEnv
@@ -77,6 +80,99 @@ def configmap(job: JobSpec) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
+# workdir: the tree as a tar.gz in a ConfigMap, unpacked into an emptyDir before the trainer starts
+
+#: The API server refuses a ConfigMap whose values hold more than 1 MiB (binaryData counted
+#: decoded: kubernetes pkg/apis/core/validation ValidateConfigMap, MaxSecretSize); the JSON
+#: of the request (base64, 4/3) stays under etcd's 1.5 MiB request limit.
+CONFIGMAP_MAX_BYTES = 1024 * 1024
+WORKDIR_KEY = "workdir.tar.gz"
+WORKDIR_ARCHIVE_DIR = "/etc/ddpkit-workdir"
+#: The init container that unpacks it (a name of ddpkit's: `run --docker` runs it too).
+WORKDIR_INIT = "ddpkit-workdir"
+_WORKDIR, _ARCHIVE = WORKDIR_VOLUMES
+#: What unpacks the archive: the job's own image, its python, the standard library only. With
+#: more arguments (a TrainJob, which can add no init container), it then runs them in the tree.
+UNPACK = """import os, sys, tarfile
+archive, into, run = sys.argv[1], sys.argv[2], sys.argv[3:]
+with tarfile.open(archive) as tar:
+    tar.extractall(into, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    count = sum(1 for m in tar.getmembers() if not m.isdir())
+print(f"ddpkit: workdir sha256:{os.environ.get('DDPKIT_WORKDIR_HASH', '?')[:12]}: {count} files in {into}", flush=True)
+if run:
+    os.chdir(into)
+    os.execvp(run[0], run)
+"""
+
+
+def workdir_configmap(job: JobSpec) -> dict:
+    """The job's workdir as one deterministic tar.gz (deploy/workdir.py), base64 in binaryData;
+    its content hash in an annotation."""
+    import base64
+
+    snap = workdir.snapshot(job)
+    meta = metadata(job, workdir_configmap_name(job.name), labels(job), {workdir.HASH_ANNOTATION: snap.digest})
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+            "binaryData": {WORKDIR_KEY: base64.b64encode(snap.archive()).decode("ascii")}}
+
+
+def workdir_problems(job: JobSpec) -> list[Problem]:
+    """A tree whose archive a ConfigMap cannot carry (after the tree's own checks passed)."""
+    if job.workdir is None or workdir.problems(job):
+        return []
+    snap = workdir.snapshot(job)
+    size = len(snap.archive())
+    if size <= CONFIGMAP_MAX_BYTES:
+        return []
+    return [Problem("workdir", f"the tree {snap.root} is {workdir.human(size)} as a tar.gz "
+                    f"({snap.describe()}), over the {workdir.human(CONFIGMAP_MAX_BYTES)} a ConfigMap "
+                    "can carry (the API server's limit)", "leave out what the job does not need "
+                    "(workdir.exclude, .gitignore), or put the code in the image (FROM ddpkit:0.1, "
+                    "COPY) and remove workdir")]
+
+
+def shipped(job: JobSpec) -> str:
+    """What `submit` ships of the workdir, and where (its --dry-run says it too)."""
+    snap = workdir.snapshot(job)
+    return (f"workdir {snap.root} ({snap.describe()}) as a {workdir.human(len(snap.archive()))} "
+            f"tar.gz in ConfigMap {job.k8s.namespace}/{workdir_configmap_name(job.name)}")
+
+
+def workdir_env(job: JobSpec) -> list[dict]:
+    """What the launcher records of the tree it runs (trainer/contract.py WORKDIR_*_VAR)."""
+    if job.workdir is None:
+        return []
+    return [{"name": k, "value": v} for k, v in workdir.record_env(workdir.snapshot(job)).items()]
+
+
+def unpack_command(job: JobSpec, then: list[str]) -> list[str]:
+    """The argv that unpacks the archive into the working directory (then runs `then` there)."""
+    return [DEFAULT_COMMAND[0], "-c", UNPACK, f"{WORKDIR_ARCHIVE_DIR}/{WORKDIR_KEY}", WORKDIR_MOUNT, *then]
+
+
+#: The archive, where the unpacking container reads it.
+WORKDIR_ARCHIVE_MOUNT = {"name": _ARCHIVE, "mountPath": WORKDIR_ARCHIVE_DIR, "readOnly": True}
+
+
+def workdir_init(job: JobSpec) -> dict:
+    """The init container that unpacks the tree into the pod's emptyDir: the trainer's image
+    and pull policy, its CPU and memory (a pod whose containers all set requests equal to
+    limits keeps Guaranteed QoS), the contract's record of the hash."""
+    amounts = (container_resources(job).get("limits") or {})
+    own = {k: v for k, v in amounts.items() if k in ("cpu", "memory")}
+    out: dict[str, Any] = {"name": WORKDIR_INIT, "image": job.image,
+                           "imagePullPolicy": pull_policy(job, job.image),
+                           "command": unpack_command(job, []), "env": workdir_env(job)}
+    if own:
+        out["resources"] = {"limits": dict(own), "requests": dict(own)}
+    out["volumeMounts"] = [WORKDIR_ARCHIVE_MOUNT, {"name": _WORKDIR, "mountPath": WORKDIR_MOUNT}]
+    security = container_security(job)
+    if security:
+        out["securityContext"] = security
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # The container
 
 
@@ -95,6 +191,7 @@ def container_env(job: JobSpec, *, max_restarts: int, master: tuple[str, int] | 
         max_restarts=max_restarts, launcher="torchrun", stop_grace_s=job.k8s.termination_grace,
         master_addr=master[0] if master else None, master_port=master[1] if master else None)
     env = [{"name": k, "value": v} for k, v in contract.to_env().items()]
+    env += workdir_env(job)
     env += [{"name": k, "value": literal(v)} for k, v in job.env.items()]
     env += [{"name": s.name, "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key}}}
             for s in job.secret_env]
@@ -152,6 +249,10 @@ def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
         if vol.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
+    if job.workdir is not None:  # after the job's own: their indexes stay those of `volumes`
+        volumes += [{"name": _WORKDIR, "emptyDir": {}},
+                    {"name": _ARCHIVE, "configMap": {"name": workdir_configmap_name(job.name)}}]
+        mounts.append({"name": _WORKDIR, "mountPath": WORKDIR_MOUNT})
     return volumes, mounts
 
 
@@ -170,6 +271,8 @@ def container(job: JobSpec, name: str, env: list[dict], ports: list[dict] | None
     _, mounts = volumes_and_mounts(job)
     out: dict[str, Any] = {"name": name, "image": job.image, "imagePullPolicy": pull_policy(job, job.image),
                            "command": command(job)}
+    if job.workdir is not None:
+        out["workingDir"] = WORKDIR_MOUNT
     if ports:
         out["ports"] = ports
     out["env"] = env
@@ -301,8 +404,9 @@ def pod_template(job: JobSpec, main: dict, *, restart_policy: str, subdomain: st
         spec["affinity"] = affinity(job)
     if k8s.topology_spread:
         spec["topologySpreadConstraints"] = topology_spread(job)
-    if extra_containers(job):
-        spec["initContainers"] = extra_containers(job)
+    inits = ([workdir_init(job)] if job.workdir is not None else []) + extra_containers(job)
+    if inits:
+        spec["initContainers"] = inits
     spec["containers"] = [main]
     spec["volumes"] = volumes_and_mounts(job)[0]
     return apply_pod_patch({"metadata": pod_metadata(job), "spec": spec}, job.k8s.pod_patch, main["name"])
@@ -344,6 +448,8 @@ def job_field(job: JobSpec, path: str) -> str | None:
         return f"k8s.tolerations.{indexed[2]}" + (f".{snake}" if snake else "")
     mount = _MOUNT.fullmatch(tail)
     index = int(mount[1]) if mount else int(indexed[2]) if indexed and top == "volumes" else -1
+    if index >= len(POD_VOLUMES) + len(job.volumes):  # the workdir's come after the job's
+        return "workdir"
     if index >= len(POD_VOLUMES):  # the job's volumes come after ddpkit's own
         return f"volumes.{index - len(POD_VOLUMES)}"
     return POD_SPEC_SOURCES.get(top)

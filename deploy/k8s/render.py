@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from deploy import durability, image_forms
+from deploy import durability, image_forms, workdir
 from deploy.k8s import FLAVORS
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import pod as podlib
@@ -37,15 +37,17 @@ def check(job: JobSpec, flavor: str | None = None) -> list[Problem]:
         return [Problem("k8s.flavor", f"{flavor!r} is not a flavor", f"use one of {', '.join(FLAVORS)}")]
     module = flavor_module(flavor)
     # every flavor: a registry image, checkpoints that outlive a pod (deploy/durability.py)
-    return [*image_forms.problems(job.image, "k8s"), *durability.k8s_problems(job),
-            *podlib.common_checks(job), *podlib.patch_problems(job, module.CONTAINER), *module.check(job)]
+    return [*workdir.problems(job), *image_forms.problems(job.image, "k8s"), *durability.k8s_problems(job),
+            *podlib.workdir_problems(job), *podlib.common_checks(job),
+            *podlib.patch_problems(job, module.CONTAINER), *module.check(job)]
 
 
 def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
     """The objects as data (what `kubectl apply` sends): the ConfigMap, then the flavor's."""
     flavor = flavor or job.k8s.flavor
     refuse(job, check(job, flavor))
-    return [podlib.configmap(job), *flavor_module(flavor).objects(job)]
+    tree = [podlib.workdir_configmap(job)] if job.workdir is not None else []
+    return [podlib.configmap(job), *tree, *flavor_module(flavor).objects(job)]
 
 
 def _header(job: JobSpec, flavor: str, source: str) -> str:

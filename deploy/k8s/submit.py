@@ -22,6 +22,7 @@ from typing import Any
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
+from deploy.k8s import pod as podlib
 from deploy.k8s.blame import forget, pod_on_lost_node
 from deploy.k8s.cluster import ApiError, Cluster, Handle, connect, explain, parse_handle
 from deploy.kube import (
@@ -33,7 +34,7 @@ from deploy.kube import (
 )
 from deploy.logs import LineWriter, Query, pick_node
 from deploy.progress import TAIL_LINES, Report, last_record
-from trainer.contract import NPROC_PER_NODE_VAR
+from trainer.contract import NPROC_PER_NODE_VAR, workdir_record
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -78,6 +79,8 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
         if not dry_run:
             applied.append((obj, answer))
     handle = Handle(ns, flavor, name)
+    if job.workdir is not None:
+        print(f"ddpkit: {'would ship' if dry_run else 'shipped'}: {podlib.shipped(job)}", file=sys.stderr)
     if dry_run:
         return f"{handle} (dry run: the server accepted every object)"
     uid = (applied[-1][1].get("metadata") or {}).get("uid")
@@ -236,16 +239,33 @@ def report(handle: str, *, cluster: Cluster | None = None) -> Report:
     needs none), and how long rank 0's pod waited to be scheduled."""
     cluster = connect(cluster)
     h = parse_handle(handle)
-    state_line, pods = _state_line(*_workload_and_pods(h, cluster))
+    h, obj, by_rank = _workload_and_pods(h, cluster)
+    state_line, pods = _state_line(h, obj, by_rank)
+    tree = workdir_of(obj)
     pod = pods.get(0)
     if pod is None:
-        return Report(state_line)
+        return Report(state_line, workdir=tree)
     try:
         text = "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
                                    False, tail_lines=TAIL_LINES))
     except ApiError:  # no log yet (the container has not started), or not allowed: the state alone
-        return Report(state_line, None, pod_waited(pod))
-    return Report(state_line, last_record(text), pod_waited(pod))
+        return Report(state_line, None, pod_waited(pod), tree)
+    return Report(state_line, last_record(text), pod_waited(pod), tree)
+
+
+def workdir_of(obj: dict) -> dict | None:
+    """The tree a `workdir:` job runs, as its pods' env says (deploy/k8s/pod.py `workdir_env`)."""
+    def envs(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("env"), list):
+                yield {e.get("name"): e.get("value") for e in node["env"] if isinstance(e, dict)}
+            for value in node.values():
+                yield from envs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from envs(value)
+
+    return next(filter(None, (workdir_record(env) for env in envs(obj.get("spec") or {}))), None)
 
 
 def pod_failed(pod: dict) -> str | None:
@@ -282,7 +302,8 @@ def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
 
     cluster = connect(cluster)
     h = parse_handle(handle)
-    state_line, pods = _state_line(*_workload_and_pods(h, cluster))
+    h, obj, by_rank = _workload_and_pods(h, cluster)
+    state_line, pods = _state_line(h, obj, by_rank)
     failed = {rank: said for rank, said in ((r, pod_failed(p)) for r, p in sorted(pods.items())) if said}
     if failed:
         rank, said = next(iter(failed.items()))
@@ -298,7 +319,7 @@ def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
                                             False, tail_lines=TAIL_LINES, previous=previous))
             except ApiError:
                 continue
-    return explain(state_line, text)
+    return explain(state_line, text, workdir=workdir_of(obj))
 
 
 def pod_waited(pod: dict) -> float | None:

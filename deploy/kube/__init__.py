@@ -121,8 +121,18 @@ JOB_FILE_NAME = "job.yaml"
 JOB_FILE_PATH = f"{JOB_FILE_DIR}/{JOB_FILE_NAME}"
 #: The pod volumes ddpkit adds before the job's own (deploy/k8s/pod.py), and what each holds.
 POD_VOLUMES = {"ddpkit-job": "the job file's ConfigMap", "dshm": "the memory-backed /dev/shm"}
+#: `workdir:` on Kubernetes: the pod's copy of the tree (an emptyDir, mounted at WORKDIR_MOUNT, the
+#: containers' working directory) and the ConfigMap whose archive an init container unpacks into it.
+WORKDIR_MOUNT = "/workdir"
+WORKDIR_VOLUMES = {"ddpkit-workdir": "the job's workdir (an emptyDir)",
+                   "ddpkit-workdir-archive": "the archive of the job's workdir (a ConfigMap)"}
 #: Field manager of every server-side apply (`ddpkit submit k8s`).
 FIELD_MANAGER = "ddpkit"
+
+
+def workdir_configmap_name(job_name: str) -> str:
+    """The ConfigMap carrying a job's workdir (deploy/k8s/pod.py `workdir_configmap`)."""
+    return f"{job_name}-workdir"
 
 
 def configmap_name(job_name: str) -> str:

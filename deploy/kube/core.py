@@ -547,6 +547,17 @@ def validate_service(svc: dict) -> list[Finding]:
 _CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 
 
+def _decoded_size(value: object) -> int:
+    """A binaryData value counts as its bytes, not its base64 (ValidateConfigMap: len([]byte))."""
+    import base64
+    import binascii
+
+    try:
+        return len(base64.b64decode(str(value), validate=True))
+    except (binascii.Error, ValueError):
+        return len(str(value))
+
+
 def validate_configmap(cm: dict) -> list[Finding]:
     found: list[Finding] = []
     size = 0
@@ -562,7 +573,7 @@ def validate_configmap(cm: dict) -> list[Finding]:
             if key in keys:
                 found.append(m.invalid(sub, key, "duplicate of key present in data"))
             keys.add(key)
-            size += len(str(value))
+            size += len(str(value)) if part == "data" else _decoded_size(value)
     if size > 1024 * 1024:
         found.append(("", "Too long: must have at most 1048576 bytes"))
     return found

@@ -47,9 +47,10 @@ from deploy.errors import UserError
 from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
 from deploy.k8s import operator_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
+from deploy.k8s.pod import WORKDIR_INIT
 from deploy.k8s.pytorchjob import INIT_CONTAINER as PYTORCHJOB_INIT_CONTAINER
 from deploy.kube import FLAVOR_KIND, gpu_vendor
-from trainer.contract import EXIT_STOPPED, LAUNCH_T0_VAR
+from trainer.contract import EXIT_STOPPED, LAUNCH_T0_VAR, WORKDIR_HASH_VAR
 
 #: Label on every container and network this module creates (for manual clean-up:
 #: `docker rm -f $(docker ps -aq --filter label=ddpkit.run)`).
@@ -163,11 +164,16 @@ def _env_from(pod: Pod, container: dict, objects: list[dict]) -> dict[str, str]:
     return env
 
 
-def _configmap_data(objects: list[dict], name: str, namespace: str) -> dict[str, str] | None:
+def _configmap_data(objects: list[dict], name: str, namespace: str) -> dict[str, str | bytes] | None:
+    """A ConfigMap's keys: `data` as text, `binaryData` as the bytes its base64 stands for."""
+    import base64
+
     for obj in objects:
         if (obj.get("kind") == "ConfigMap" and obj["metadata"].get("name") == name
                 and obj["metadata"].get("namespace", "default") == namespace):
-            return {k: str(v) for k, v in (obj.get("data") or {}).items()}
+            out: dict[str, str | bytes] = {k: str(v) for k, v in (obj.get("data") or {}).items()}
+            out.update({k: base64.b64decode(str(v)) for k, v in (obj.get("binaryData") or {}).items()})
+            return out
     return None
 
 
@@ -184,7 +190,7 @@ class Mount:
     target: str
     read_only: bool = False
     size: int | None = None  # tmpfs bytes
-    files: dict[str, tuple[str, int]] | None = None  # ConfigMap: relative path -> (text, mode)
+    files: dict[str, tuple[str | bytes, int]] | None = None  # ConfigMap: relative path -> (content, mode)
 
 
 def _safe_name(text: str) -> str:
@@ -244,7 +250,7 @@ def pod_mounts(pod: Pod, container: dict, objects: list[dict], run_dir: Path) ->
     return mounts, shm_size
 
 
-def _configmap_files(ref: dict, pod: Pod, objects: list[dict]) -> dict[str, tuple[str, int]]:
+def _configmap_files(ref: dict, pod: Pod, objects: list[dict]) -> dict[str, tuple[str | bytes, int]]:
     data = _configmap_data(objects, ref["name"], pod.namespace)
     if data is None:
         raise UserError(f"pod {pod.name}: ConfigMap {ref['name']!r} is not in the manifest; the "
@@ -267,10 +273,13 @@ def prepare_mounts(plans: list[ContainerPlan]) -> None:
             if m.files is not None:
                 if m.source.exists():
                     shutil.rmtree(m.source)
-                for rel, (text, mode) in m.files.items():
+                for rel, (content, mode) in m.files.items():
                     path = m.source / rel
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    path.write_text(text, encoding="utf-8")
+                    if isinstance(content, bytes):
+                        path.write_bytes(content)
+                    else:
+                        path.write_text(content, encoding="utf-8")
                     path.chmod(mode)
                 m.source.chmod(0o755)
             else:
@@ -317,6 +326,7 @@ class ContainerPlan:
     create_args: list[str]   # `docker create` arguments (before the image)
     argv: list[str]          # entrypoint override + args (k8s command/args)
     mounts: list[Mount] = field(default_factory=list)
+    unpack: list[str] | None = None  # the workdir's init container, as this host runs it
 
 
 def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id: str,
@@ -333,7 +343,7 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
         # the training operator's init container only waits until the Master's DNS name
         # resolves; Docker's names exist before any container starts
         inits = [c for c in pod.spec.get("initContainers") or []
-                 if c.get("name") != PYTORCHJOB_INIT_CONTAINER]
+                 if c.get("name") not in (PYTORCHJOB_INIT_CONTAINER, WORKDIR_INIT)]
         if inits:
             raise UserError(f"pod {pod.name}: init containers and sidecars "
                             f"({', '.join(c['name'] for c in inits)}) are not supported by --docker")
@@ -360,9 +370,52 @@ def plan_containers(pods: list[Pod], objects: list[dict], run_dir: Path, run_id:
         if command:
             create += ["--entrypoint", command[0]]
         argv = command[1:] + args if command else args
-        plans.append(ContainerPlan(pod, cname, container["image"], create, argv, mounts))
+        unpack, init_mounts = None, []
+        for init in pod.spec.get("initContainers") or []:
+            if init.get("name") == WORKDIR_INIT:  # its mounts are made too, not mounted here
+                unpack, init_mounts = _on_host(pod, init, objects, run_dir)
+        plans.append(ContainerPlan(pod, cname, container["image"], create, argv,
+                                   mounts + [m for m in init_mounts if m not in mounts], unpack))
     check_names(pods, envs, argvs)
     return plans
+
+
+def _on_host(pod: Pod, init: dict, objects: list[dict], run_dir: Path) -> tuple[list[str], list[Mount]]:
+    """ddpkit's workdir init container (deploy/k8s/pod.py `workdir_init`) as an argv for this
+    host: its own python code (the standard library's tarfile) with this interpreter, its paths
+    those of the mounts' local sides: it unpacks the ConfigMap's archive into the pod's
+    emptyDir before the pod's container starts, as the kubelet would run it."""
+    mounts, _ = pod_mounts(pod, init, objects, run_dir)
+    argv = [sys.executable]
+    for arg in (init.get("command") or [])[1:] + (init.get("args") or []):
+        for m in sorted(mounts, key=lambda m: -len(m.target)):
+            if m.source is not None and (arg == m.target or arg.startswith(m.target.rstrip("/") + "/")):
+                arg = str(m.source.resolve()) + arg[len(m.target.rstrip("/")):]
+                break
+        argv.append(arg)
+    return argv, mounts
+
+
+def unpack_workdirs(plans: list[ContainerPlan], out) -> None:
+    """Run each pod's workdir init container (on this host) once its mounts exist."""
+    for plan in plans:
+        if plan.unpack is not None:
+            proc = subprocess.run(plan.unpack, capture_output=True, text=True, timeout=600,
+                                  env={**os.environ, **_init_env(plan)})
+            for line in (proc.stdout + proc.stderr).splitlines():
+                out.write(f"{plan.pod.prefix}{line}\n")
+            if proc.returncode != 0:
+                raise UserError(f"pod {plan.pod.name}: init container {WORKDIR_INIT} failed "
+                                f"(exit {proc.returncode}); the pod would never start")
+
+
+def _init_env(plan: ContainerPlan) -> dict[str, str]:
+    env = {}
+    for i, arg in enumerate(plan.create_args):
+        if arg == "--env" and plan.create_args[i + 1].startswith(WORKDIR_HASH_VAR + "="):
+            key, _, value = plan.create_args[i + 1].partition("=")
+            env[key] = value
+    return env
 
 
 def _mount_args(mounts: list[Mount], shm: int | None) -> list[str]:
@@ -610,6 +663,7 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
     if (run_dir / "pods").exists():
         shutil.rmtree(run_dir / "pods")  # emptyDirs live as long as their pod
     prepare_mounts(plans)
+    unpack_workdirs(plans, sys.stderr)
     print(f"ddpkit: running {job.name} ({source}) as {len(plans)} {flavor} pod(s) in Docker "
           f"(network {network}; volumes in {run_dir})", file=sys.stderr, flush=True)
     runner = DockerRun(plans, network, run_id, restart_policy(objects))

@@ -9,6 +9,13 @@ per node or more, each node launcher gets its own share of the CPUs, as separate
 would. Output is streamed as it comes, Ctrl-C / SIGTERM forwarded to every node (the trainer
 checkpoints and exits 143), then the run's summary printed from `metrics.jsonl`. No torch is
 imported here.
+
+With `workdir:` the launcher runs in a copy of the tree (deploy/workdir.py), the one a cluster
+would get: `<train.output_dir>/<name>-workdir-<hash>`, beside the run directory, made at start
+(kept for the next run of the same tree). The run directory stays where it is without one
+(a relative `train.output_dir` is made absolute in the job file the trainer reads), so
+`ddpkit status`, `logs` and `why` find it as always; what a script writes to relative paths
+lands in the copy, as on a cluster.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from deploy import workdir
 from deploy.errors import UserError
 from trainer.contract import (
     EXIT_STOPPED,
@@ -30,6 +38,9 @@ from trainer.contract import (
     LAUNCH_ARGV,
     LAUNCH_T0_VAR,
     LINE_TAGS_VAR,
+    WORKDIR_COMMIT_VAR,
+    WORKDIR_DIRTY_VAR,
+    WORKDIR_HASH_VAR,
     LaunchEnv,
     read_node_line_tag,
 )
@@ -37,6 +48,7 @@ from trainer.launch.plan import WORKER_VARS
 from trainer.stragglers import describe as describe_straggler
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
+WORKDIR_VARS = (WORKDIR_HASH_VAR, WORKDIR_COMMIT_VAR, WORKDIR_DIRTY_VAR)
 
 
 def free_port() -> int:
@@ -67,7 +79,7 @@ def launch_env(job, job_file: Path, nproc: int, port: int, nodes: int = 1, node:
     Indexed Job where there are several nodes (the launcher's `indexed-job` context)."""
     env = {**os.environ, **{k: str(v) for k, v in job.env.items()}}
     for k in [k for k in env if k.startswith(("PET_", "SLURM_", "TORCHELASTIC_"))] + [
-        *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK",
+        *WORKER_VARS, "JOB_COMPLETION_INDEX", "SKYPILOT_NODE_RANK", *WORKDIR_VARS,
     ]:
         env.pop(k, None)  # a shell inside a cluster job must not make this look like one
     env.update(LaunchEnv(job_file=str(job_file), run_id=job.name, nnodes=str(nodes), nproc_per_node=nproc,
@@ -197,6 +209,15 @@ def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
         kept.close()
 
 
+def _own_source() -> list[str]:
+    """ddpkit's own source directory when it is imported from the current directory (a checkout
+    used without installing it): the launcher, started in the workdir's copy, must still find it."""
+    import trainer
+
+    source = Path(trainer.__file__).resolve().parent.parent
+    return [str(source)] if source == Path.cwd().resolve() else []
+
+
 def run_local(job, job_path: str, nproc: int | None = None) -> int:
     """Train `job` as its nodes' launchers, `nproc` processes each, through `trainer.launch`;
     return the run's exit code (node 0's, else the first node's that failed)."""
@@ -204,22 +225,34 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
     if nproc < 1:
         raise UserError(f"--nproc {nproc}: give at least 1 process")
     nodes = job.nodes.max
+    snapshot = workdir.snapshot(job)  # a bad tree: refused before anything is written
     run_dir = run_dir_of(job)
+    cwd = None
+    if snapshot is not None:
+        cwd, _ = snapshot.write(Path(job.train.output_dir), job.name)
+        job = job.model_copy(update={"train": job.train.model_copy(
+            update={"output_dir": str(Path(job.train.output_dir).absolute())})})
     job_file = write_effective_job(job, run_dir)
     port = free_port()
     offset = metrics_size(run_dir)
     what = job.script or job.module or f"{job.name} ({job_path})"
     shape = f"{nodes} local nodes x {nproc} processes" if nodes > 1 else f"{nproc} local processes"
     print(f"ddpkit: training {what} as {shape}; run dir {run_dir}", file=sys.stderr, flush=True)
+    if snapshot is not None:
+        print(f"ddpkit: workdir {snapshot.root} ({snapshot.describe()}) runs from its copy {cwd}",
+              file=sys.stderr, flush=True)
     own_code = job.script is not None or job.module is not None  # its output as it is, unbuffered
     procs = []
     for node, cpus in enumerate(node_cpus(nodes)):
         env = launch_env(job, job_file, nproc, port, nodes, node)
+        if snapshot is not None:
+            env.update(workdir.record_env(snapshot))
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), *_own_source()]))
         if not own_code or nodes > 1:  # the trainer's lines (every node's: tagged), kept in the run directory
             env[LINE_TAGS_VAR] = "1"
         piped = not own_code
         procs.append(subprocess.Popen(
-            [sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True,
+            [sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True, cwd=cwd,
             stdout=subprocess.PIPE if piped else None, stderr=subprocess.PIPE if piped else None,
             preexec_fn=(lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if cpus else None))
 

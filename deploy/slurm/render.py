@@ -30,13 +30,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from deploy import __version__, durability, image_forms, units
+from deploy import __version__, durability, image_forms, units, workdir
 from deploy.problems import Problem, refuse
 from deploy.slurm import directives
 from deploy.slurm.request import JOB_FILE, SbatchRequest, container_mounts
 from deploy.slurm.template import render_template, shquote
 from deploy.spec import JobSpec
-from trainer.contract import RESIDENT_VAR, slurm_port_bash
+from trainer.contract import RESIDENT_VAR, slurm_port_bash, workdir_line, workdir_record
 
 HEREDOC_END = "DDPKIT_JOB_YAML"
 
@@ -61,8 +61,11 @@ def render(job: JobSpec, *, flavor: None = None, source: str = "job.yaml") -> st
 def after_render(job: JobSpec) -> None:
     """sbatch opens `--output` before the script runs and fails the job, silently, when its
     directory is missing: so `ddpkit render slurm job.yaml -o job.sbatch && sbatch job.sbatch`
-    works as written, the log directory (relative: to here, where sbatch runs) is created now."""
+    works as written, the log directory (relative: to here, where sbatch runs) is created now,
+    and the workdir's snapshot the script runs in is written there (`ship`)."""
     path = Path(job.slurm.log_dir)
+    if job.workdir is not None:
+        print(ship(job, Path.cwd()), file=sys.stderr)
     if path.is_dir():
         return
     try:
@@ -74,10 +77,22 @@ def after_render(job: JobSpec) -> None:
               "which fails a job whose log directory is missing", file=sys.stderr)
 
 
+def ship(job: JobSpec, submit_dir: Path, *, dry_run: bool = False) -> str:
+    """Copy the job's workdir snapshot into its log directory (`submit_dir`/log_dir), where the
+    rendered script looks for it by its hash; the line that says what was shipped."""
+    snapshot = workdir.snapshot(job)
+    dest = submit_dir / job.slurm.log_dir / snapshot.dir_name(job.name)
+    what = f"workdir {snapshot.root} ({snapshot.describe()})"
+    if dry_run:
+        return f"ddpkit: would ship {what} to {dest}"
+    _, written = snapshot.write(dest.parent, job.name)
+    return f"ddpkit: {'shipped' if written else 'already there'}: {what} in {dest}"
+
+
 def check(job: JobSpec, flavor: None = None) -> list[Problem]:
     """Everything an sbatch script (or submitit) cannot do with `job` (deploy/problems.py:
     `ddpkit validate` reports the same lines as `render slurm` and `submit slurm`)."""
-    problems = []
+    problems = workdir.problems(job)
     s = job.slurm
     if s.container != "none":
         problems += image_forms.problems(job.image, s.container)
@@ -253,6 +268,17 @@ def launch_exports(request: SbatchRequest, in_allocation: bool = False) -> dict[
     return {name: value if value == NNODES else shquote(value) for name, value in env.items()}
 
 
+def _workdir_context(request: SbatchRequest) -> dict | None:
+    """The snapshot the script runs in: its directory in the log dir, what it is, its records."""
+    snapshot = request.workdir
+    if snapshot is None:
+        return None
+    env = workdir.record_env(snapshot)
+    return {"dir": request.workdir_dir, "describe": snapshot.describe(),
+            "exports": {k: shquote(v) for k, v in env.items()},
+            "line": shquote(f"ddpkit: {workdir_line(workdir_record(env))}")}
+
+
 def slurm_context(job: JobSpec, *, source: str) -> dict:
     """Everything the template needs, computed here so the template only lays it out."""
     request = SbatchRequest.of(job)
@@ -287,6 +313,7 @@ def slurm_context(job: JobSpec, *, source: str) -> dict:
         "resident": resident_line(request) if directives.resident_template(job) else None,
         "resident_var": RESIDENT_VAR,
         "in_allocation": in_allocation,
+        "workdir": _workdir_context(request),
         "nodes_min": job.nodes.min,
         "nodes_max": job.nodes.max,
         "tasks_per_node": directives.tasks_per_node(job),

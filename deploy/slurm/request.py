@@ -13,7 +13,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from deploy import image_forms
+from deploy import image_forms, workdir
 from deploy.kube import gpu_vendor
 from deploy.slurm import directives
 from deploy.slurm.directives import Directive
@@ -90,6 +90,7 @@ class SbatchRequest:
     log_dir: str
     job_yaml: str  # the validated job, written to JOB_FILE
     requeue: bool  # slurm.requeue: requeue after the stop signal
+    workdir: workdir.Snapshot | None = None  # `workdir:`, copied beside the logs at submit
 
     @classmethod
     def of(cls, job: JobSpec) -> SbatchRequest:
@@ -105,12 +106,16 @@ class SbatchRequest:
         step = [f"--ntasks-per-node={directives.tasks_per_node(job)}",
                 *([f"--cpus-per-task={cpus}"] if cpus is not None else []), "--kill-on-bad-exit=1"]
         log_dir_absolute = posixpath.isabs(s.log_dir)
+        snapshot = workdir.snapshot(job)
+        # the job file lies beside the logs: outside the working directory the container
+        # mounts when the log dir is absolute, or when the working directory is the snapshot
+        bind_job_dir = log_dir_absolute or snapshot is not None
         apptainer = pyxis = None
         if s.container == "apptainer":
-            apptainer = Apptainer(apptainer_options(job), log_dir_absolute, container_mounts(job),
+            apptainer = Apptainer(apptainer_options(job), bind_job_dir, container_mounts(job),
                                   image_forms.apptainer(job.image))
         elif s.container == "pyxis":
-            pyxis = Pyxis(image_forms.pyxis(job.image), container_name(job), log_dir_absolute,
+            pyxis = Pyxis(image_forms.pyxis(job.image), container_name(job), bind_job_dir,
                           container_mounts(job), s.container_remap_root, s.container_writable)
         return cls(
             directives=directives.of(job), setup=tuple(setup), exports=tuple(exports),
@@ -118,11 +123,17 @@ class SbatchRequest:
                                  max_restarts=job.restarts, launcher=s.launcher,
                                  stop_grace_s=s.signal_seconds),
             step=tuple(step), argv=tuple(job.command or LAUNCH_ARGV), apptainer=apptainer,
-            pyxis=pyxis, log_dir=s.log_dir, job_yaml=job.to_yaml(), requeue=s.requeue)
+            pyxis=pyxis, log_dir=s.log_dir, job_yaml=job.to_yaml(), requeue=s.requeue,
+            workdir=snapshot)
 
     def job_file(self, job_dir: str, job_id: str) -> str:
         """DDPKIT_JOB_FILE of job `job_id` whose resolved log directory is `job_dir`."""
         return JOB_FILE.format(job_dir=job_dir, run_id=self.launch_env.run_id, job_id=job_id)
+
+    @property
+    def workdir_dir(self) -> str | None:
+        """The snapshot's directory, in the log directory: every start of the job runs there."""
+        return None if self.workdir is None else self.workdir.dir_name(self.launch_env.run_id)
 
 
 def gpu_vendor_flag(job: JobSpec) -> str | None:

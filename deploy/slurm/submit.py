@@ -29,6 +29,7 @@ from deploy.logs import LineWriter, Query, pick_tagged, print_file
 from deploy.problems import Problem, refuse
 from deploy.progress import Report, last_record, tail_of_file
 from deploy.slurm import sacct
+from trainer.contract import parse_workdir_line
 
 Runner = Callable[..., subprocess.CompletedProcess]
 
@@ -109,13 +110,15 @@ def submit(job, *, source: str = "job.yaml", via: str = "sbatch", dry_run: bool 
         if dry_run:
             raise UserError("--dry-run is not available with --via submitit; use --via sbatch")
         return _submit_submitit(job, cwd=cwd)
-    from deploy.slurm.render import render_slurm
+    from deploy.slurm.render import render_slurm, ship
 
     script = render_slurm(job, source=source)
-    workdir = Path(cwd or os.getcwd())
+    submit_dir = Path(cwd or os.getcwd())
+    if job.workdir is not None:  # the snapshot first: the script runs nothing without it
+        print(ship(job, submit_dir, dry_run=dry_run), file=sys.stderr)
     # Slurm does not create the output directory; a job whose log cannot be opened just fails
-    (workdir / job.slurm.log_dir).mkdir(parents=True, exist_ok=True)
-    argv = ["sbatch", "--parsable", f"--chdir={workdir}"]
+    (submit_dir / job.slurm.log_dir).mkdir(parents=True, exist_ok=True)
+    argv = ["sbatch", "--parsable", f"--chdir={submit_dir}"]
     if dry_run:
         proc = _run(runner, [*argv, "--test-only"], input=script, check=False)
         if proc.returncode != 0:
@@ -151,6 +154,10 @@ def _submit_submitit(job, *, cwd) -> str:
     from deploy.slurm.request import SbatchRequest
 
     request = SbatchRequest.of(job)
+    if job.workdir is not None:
+        from deploy.slurm.render import ship
+
+        print(ship(job, Path(cwd or os.getcwd())), file=sys.stderr)
     executor = via_submitit.executor(request, Path(cwd or os.getcwd()))
     try:
         submitted = executor.submit(via_submitit.SlurmLaunch(request))
@@ -322,7 +329,18 @@ def report(handle: str, *, runner: Runner = subprocess.run) -> Report:
     if info is None:
         return Report(_describe_ended(accounted(handle, runner=runner)))
     record = last_record(tail_of_file(_log_path(info))) if info.get("StdOut") else None
-    return Report(_describe(info), record, _waited(info))
+    return Report(_describe(info), record, _waited(info), _workdir(info))
+
+
+def _workdir(info: dict[str, str]) -> dict | None:
+    """The tree a `workdir:` job runs: the batch script says it first thing in the job's log."""
+    if not info.get("StdOut"):
+        return None
+    try:
+        with _log_path(info).open("rb") as fh:
+            return parse_workdir_line(fh.read(64 * 1024).decode("utf-8", "replace"))
+    except OSError:
+        return None
 
 
 def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
@@ -334,7 +352,7 @@ def why(handle: str, *, runner: Runner = subprocess.run) -> list[str]:
     if info is None:
         return explain(_describe_ended(accounted(handle, runner=runner)), "")
     text = tail_of_file(_log_path(info)) if info.get("StdOut") else ""
-    return explain(_describe(info), text, run_dir(info))
+    return explain(_describe(info), text, run_dir(info), _workdir(info))
 
 
 def run_dir(info: dict[str, str]) -> Path | None:

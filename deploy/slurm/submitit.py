@@ -156,7 +156,13 @@ class SlurmLaunch:
         os.replace(tmp, job_file)  # every task writes the same text; replace is atomic
         argv = self.argv()
         submitit_handler = signal.getsignal(signal.SIGUSR2)
-        child = subprocess.Popen(argv, env={**os.environ, **launch.to_env()})
+        env, cwd = {**os.environ, **launch.to_env()}, None
+        if self.request.workdir is not None:  # the snapshot `submit` copied beside the logs
+            from deploy.workdir import record_env
+
+            env.update(record_env(self.request.workdir))
+            cwd = Path(self.job_dir()) / self.request.workdir_dir
+        child = subprocess.Popen(argv, env=env, cwd=cwd)
         stopped: list[int] = []
 
         def forward(signum, _frame):

@@ -222,6 +222,8 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
     for name in ("SIGTERM", "SIGUSR2"):
         signal.signal(getattr(signal, name), lambda signum, frame: sys.exit(EXIT_STOPPED_UNSAVED))
     log(f"context {plan.context}, node rank {plan.node_rank}, mode {plan.mode}: {' '.join(plan.argv[1:])}")
+    if (tree := contract.workdir_record(os.environ)) is not None:  # what `status`/`why` say it ran
+        log(f"{contract.workdir_line(tree)} in {os.getcwd()}")
     if plan.wait_for:
         try:
             took = wait_for_master(*plan.wait_for, timeout_s=job.timeout_s, log=log)

@@ -100,7 +100,11 @@ def objects(job: JobSpec) -> list[dict]:
     spec: dict = {"runtimeRef": {"name": k8s.runtime}}
     if podlib.deadline(job) is not None:
         spec["activeDeadlineSeconds"] = podlib.deadline(job)
-    spec["trainer"] = {"image": job.image, "command": podlib.command(job),
+    command = podlib.command(job)
+    if job.workdir is not None:  # no init container here: the trainer's unpacks, then runs
+        command = podlib.unpack_command(job, command)
+        mounts = [*mounts, podlib.WORKDIR_ARCHIVE_MOUNT]
+    spec["trainer"] = {"image": job.image, "command": command,
                        "numNodes": job.nodes.max, "numProcPerNode": job.nproc_per_node,
                        "resourcesPerNode": podlib.container_resources(job), "env": env_}
     pod_spec: dict = {"terminationGracePeriodSeconds": k8s.termination_grace}
