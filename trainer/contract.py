@@ -121,6 +121,7 @@ TORCHRUN_T0_VAR = "DDPKIT_TORCHRUN_T0"  # when torchrun was started
 STOP_FILE_VAR = "DDPKIT_STOP_FILE"  # a worker writes the checkpointed step here on a stop
 CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
 PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
+PROGRESS_LINES_VAR = "DDPKIT_PROGRESS_LINES"  # "0": no `ddpkit-progress` lines (run --local reads the file)
 LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any context (run --local)
 RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.guard writes stacks
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)

@@ -223,6 +223,7 @@ class Progress:
         self.ranks: list[dict[str, Any]] | None = None  # each rank's rate over the last window
         self.exporter: Exporter | None = None
         self.resumed: dict[str, Any] | None = None  # the checkpoint resumed from, those skipped
+        self.lines = True  # print `ddpkit-progress` lines (where the log is how `status` reads it)
         self.workdir = workdir_record(os.environ)  # the tree a `workdir:` job runs
 
     def phase_of(self, step: int) -> str:
@@ -283,7 +284,7 @@ class Progress:
         self.written = record["updated"]
         if self.exporter is not None:
             self.exporter.update(record)
-        if print_line:
+        if print_line and self.lines:
             self.printed = record["updated"]
             print(PREFIX + text, flush=True)
 

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.contract import PROGRESS_LINES_VAR
 from trainer.progress import Ledger, Progress
 
 #: The phase the ledger books while the script trains (it has no finer phases the hook sees).
@@ -46,6 +47,8 @@ class ScriptSteps:
         if is_main and run_dir is not None:
             self.progress = Progress(run_dir, self.ledger, total_steps=total_steps or 0, epochs=0,
                                      global_batch=0, restarts_allowed=restarts_allowed)
+            # `run --local` shows a script's output as it is and reads the record from the file
+            self.progress.lines = os.environ.get(PROGRESS_LINES_VAR) != "0"
             self.progress.tick(0, 0, force=True)  # `status` says running from the worker's start
 
     def install(self) -> Any:

@@ -38,6 +38,7 @@ from trainer.contract import (
     LAUNCH_ARGV,
     LAUNCH_T0_VAR,
     LINE_TAGS_VAR,
+    PROGRESS_LINES_VAR,
     WORKDIR_COMMIT_VAR,
     WORKDIR_DIRTY_VAR,
     WORKDIR_HASH_VAR,
@@ -250,6 +251,8 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), *_own_source()]))
         if not own_code or nodes > 1:  # the trainer's lines (every node's: tagged), kept in the run directory
             env[LINE_TAGS_VAR] = "1"
+        if own_code:  # its output as it is: no record lines in it (`status` reads the run directory)
+            env[PROGRESS_LINES_VAR] = "0"
         piped = not own_code
         procs.append(subprocess.Popen(
             [sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True, cwd=cwd,
