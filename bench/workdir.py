@@ -16,7 +16,7 @@ With the testbeds up (--slurm: the Slurm testbed; --k8s: the Kubernetes testbed 
     cancelled; the same job without workdir beside it;
   - `ddpkit submit k8s` of each tree (the 50 MiB one is refused: over a ConfigMap's 1 MiB);
   - submit to first step on Kubernetes, a 1-node job whose script prints one line: with
-    workdir (ddpkit:workdir-test) vs the script baked into an image (`FROM` + `COPY`, built and
+    workdir (ddpkit:test) vs the script baked into an image (`FROM` + `COPY`, built and
     loaded into the nodes first: those seconds are shown apart, they come before the submit).
 
 Usage: python bench/workdir.py [--repeats N] [--slurm] [--k8s]
@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import REPO, Result, Stats  # noqa: E402
 
-IMAGE = "ddpkit:workdir-test"
+IMAGE = "ddpkit:test"  # the test image (tests/conftest.py), built from this tree
 SCRIPT = 'import time\nprint(f"first-step {time.time()!r}", flush=True)\n'
 
 

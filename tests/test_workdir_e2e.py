@@ -2,8 +2,9 @@
 `run --docker` and on the Kubernetes testbed, on every flavor, with no registry; a bad tree is
 refused before anything reaches the cluster. (Slurm's test is in tests/test_slurm_e2e.py.)
 
-The image is ddpkit's, built offline from this working tree under its own tag and loaded into
-the testbed's nodes (so a session beside this one, on `ddpkit:test`, is left alone).
+The image is ddpkit's test image, built offline from this working tree (tests/conftest.py
+`docker_test_image`; on Kubernetes the `image` fixture also loads it into the nodes): the
+script is not in it.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ import yaml
 
 from deploy import workdir
 from deploy.load import load_job
-from tests.conftest import ddpkit, docker_test_image
+from tests.conftest import K8S_TEST_BASE_IMAGE, K8S_TEST_IMAGE, ddpkit, docker_test_image
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-IMAGE = "ddpkit:workdir-test"
-BASE_IMAGE = "ddpkit-base:bookworm"
+IMAGE = K8S_TEST_IMAGE
 FLAVORS = ["pytorchjob", "trainjob", "jobset", "job"]
 SCRIPT = """import os, time
 VERSION = "{version}"
@@ -53,7 +53,7 @@ def ran(text: str) -> set[tuple[str, str, str]]:
 
 @pytest.fixture(scope="session")
 def docker_image() -> str:
-    return docker_test_image(IMAGE, BASE_IMAGE)
+    return docker_test_image(IMAGE, K8S_TEST_BASE_IMAGE)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -66,14 +66,6 @@ def test_run_docker_runs_a_script_that_is_in_no_image_from_the_workdir(docker_im
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="session")
-def k8s_image(cluster) -> str:
-    from deploy.testbed import k8s as testbed
-
-    testbed.load_image(docker_test_image(IMAGE, BASE_IMAGE))
-    return IMAGE
 
 
 def k8s_wait(cluster, handle: str, timeout: float = 600) -> dict:
@@ -90,7 +82,7 @@ def k8s_wait(cluster, handle: str, timeout: float = 600) -> dict:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_kubernetes_runs_a_script_that_is_in_no_image_from_the_workdir(cluster, k8s_image, handles, tmp_path, flavor):
+def test_kubernetes_runs_a_script_that_is_in_no_image_from_the_workdir(cluster, image, handles, tmp_path, flavor):
     path, snap = tree_job(tmp_path, f"wd-k8s-{flavor}", flavor)
     proc = ddpkit("submit", "k8s", str(path), env=cluster)
     assert proc.returncode == 0, proc.stderr
