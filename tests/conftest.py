@@ -46,7 +46,8 @@ def pytest_addoption(parser):
 #: of minutes on a fresh 2-core machine); the first of these tests to bring the testbed up waits
 #: on build.sh's lock until the build is done.
 K8S_TESTBED_MODULES = {"test_k8s_conformance.py", "test_k8s_e2e.py", "test_k8s_kueue.py",
-                       "test_lint_corpus.py", "test_testbed_k8s.py", "test_pod_patch_merge.py"}
+                       "test_lint_corpus.py", "test_testbed_k8s.py", "test_pod_patch_merge.py",
+                       "test_workdir_e2e.py"}
 
 
 #: the testbed module that needs build.sh's extras (Kueue, kwok): last, so that on a cold machine
