@@ -258,6 +258,9 @@ def main() -> int:
         if args.slurm:
             result.table("`ddpkit submit slurm` wall time, held then cancelled (Slurm testbed)",
                          ["job", "submit"], slurm_submits(trees, args.repeats))
+        if not args.k8s:
+            result.note("Kubernetes submit times and submit to first step (workdir vs the code in the image) "
+                        "need --k8s (the Kubernetes testbed, root).")
         if args.k8s:
             submits, first = k8s_figures(trees, args.k8s_repeats or args.repeats)
             result.table("`ddpkit submit k8s` wall time (Kubernetes testbed, flavor job)",
