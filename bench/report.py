@@ -21,7 +21,7 @@ from bench_common import REPORT_DIR, describe  # noqa: E402
 
 # Sections in reading order; anything else follows alphabetically.
 ORDER = ["trainer_vs_textbook", "dp_vs_ddp", "step_profile", "watchdog_overhead", "launch_time", "restart_time", "checkpoint_save",
-         "launch_targets", "resize", "docker", "slurm_testbed", "slurm_restart_in_step", "k8s_testbed", "k8s_scale", "k8s_scale_topology", "k8s_node_loss", "k8s_restart_in_pod", "goodput", "fault_corpus",
+         "launch_targets", "resize", "docker", "workdir", "slurm_testbed", "slurm_restart_in_step", "k8s_testbed", "k8s_scale", "k8s_scale_topology", "k8s_node_loss", "k8s_restart_in_pod", "goodput", "fault_corpus",
          "render_speed", "lint_speed", "gpu_path", "gpu"]
 
 

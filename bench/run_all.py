@@ -48,6 +48,10 @@ SCRIPTS = [
     ("render_speed", "render_speed.py", ["--repeats", "7", "--instructions"], ["--repeats", "7", "--instructions"], 420),
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
     ("docker", "docker.py", [], [], 600),
+    # workdir: shipping per tree and target offline, submit times on the testbeds, first step
+    # with workdir vs the code in the image on Kubernetes (~10 min with --k8s)
+    ("workdir", "workdir.py", ["--repeats", "3", "--slurm", "--k8s", "--k8s-repeats", "2"],
+     ["--repeats", "2", "--slurm"], 1500),
     ("slurm_testbed", "slurm_testbed.py", ["--repeats", "1"], ["--repeats", "1"], 600),
     # a rank killed inside a running Slurm job, in the step (warm, cold) and a new step: ~4 min
     ("slurm_restart_in_step", "slurm_restart_in_step.py", ["--kills", "3"], ["--kills", "2"], 900),

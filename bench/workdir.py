@@ -36,6 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import REPO, Result, Stats  # noqa: E402
 
+sys.path.insert(0, str(REPO))  # this tree's deploy/ and tests/, not an installed ddpkit's
+
 IMAGE = "ddpkit:test"  # the test image (tests/conftest.py), built from this tree
 SCRIPT = 'import time\nprint(f"first-step {time.time()!r}", flush=True)\n'
 
@@ -156,8 +158,21 @@ def k8s_figures(trees: dict[str, Path], repeats: int) -> tuple[list[list], list[
     from deploy.testbed import k8s as testbed
     from tests.conftest import docker_test_image
 
-    env = {**testbed.client_env(), "PYTHONPATH": str(REPO)}
-    testbed.load_image(docker_test_image(IMAGE, "ddpkit-base:bookworm"))
+    was_up = testbed.status(quiet=True)
+    if not was_up:
+        testbed.up()
+    try:
+        env = {**testbed.client_env(), "PYTHONPATH": str(REPO)}
+        testbed.load_image(docker_test_image(IMAGE, "ddpkit-base:bookworm"))
+        return _k8s_figures(trees, repeats, env)
+    finally:
+        if not was_up:  # left as it was found
+            testbed.down()
+
+
+def _k8s_figures(trees: dict[str, Path], repeats: int, env: dict) -> tuple[list[list], list[list]]:
+    from deploy.testbed import k8s as testbed
+
     submits = []
     for label, tree in trees.items():
         times, outcome = [], ""
@@ -208,6 +223,9 @@ def k8s_figures(trees: dict[str, Path], repeats: int) -> tuple[list[list], list[
                 time.sleep(0.5)
             ddpkit("cancel", handle, "--wait", "60", env=env)
             spans.append(None if seen is None else seen - t0)
+            if way == "image":
+                from deploy.image import docker_binary, docker_env
+                subprocess.run([docker_binary(), "rmi", own], env=docker_env(), capture_output=True)
         first.append([way, Stats([s for s in spans if s is not None]).fmt(".1f", " s"),
                       f"{before:.1f} s" if way == "image" else "-"])
     return submits, first
@@ -216,6 +234,7 @@ def k8s_figures(trees: dict[str, Path], repeats: int) -> tuple[list[list], list[
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--k8s-repeats", type=int, default=None, help="repeats on Kubernetes (default --repeats)")
     parser.add_argument("--slurm", action="store_true", help="also submit to the Slurm testbed (root)")
     parser.add_argument("--k8s", action="store_true", help="also submit to the Kubernetes testbed (root)")
     args = parser.parse_args()
@@ -239,8 +258,11 @@ def main() -> int:
         if args.slurm:
             result.table("`ddpkit submit slurm` wall time, held then cancelled (Slurm testbed)",
                          ["job", "submit"], slurm_submits(trees, args.repeats))
+        if not args.k8s:
+            result.note("Kubernetes submit times and submit to first step (workdir vs the code in the image) "
+                        "need --k8s (the Kubernetes testbed, root).")
         if args.k8s:
-            submits, first = k8s_figures(trees, args.repeats)
+            submits, first = k8s_figures(trees, args.k8s_repeats or args.repeats)
             result.table("`ddpkit submit k8s` wall time (Kubernetes testbed, flavor job)",
                          ["tree", "submit", "outcome"], submits)
             result.table("Submit to the script's first line, 1 pod (Kubernetes testbed)",
