@@ -38,6 +38,21 @@ SOCK=$DIR/munge/munge.socket.2
 
 ON_FAIL=up_failed  # what wait_for calls on a timeout
 
+# /etc/hosts is rewritten in place (it may be a bind mount) by this testbed and by the other
+# one (deploy/testbed/slurm-testbed.sh, k8s/testbed/cluster.sh), which CI runs side by side:
+# one lock for both, else one's rewrite can read the file the other is rewriting, half-written,
+# and leave it empty (seen here: localhost stopped resolving). LINES | rewrite_hosts MARK:
+# the lines with MARK are replaced by stdin's.
+rewrite_hosts() {
+  local tmp
+  tmp=$(mktemp /etc/hosts.ddpkit.XXXXXX)
+  (
+    flock 9
+    { grep -v "$1" /etc/hosts || true; cat; } >"$tmp"
+    cat "$tmp" >/etc/hosts
+  ) 9>/etc/hosts.ddpkit.lock
+  rm -f "$tmp"
+}
 log() { echo "testbed: $*"; }
 fail() { echo "testbed: error: $*" >&2; exit 1; }
 
@@ -101,9 +116,7 @@ teardown() {
   ip route show type unreachable 2>/dev/null | grep -q "^unreachable $NET.0/24" &&
     ip route del unreachable "$NET.0/24"
   if grep -q "$MARK" /etc/hosts; then
-    grep -v "$MARK" /etc/hosts >/etc/hosts.ddpkit.tmp
-    cat /etc/hosts.ddpkit.tmp >/etc/hosts # rewrite in place: /etc/hosts may be a bind mount
-    rm -f /etc/hosts.ddpkit.tmp
+    rewrite_hosts "$MARK" </dev/null
   fi
   if [ -n "${DDPKIT_SLURM_TESTBED_KEEP_LOGS:-}" ] && [ -d "$DIR/log" ]; then
     mkdir -p "$DDPKIT_SLURM_TESTBED_KEEP_LOGS" && cp -a "$DIR/log/." "$DDPKIT_SLURM_TESTBED_KEEP_LOGS/"
@@ -282,12 +295,7 @@ up() {
     ip -n "$n" addr add "$(node_ip "$n")/24" dev eth0
     ip -n "$n" link set eth0 up
   done
-  {
-    grep -v "$MARK" /etc/hosts || true
-    for n in "$HEAD" "${NODES[@]}"; do echo "$(node_ip "$n") $n $MARK"; done
-  } >/etc/hosts.ddpkit.tmp
-  cat /etc/hosts.ddpkit.tmp >/etc/hosts
-  rm -f /etc/hosts.ddpkit.tmp
+  for n in "$HEAD" "${NODES[@]}"; do echo "$(node_ip "$n") $n $MARK"; done | rewrite_hosts "$MARK"
   for n in "${NODES[@]}"; do
     reach "$n" "$(node_ip "$HEAD")" || up_failed "no connectivity $n -> $HEAD"
     for m in "${NODES[@]}"; do reach "$n" "$(node_ip "$m")" || up_failed "no connectivity $n -> $m"; done

@@ -60,6 +60,21 @@ TO_HOST=training-operator.kubeflow.svc
 PYTHON=${DDPKIT_PYTHON:-python3}
 export PATH="$BIN:$PATH"
 KUBECTL=$BIN/kubectl
+# /etc/hosts is rewritten in place (it may be a bind mount) by this testbed and by the other
+# one (deploy/testbed/slurm-testbed.sh, k8s/testbed/cluster.sh), which CI runs side by side:
+# one lock for both, else one's rewrite can read the file the other is rewriting, half-written,
+# and leave it empty (seen here: localhost stopped resolving). LINES | rewrite_hosts MARK:
+# the lines with MARK are replaced by stdin's.
+rewrite_hosts() {
+  local tmp
+  tmp=$(mktemp /etc/hosts.ddpkit.XXXXXX)
+  (
+    flock 9
+    { grep -v "$1" /etc/hosts || true; cat; } >"$tmp"
+    cat "$tmp" >/etc/hosts
+  ) 9>/etc/hosts.ddpkit.lock
+  rm -f "$tmp"
+}
 node_name() { echo "ddpkit-k8s-node-$1"; }
 node_ip() { echo "$NET.$((11 + $1))"; }
 pod_net() { echo "$PREFIX.$((${NET##*.} + 16 + $1))"; }
@@ -254,12 +269,7 @@ host_setup() {
   # pods on the bridge talk to each other even where br_netfilter sends bridged frames
   # through a FORWARD chain with policy DROP (dockerd sets that)
   iptables -I FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed
-  {
-    grep -v "$MARK" /etc/hosts || true
-    echo "127.0.0.1 $TO_HOST $MARK"
-  } >/etc/hosts.ddpkit-k8s.tmp
-  cat /etc/hosts.ddpkit-k8s.tmp >/etc/hosts # in place: /etc/hosts may be a bind mount
-  rm -f /etc/hosts.ddpkit-k8s.tmp
+  echo "127.0.0.1 $TO_HOST $MARK" | rewrite_hosts "$MARK"
   # cgroup v1 (hybrid) host: each kubelet's cgroupRoot must exist in every controller
   local c
   for c in /sys/fs/cgroup/*/; do
@@ -794,9 +804,7 @@ teardown() {
   ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
   while iptables -D FORWARD -i "$BRIDGE" -o "$BRIDGE" -j ACCEPT -m comment --comment ddpkit-k8s-testbed 2>/dev/null; do :; done
   if grep -q "$MARK" /etc/hosts; then
-    grep -v "$MARK" /etc/hosts >/etc/hosts.ddpkit-k8s.tmp
-    cat /etc/hosts.ddpkit-k8s.tmp >/etc/hosts
-    rm -f /etc/hosts.ddpkit-k8s.tmp
+    rewrite_hosts "$MARK" </dev/null
   fi
   # the kubelets' cgroups (empty once every container is gone), deepest first
   for c in /sys/fs/cgroup/*/"$CGROOT"-n* /sys/fs/cgroup/*/"$CGROOT"; do
