@@ -81,8 +81,12 @@ def wait_for(cluster, handle: str, states: set[str], timeout: float = JOB_TIMEOU
         if state in states:
             return state
         if state in submit_slurm.TERMINAL or time.monotonic() > deadline:
-            pytest.fail(f"{handle} is {state}, expected {sorted(states)}\n{job_log(cluster, handle)}"
-                        f"\n{daemon_log_lines(submit_slurm.job_id(handle))}")
+            log = job_log(cluster, handle).splitlines()
+            # the end first (CI shows the head of a long failure): what ended it, then all of it
+            pytest.fail(f"{handle} is {state}, expected {sorted(states)}\n--- the log's last 60 lines:\n"
+                        + "\n".join(line[:300] for line in log[-60:])
+                        + f"\n--- the daemons:\n{daemon_log_lines(submit_slurm.job_id(handle))}"
+                        + "\n--- the whole log:\n" + "\n".join(log))
         time.sleep(0.5)
 
 

@@ -196,6 +196,7 @@ def test_render_is_pure():
 
 FAKE_SRUN = """#!/bin/bash
 if [[ " $* " == *" enroot remove "* ]]; then echo "$*" >> "$FAKE_DIR/enroot.calls"; exit 0; fi
+if [[ ${!#} == true ]]; then echo "$*" >> "$FAKE_DIR/noop.calls"; exit 0; fi
 printf '%s\\n' "$@" > "$FAKE_DIR/srun.args"
 env > "$FAKE_DIR/srun.env"
 exec bash -c "$FAKE_SRUN_BODY"
@@ -327,6 +328,19 @@ def test_requeues_stop_after_restarts(tmp_path):
     rc, out = signal_when_started(tmp_path, proc)
     assert rc == 143 and "all 1 restarts used" in out
     assert not (tmp_path / "scontrol.calls").exists()
+
+
+@pytest.mark.parametrize("restart", [0, 2])
+def test_a_requeued_start_steps_past_the_step_ids_of_earlier_starts(tmp_path, restart):
+    """Start K runs K no-op steps before its own, so a kill slurmctld re-sends late to an
+    earlier start's step (same job id, same step id) finds a step that already ended."""
+    rc, out = run_script(tmp_path, render_slurm(job_from(BASE, "slurm.requeue=true", "restarts=3")),
+                         env={"SLURM_RESTART_COUNT": str(restart)})
+    assert rc == 0, out
+    noops = tmp_path / "noop.calls"
+    calls = noops.read_text().splitlines() if noops.exists() else []
+    assert len(calls) == restart and all("--overlap" in c for c in calls), calls
+    assert (tmp_path / "srun.args").exists()  # and then the job's own step
 
 
 def test_secret_env_comes_from_the_submitting_environment(tmp_path):
