@@ -867,7 +867,7 @@ class SlurmSection(Strict):
 
 
 #: The `train:` fields that apply to a job running its own `script`/`module` (the launcher's).
-SCRIPT_TRAIN_FIELDS = {"timeout_s", "threads"}
+SCRIPT_TRAIN_FIELDS = {"timeout_s", "threads", "watchdog", "hang_floor_s", "hang_factor"}
 
 
 def _count_problems(model: type[BaseModel], data: dict, path: str) -> list[Problem]:

@@ -21,7 +21,7 @@ FLOORS = [
     ["trainer.attempts", "trainer.checkpoint", "trainer.config", "trainer.data", "trainer.forked",
      "trainer.gpus", "trainer.host", "trainer.plot", "trainer.stragglers", "trainer.watchdog"],
     ["trainer.dist", "trainer.models", "trainer.progress", "trainer.stop"],
-    ["trainer.metrics", "trainer.script_steps"],
+    ["trainer.metrics", "trainer.script_steps", "trainer.script_watch"],
     ["trainer.train", "trainer.__main__"],
     ["trainer.guard", "trainer.warm"],
     ["trainer.launch.plan"],

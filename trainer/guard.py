@@ -33,15 +33,13 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from trainer import script_steps
+from trainer import script_steps, script_watch
 from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exception
 from trainer.contract import RUN_DIR_VAR
 
 PREFIX = "ddpkit-hang "
-#: A frame in these is a rank waiting for the others (a collective, DDP's all-reduce in backward).
-_COLLECTIVE_FILES = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/")
 #: How gloo, NCCL and c10d say a collective (or the store) timed out.
 _TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout|Watchdog caught collective operation timeout|DistTimeoutError")
 _FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)')
@@ -56,8 +54,8 @@ def _header(rank: int, attempt: int, why: str) -> str:
             f"main thread 0x{threading.main_thread().ident or 0:016x}\n\n")
 
 
-def install(run_dir: Path) -> None:
-    """The two hooks (module docstring), for this worker."""
+def install(run_dir: Path) -> IO[str] | None:
+    """The two hooks (module docstring), for this worker; the open stacks file."""
     rank = int(os.environ.get("RANK", "0") or 0)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
     where = debug_dir(run_dir, attempt)
@@ -68,7 +66,7 @@ def install(run_dir: Path) -> None:
         stacks.flush()
     except OSError as e:
         print(f"ddpkit guard: no stacks for rank {rank}: {e}", file=sys.stderr)
-        return
+        return None
     faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
     previous = sys.excepthook
 
@@ -86,15 +84,23 @@ def install(run_dir: Path) -> None:
         previous(kind, exc, tb)
 
     sys.excepthook = hook
+    return stacks
 
 
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit("usage: python -m trainer.guard SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    from trainer.config import load_job_sections
+
     run_dir = Path(os.environ[RUN_DIR_VAR]) if os.environ.get(RUN_DIR_VAR) else None
-    if run_dir is not None:
-        install(run_dir)
-    steps = script_steps.from_environment(run_dir, int(os.environ.get("RANK", "0") or 0))
+    stacks = install(run_dir) if run_dir is not None else None
+    job = load_job_sections()
+    steps = script_steps.from_environment(run_dir, int(os.environ.get("RANK", "0") or 0), job)
+    if stacks is not None and job.train.watchdog:
+        attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        steps.heartbeat = script_watch.start(
+            stacks, attempt=attempt, debug_dir=debug_dir(run_dir, attempt), floor_s=job.train.hang_floor_s,
+            factor=job.train.hang_factor, timeout_s=job.train.timeout_s, on_hang=steps.hung)
     steps.install()
     try:
         if argv[0] == "-m":
@@ -151,20 +157,6 @@ def _main_stack(text: str) -> list[tuple[str, int, str]]:
     return frames
 
 
-def where_is(frames: list[tuple[str, int, str]]) -> tuple[bool, str]:
-    """(waiting in a collective, the innermost frame outside torch and the standard library)."""
-    waiting = any(_COLLECTIVE_FILES.search(f) for f, _, _ in frames)
-    own = next(((f, n, fn) for f, n, fn in frames if "/torch/" not in f and "/lib/python3" not in f
-                and not f.endswith("trainer/guard.py")), frames[0] if frames else None)
-    said = f"{os.path.basename(own[0])}:{own[1]} in {own[2]}" if own else "?"
-    if waiting:
-        op = next((fn for f, _, fn in frames if _COLLECTIVE_FILES.search(f)), "?")
-        said += f" (waiting in {op})"
-    else:
-        said += " (outside any collective)"
-    return waiting, said
-
-
 def write_verdict(run_dir: Path, world: int, stopped: str | None = None) -> dict[str, Any] | None:
     """After torchrun ended with a failure (or was stopped: `stopped` names the signal): for each
     attempt with stacks and no verdict yet, the verdict when a rank's exception is a collective
@@ -186,7 +178,7 @@ def write_verdict(run_dir: Path, world: int, stopped: str | None = None) -> dict
             path = directory / f"rank-{r}.txt"
             text = path.read_text(errors="replace") if path.exists() else ""
             if 'File "' in text:
-                waits, said = where_is(_main_stack(text))
+                waits, said = script_watch.where_is(_main_stack(text))
                 host = re.match(r"rank \d+ on (\S+)", text)
                 places[r] = (waits, f"on {host.group(1)} at {said}" if host else said)
             else:

@@ -44,6 +44,7 @@ class ScriptSteps:
         self.ledger = Ledger(t0)  # `startup` from the launch until the guard is here
         self.ledger.enter("setup")  # the script's own imports, process group, model, data
         self.progress = None
+        self.heartbeat: Any = None  # trainer/script_watch.py's, when the watchdog runs
         if is_main and run_dir is not None:
             self.progress = Progress(run_dir, self.ledger, total_steps=total_steps or 0, epochs=0,
                                      global_batch=0, restarts_allowed=restarts_allowed)
@@ -64,6 +65,8 @@ class ScriptSteps:
             return
         self.step += 1
         self.last = time.time()
+        if self.heartbeat is not None:
+            self.heartbeat.stepped(self.step)
         if self.progress is None:
             return
         if self.step == 1:
@@ -79,12 +82,17 @@ class ScriptSteps:
             self.progress.publish(self.step, 0, state)
 
 
-def from_environment(run_dir: Path | None, rank: int) -> ScriptSteps:
-    """The counter for this worker, with the job file's planned steps and restarts."""
-    from trainer.config import load_job_sections
+    def hung(self, found: dict[str, Any]) -> None:
+        """Rank 0, the watchdog found a hang: in the ledger, and the attempt's last record."""
+        if self.progress is not None:
+            self.ledger.rebook(found.get("age_s", 0.0), "hang")
+            self.progress.publish(self.step, 0, "hung")
+
+
+def from_environment(run_dir: Path | None, rank: int, job: Any) -> ScriptSteps:
+    """The counter for this worker, with the job file's (`JobSections`) planned steps and restarts."""
     from trainer.contract import LAUNCH_T0_VAR
 
-    job = load_job_sections()
     t0 = float(os.environ.get(LAUNCH_T0_VAR) or time.time())
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     return ScriptSteps(run_dir, rank == 0, total_steps=job.steps, restarts_allowed=job.restarts,

@@ -61,8 +61,9 @@ from typing import Any
 from trainer.contract import EXIT_HANG
 
 #: Phases in which a rank waits for the others (a collective); the rest are its own work.
-COLLECTIVE = {"backward", "vote", "eval", "checkpoint", "rendezvous", "checkpoint_load"}
-STEP_PHASES = {"data", "forward", "backward", "optimizer", "log", "vote"}  # log: after a step
+#: `collective` and `script`: a script's phases (trainer/script_watch.py, read from its stack).
+COLLECTIVE = {"backward", "vote", "eval", "checkpoint", "rendezvous", "checkpoint_load", "collective"}
+STEP_PHASES = {"data", "forward", "backward", "optimizer", "log", "vote", "collective", "script"}  # log: after a step
 PUBLISH_EVERY_S = 1.0
 STALE_S = 8.0
 DUMP_WAIT_S = 3.0
@@ -170,7 +171,8 @@ def verdict(beats: dict[int, dict[str, Any] | None], now: float, world: int) -> 
     if outside and len(outside) < len(fresh):
         return {"cause": "stuck-outside-collective", "culprits": outside,
                 "explain": "; ".join(f"rank {r} on {fresh[r]['host']} in {fresh[r]['phase']} at step "
-                                     f"{fresh[r]['step']} for {now - fresh[r]['since']:.0f}s" for r in outside),
+                                     f"{fresh[r]['step']} for {now - fresh[r]['since']:.0f}s{_at(fresh[r])}"
+                                     for r in outside),
                 "others": _others({r: b for r, b in fresh.items() if r not in outside})}
     places = {(b["phase"], b["step"]) for b in fresh.values()}
     if len(places) > 1:
@@ -187,12 +189,18 @@ def verdict(beats: dict[int, dict[str, Any] | None], now: float, world: int) -> 
             "others": _others(fresh)}
 
 
+def _at(beat: dict[str, Any]) -> str:
+    """` at train.py:88 in main`: the rank's own line, where its heartbeat says (scripts)."""
+    return f" at {beat['where']}" if beat.get("where") else ""
+
+
 def _others(beats: dict[int, dict[str, Any]]) -> str:
     groups: dict[tuple, list[int]] = {}
     for r, b in sorted(beats.items()):
         groups.setdefault((b["phase"], b["step"]), []).append(r)
     return ", ".join(f"ranks {','.join(map(str, rs))} in {phase} at step {step}" if len(rs) > 1 else
-                     f"rank {rs[0]} in {phase} at step {step}" for (phase, step), rs in groups.items())
+                     f"rank {rs[0]} in {phase} at step {step}{_at(beats[rs[0]])}"
+                     for (phase, step), rs in groups.items())
 
 
 class Watchdog:
@@ -306,6 +314,13 @@ class Watchdog:
         if self.dumped:
             return
         self.dumped = True
+        path = self._write_stacks()
+        print(f"ddpkit watchdog: rank {self.rank}: stacks in {path}", file=sys.stderr, flush=True)
+        for rank, pid in stopped_siblings():
+            dump_from_outside(rank, pid, self.debug_dir, self.attempt)
+
+    def _write_stacks(self) -> Path:
+        """This rank's stacks, every thread, in `debug_dir/rank-R.txt`."""
         self.debug_dir.mkdir(parents=True, exist_ok=True)
         path = self.debug_dir / f"rank-{self.rank}.txt"
         # there already: read from outside while this rank was stopped (dump_from_outside), and
@@ -318,9 +333,7 @@ class Watchdog:
                      f"in {self.hb.phase} at step {self.hb.step} for {time.time() - self.hb.since:.1f}s\n\n")
             fh.flush()
             faulthandler.dump_traceback(fh, all_threads=True)
-        print(f"ddpkit watchdog: rank {self.rank}: stacks in {path}", file=sys.stderr, flush=True)
-        for rank, pid in stopped_siblings():
-            dump_from_outside(rank, pid, self.debug_dir, self.attempt)
+        return path
 
     def _report(self, store: Any, age: float) -> None:
         self._dump()

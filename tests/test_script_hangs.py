@@ -1,0 +1,68 @@
+"""The hang watchdog on your own script (trainer/script_watch.py), real processes: a plain DDP
+script (tests/stuck_script.py) whose rank 1 sleeps in its own code while rank 0 waits in a
+collective, run by the launcher every target runs (`python -m trainer.launch`, torchrun, the
+guard), with the process group's timeout left at torch's default (30 min for gloo)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import time
+
+import pytest
+import yaml
+
+from tests.test_why import timed_why
+from tests.trainer_util import REPO, run
+
+pytestmark = pytest.mark.slow
+
+
+def sleep_line(where: str) -> int:
+    """The line of stuck_script.py's sleep `where` (its comment says where)."""
+    lines = (REPO / "tests" / "stuck_script.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if "time.sleep(3600)" in line and where in line)
+
+
+def run_stuck(tmp_path, name: str, hang_step: int, **train) -> tuple[str, float]:
+    shutil.copy(REPO / "tests" / "stuck_script.py", tmp_path / "stuck.py")
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(yaml.safe_dump({"name": name, "script": "stuck.py", "train": train}))
+    started = time.monotonic()
+    out = run(job, tmp_path, nproc=2, timeout=300, HANG_STEP=str(hang_step)).stdout
+    return out, time.monotonic() - started
+
+
+def verdict(tmp_path, name: str) -> dict:
+    text = (tmp_path / "runs" / name / "debug" / "attempt-0" / "verdict.txt").read_text()
+    return json.loads(text[:text.rindex("}") + 1])
+
+
+def test_a_rank_stuck_after_its_steps_is_named_with_its_line_within_the_step_deadline(tmp_path):
+    """Steps seen: the deadline is max(hang_floor_s, 10 x p99 step), not the collective timeout."""
+    out, took = run_stuck(tmp_path, "stuck-steps", 8, hang_floor_s=3)
+    print(f"stuck at step 8 -> run ended after {took:.0f}s (launch included)")
+    found = verdict(tmp_path, "stuck-steps")
+    assert found["cause"] == "stuck-outside-collective" and found["culprits"] == [1], found
+    host = socket.gethostname()
+    assert f"rank 1 on {host} in script at step 7" in found["explain"], found
+    line = sleep_line("in a step")
+    assert f"stuck.py:{line} in main (outside any collective)" in found["explain"], found
+    assert "rank 0 in collective at step 7" in found["others"], found
+    debug = tmp_path / "runs" / "stuck-steps" / "debug" / "attempt-0"
+    assert f'stuck.py", line {line} in main' in (debug / "rank-1.txt").read_text()
+    assert "torch/autograd" in (debug / "rank-0.txt").read_text()  # waiting in backward's all-reduce
+    assert "exit 124" in out
+    lines, _ = timed_why(tmp_path / "runs" / "stuck-steps")
+    assert lines[0].startswith("hang: ") and f"stuck.py:{line} in main" in lines[0], lines
+
+
+def test_a_rank_stuck_before_any_step_is_found_before_the_collective_timeout(tmp_path):
+    """No step seen: the ranks waiting in a collective give it max(hang_floor_s, timeout_s / 2)."""
+    out, took = run_stuck(tmp_path, "stuck-setup", 0, hang_floor_s=3, timeout_s=10)
+    print(f"stuck before any step -> run ended after {took:.0f}s (launch included)")
+    found = verdict(tmp_path, "stuck-setup")
+    assert found["culprits"] == [1], found
+    assert f"stuck.py:{sleep_line('before')} in main (outside any collective)" in found["explain"], found
+    assert "rank 0 in collective at step 0" in found["others"], found

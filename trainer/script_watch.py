@@ -1,0 +1,149 @@
+"""The hang watchdog for your own script (`script:`/`module:` jobs), with no change to it.
+
+The built-in trainer tells its watchdog where each rank is (trainer/watchdog.py: phases it
+beats). A script says nothing, so its rank's watchdog thread reads where the main thread is
+from its Python stack, once a second (`sys._current_frames`: no signal, no system call):
+
+- `collective`: a frame in torch.distributed, DDP or autograd (the rank waits for the others,
+  or computes the backward pass whose all-reduce they wait in);
+- `script`: anywhere else once a step was seen (`setup` before): the rank's own work;
+
+and the step hook (trainer/script_steps.py) marks each optimizer step. The deadlines:
+
+- after `WARM_STEPS` steps: the trainer's rule, max(`train.hang_floor_s`, `train.hang_factor`
+  x the p99 step time), on the time since the last step, wherever the rank is;
+- before that, only while the rank waits in a collective: max(`hang_floor_s`,
+  `train.timeout_s` / 2) since it began to wait (default 300 s: before torch's collective
+  timeouts, 10 min for NCCL, 30 for gloo). A rank busy with its own work (loading data, a model,
+  compiling) is never a hang by itself: the ranks that wait for it are the ones that notice.
+
+The rest is the trainer's watchdog as it is (the store, the flag, every rank's stacks in
+`RUN_DIR/debug/attempt-N/rank-R.txt`, one verdict naming the stuck rank, its node and its own
+line, exit 124 and a group restart counted against `restarts`). It starts once the script's
+process group exists (`init_process_group`; none: no watchdog) and connects to the job's store
+as the trainer's does. `train.watchdog: false` turns it off.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import re
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+from trainer.watchdog import STEP_PHASES, WARM_STEPS, Heartbeat, Watchdog
+
+#: A frame in these is a rank waiting for the others (a collective, DDP's all-reduce in backward).
+COLLECTIVE_FILES = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/")
+#: How often the thread looks for the process group before the script made one.
+GROUP_POLL_S = 1.0
+
+Frame = tuple[str, int, str]  # file, line, function
+
+
+def where_is(frames: list[Frame]) -> tuple[bool, str]:
+    """(waiting in a collective, `train.py:88 in main (waiting in all_reduce)`): the innermost
+    frame outside torch and the standard library, frames innermost first."""
+    waiting = any(COLLECTIVE_FILES.search(f) for f, _, _ in frames)
+    own = next(((f, n, fn) for f, n, fn in frames if "/torch/" not in f and "/lib/python3" not in f
+                and not f.startswith("<") and not f.endswith(("trainer/guard.py", "trainer/script_steps.py"))), frames[0] if frames else None)
+    said = f"{os.path.basename(own[0])}:{own[1]} in {own[2]}" if own else "?"
+    if waiting:
+        op = next((fn for f, _, fn in frames if COLLECTIVE_FILES.search(f)), "?")
+        return True, f"{said} (waiting in {op})"
+    return False, f"{said} (outside any collective)"
+
+
+class ScriptHeartbeat(Heartbeat):
+    """Where a script's rank is: steps from the hook, the phase from the main thread's stack."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.main_ident = threading.main_thread().ident
+        self.stepped_at = self.since  # the last step's end (the start before any)
+        self.waiting_since: float | None = None
+        self.where: str | None = None
+
+    def stepped(self, step: int) -> None:
+        """The step hook: optimizer step `step` ended (main thread)."""
+        self.step_done()
+        self.step, self.stepped_at = step, time.time()
+        self.since = self.stepped_at
+
+    def observe(self) -> None:
+        """The watchdog thread, each tick: the phase and the line from the main thread's stack."""
+        frame = sys._current_frames().get(self.main_ident)
+        if frame is None:
+            return
+        frames = [(f.filename, f.lineno or 0, f.name)  # innermost first, as walk_stack gives them
+                  for f in traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)]
+        waiting, self.where = where_is(frames)
+        now = time.time()
+        self.waiting_since = (self.waiting_since or now) if waiting else None
+        self.phase = "collective" if waiting else ("script" if self.step else "setup")
+        warm = len(self.step_times) >= WARM_STEPS
+        self.since = max(self.stepped_at, self.waiting_since) if waiting and not warm else self.stepped_at
+
+    def deadline(self, floor_s: float, factor: float, timeout_s: float) -> float:
+        if len(self.step_times) >= WARM_STEPS and self.phase in STEP_PHASES:
+            return super().deadline(floor_s, factor, timeout_s)
+        return max(floor_s, timeout_s / 2) if self.waiting_since is not None else math.inf
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**super().as_dict(), "where": self.where}
+
+
+class ScriptWatchdog(Watchdog):
+    """The trainer's watchdog on a script's rank: it waits for the process group, reads the
+    stack each tick, and writes its stacks into the guard's file (trainer/guard.py)."""
+
+    def __init__(self, heartbeat: ScriptHeartbeat, stacks: IO[str], **kw: Any) -> None:
+        super().__init__(heartbeat, rank=0, world=1, **kw)  # rank, world: from the group, once made
+        self.hb: ScriptHeartbeat = heartbeat
+        self.stacks = stacks
+
+    def _run(self) -> None:
+        dist = None
+        while not self.done.wait(GROUP_POLL_S):
+            dist = sys.modules.get("torch.distributed")
+            if dist is not None and dist.is_available() and dist.is_initialized():
+                break
+        else:
+            return
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        super()._run()
+
+    def _tick(self, store: Any) -> None:
+        self.hb.observe()
+        super()._tick(store)
+
+    def _write_stacks(self) -> Path:
+        """Into the guard's open file (its SIGTERM dump is no longer needed: these are newer)."""
+        faulthandler.unregister(signal.SIGTERM)
+        hb = self.hb
+        self.stacks.seek(0)
+        self.stacks.truncate()
+        self.stacks.write(f"rank {self.rank} on {socket.gethostname()} (pid {os.getpid()}), attempt {self.attempt}, "
+                          f"in {hb.phase} at step {hb.step} for {time.time() - hb.since:.1f}s at {hb.where}; main "
+                          f"thread 0x{hb.main_ident or 0:016x}\n\n")
+        self.stacks.flush()
+        faulthandler.dump_traceback(self.stacks, all_threads=True)
+        self.stacks.flush()
+        return Path(self.stacks.name)
+
+
+def start(stacks: IO[str], *, attempt: int, debug_dir: Path, floor_s: float, factor: float,
+          timeout_s: float, on_hang: Any = None) -> ScriptHeartbeat:
+    """Start this rank's watchdog thread; the step hook calls the returned heartbeat's `stepped`."""
+    heartbeat = ScriptHeartbeat()
+    ScriptWatchdog(heartbeat, stacks, attempt=attempt, debug_dir=debug_dir, floor_s=floor_s, factor=factor,
+                   timeout_s=timeout_s, on_hang=on_hang).start()
+    return heartbeat
