@@ -49,6 +49,7 @@ from deploy.yamlfile import Dumper, locate
 from trainer.config import (
     Args,
     CheckpointConfig,
+    LocalRankArg,
     Module,
     Script,
     Steps,
@@ -941,6 +942,7 @@ class JobSpec(Strict):
     module: Module = None
     args: Args = Field(default_factory=list)
     steps: Steps = None
+    local_rank_arg: LocalRankArg = None
     preflight: bool = Field(False, description="Check the distributed setup before training on "
                             "every node (`python -m trainer.preflight`: master reachable, world "
                             "layout, backend for the device, an all-reduce with a bandwidth figure); "
@@ -1009,7 +1011,7 @@ class JobSpec(Strict):
     @model_validator(mode="after")
     def _cross_field(self) -> JobSpec:
         problems = [Problem(*p) for p in entry_problems(self.script, self.module, self.args, self.command,
-                                                                    self.steps)]
+                                                        self.steps, self.local_rank_arg)]
         if self.script is not None or self.module is not None:
             own = "script" if self.script is not None else "module"
             for section, allowed in (("train", SCRIPT_TRAIN_FIELDS), ("checkpoint", set())):

@@ -38,6 +38,8 @@ EXPECTED = {
     "duplicate_key.yaml": ":3: name: duplicate key",
     "gpu_job_on_cpu.yaml": ":4: train.device: is cpu but gpus_per_node is 8: the job would hold its GPUs and train on CPU",
     "cuda_without_gpus.yaml": ":3: train.device: is cuda but gpus_per_node is 0",
+    "local_rank_arg_form.yaml": ":4: local_rank_arg: 'local_rank': give the option your script reads, as `--local_rank`",
+    "local_rank_arg_without_script.yaml": ":3: local_rank_arg: passes the local rank to your script or module",
     "mig_slices.yaml": ":3: gpus_per_node: 2 slices of nvidia.com/mig-3g.40gb: a CUDA process sees only one MIG device",
     "nvidia_visible_devices.yaml": ":4: env.NVIDIA_VISIBLE_DEVICES: overrides the GPUs that the device plugin",
 }

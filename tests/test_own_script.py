@@ -126,6 +126,35 @@ def test_ddpkit_run_local_runs_the_textbook_script_unchanged(tmp_path):
     assert set(files.values()) == set(sums.values())
 
 
+OLD_LAUNCH_SCRIPT = """
+import argparse, os
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=0)  # as torch.distributed.launch gave it
+parser.add_argument("--out")
+args = parser.parse_args()
+dist.init_process_group("gloo")
+with open(os.path.join(args.out, f"rank{dist.get_rank()}"), "w") as fh:
+    fh.write(f"{args.local_rank} {os.environ.get('ACCELERATE_USE_CPU')}")
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_script_that_reads_local_rank_from_its_arguments_gets_it_per_rank(tmp_path):
+    """`local_rank_arg: --local_rank`: each rank gets its own `--local_rank=N` (torchrun gives
+    none); a CPU job tells Accelerate to use the CPU (ACCELERATE_USE_CPU=1)."""
+    (tmp_path / "old.py").write_text(OLD_LAUNCH_SCRIPT)
+    (tmp_path / "out").mkdir()
+    job = tmp_path / "old.yaml"
+    job.write_text(yaml.safe_dump({**BASE, "name": "old", "procs_per_node": 2, "script": "old.py",
+                                   "local_rank_arg": "--local_rank", "args": ["--out", "out"]}))
+    result = ddpkit("run", str(job), "--local", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert {p.name: p.read_text() for p in (tmp_path / "out").iterdir()} == {"rank0": "0 1", "rank1": "1 1"}
+
+
 @pytest.mark.slow
 def test_ddpkit_run_local_runs_a_two_node_job_as_two_node_launchers(tmp_path):
     """`nodes: 2` locally is two node launchers (node ranks 0 and 1, as two pods of an Indexed

@@ -97,8 +97,8 @@ Script = Annotated[str | None, AfterValidator(_script), Field(
     "`torchrun ... SCRIPT ARGS`. A path on every node, relative to its working directory: the "
     "image's WORKDIR (`/workspace` in ddpkit's image) on Kubernetes and Docker, the submit "
     "directory on Slurm, the current directory for `run --local`; with `workdir`, the snapshot "
-    "of that tree on every target (and the path must be in it). Only `train.timeout_s` and "
-    "`train.threads` of the `train:` section apply.")]
+    "of that tree on every target (and the path must be in it). Of the `train:` section only "
+    "`timeout_s`, `threads` and the hang watchdog's `watchdog`, `hang_floor_s` and `hang_factor` apply.")]
 Module = Annotated[str | None, AfterValidator(_module), Field(
     description="Like `script`, a module run as `python -m MODULE ARGS` (`torchrun ... -m MODULE "
     "ARGS`); it must be importable on every node (installed in the image, or on PYTHONPATH).")]
@@ -110,8 +110,22 @@ Steps = Annotated[int | None, Field(
     "an ETA. The built-in trainer's are `train.max_steps` / `train.epochs`.")]
 
 
+def _local_rank_arg(value: str | None) -> str | None:
+    if value is not None and not re.fullmatch(r"--[A-Za-z][A-Za-z0-9_-]*", value):
+        raise ValueError(f"{value!r}: give the option your script reads, as `--local_rank` or `--local-rank`")
+    return value
+
+
+LocalRankArg = Annotated[str | None, AfterValidator(_local_rank_arg), Field(
+    description="For a script written for `torch.distributed.launch`, which reads its local rank "
+    "from an argument: each rank gets `OPTION=N` (`--local_rank=0`, `--local_rank=1`, ...) before "
+    "`args`, as that launcher gave it (torchrun, and so ddpkit, give `LOCAL_RANK` in the "
+    "environment only; without this every rank would parse its argparse default, often 0).")]
+
+
 def entry_problems(script: str | None, module: str | None, args: list[str],
-                   command: list[str] | None = None, steps: int | None = None) -> list[tuple[str, str, str]]:
+                   command: list[str] | None = None, steps: int | None = None,
+                   local_rank_arg: str | None = None) -> list[tuple[str, str, str]]:
     """What is wrong with a job's choice of program, as (field, message, fix); empty: nothing."""
     problems = []
     if script is not None and module is not None:
@@ -124,6 +138,9 @@ def entry_problems(script: str | None, module: str | None, args: list[str],
     if steps is not None and script is None and module is None:
         problems.append(("steps", "counts the steps of your script or module; the built-in trainer's "
                          "come from train.max_steps and train.epochs", "remove it, or set script"))
+    if local_rank_arg is not None and script is None and module is None:
+        problems.append(("local_rank_arg", "passes the local rank to your script or module; the built-in "
+                         "trainer reads LOCAL_RANK", "remove it, or set script"))
     return problems
 
 
@@ -384,6 +401,7 @@ class JobSections(BaseModel):
     args: Args = []
     torchrun_args: TorchrunArgs = []
     steps: Steps = None
+    local_rank_arg: LocalRankArg = None
     # resources.cpus_per_node (owned by deploy): what the job asked for, for threads per rank
     cpus_per_node: float | None = None
     # gpus_per_node (owned by deploy): None without a job file (the trainer started by hand)
@@ -393,7 +411,8 @@ class JobSections(BaseModel):
 
     @model_validator(mode="after")
     def _entry(self) -> JobSections:
-        problems = entry_problems(self.script, self.module, self.args, steps=self.steps)
+        problems = entry_problems(self.script, self.module, self.args, steps=self.steps,
+                                  local_rank_arg=self.local_rank_arg)
         if problems:
             raise ValueError("; ".join(f"{path}: {message}; {fix}" for path, message, fix in problems))
         return self
@@ -425,7 +444,8 @@ def load_job_sections(path: str | None = None) -> JobSections:
         "name": str(doc.get("name") or "ddpkit"),
         "train": doc.get("train") or {},
         "checkpoint": doc.get("checkpoint") or {},
-        **{k: doc[k] for k in ("script", "module", "args", "torchrun_args", "steps") if doc.get(k) is not None},
+        **{k: doc[k] for k in ("script", "module", "args", "torchrun_args", "steps", "local_rank_arg")
+           if doc.get(k) is not None},
         "cpus_per_node": resources.get("cpus_per_node"),
         "gpus_per_node": int(doc.get("gpus_per_node") or 0),
         "preflight": bool(doc.get("preflight")),

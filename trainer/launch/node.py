@@ -184,6 +184,9 @@ def main() -> int:
     run_dir = run_dir_of(job)
     if job.gpus_per_node == 0:
         gpus.hide_from_cpu_job(plan.env)
+        # Accelerate under torchrun on CPUs runs each rank alone (and exits 0) unless told to use
+        # the CPU: a CPU job says so for it (the job's `env:` wins)
+        plan.env.setdefault("ACCELERATE_USE_CPU", "1")
     elif job.gpus_per_node:
         gpus.flight_recorder(plan.env, run_dir)
     if job.entry and job.entry[:2] == GUARD and run_dir is not None:
