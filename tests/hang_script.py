@@ -1,7 +1,7 @@
 """A textbook torchrun script (no ddpkit) in which one rank stops outside any collective:
 `HANG_RANK` (default 1) sleeps at its 5th step while the others wait in an all-reduce, which
 times out after `TIMEOUT_S` (the process group's timeout, default 10 s). The sleeping rank
-first leaves a file `asleep-rank<R>` in the working directory."""
+first leaves a file `asleep-rank<R>` in the working directory (`OWN_SIGTERM=1`: own handler)."""
 
 import datetime
 import os
@@ -23,4 +23,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("OWN_SIGTERM"):  # as a framework would (Lightning): a flag for the loop
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("own SIGTERM handler ran", flush=True))
     main()

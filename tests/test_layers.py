@@ -24,7 +24,7 @@ FLOORS = [
     ["trainer.metrics", "trainer.script_steps", "trainer.script_watch"],
     ["trainer.train", "trainer.__main__"],
     ["trainer.guard", "trainer.warm"],
-    ["trainer.launch.plan"],
+    ["trainer.launch.plan", "trainer.launch.script_stop"],
     ["trainer.launch.relay", "trainer.launch.supervise"],
     ["trainer.launch", "trainer.launch.node", "trainer.launch.__main__"],
     ["trainer.preflight"],

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.test_why import timed_why
-from tests.trainer_util import REPO, run
+from tests.trainer_util import REPO, run, start
 
 pytestmark = pytest.mark.slow
 
@@ -66,3 +66,29 @@ def test_a_rank_stuck_before_any_step_is_found_before_the_collective_timeout(tmp
     assert found["culprits"] == [1], found
     assert f"stuck.py:{sleep_line('before')} in main (outside any collective)" in found["explain"], found
     assert "rank 0 in collective at step 0" in found["others"], found
+
+
+def test_a_stop_of_a_hung_script_with_its_own_sigterm_handler_ends_in_seconds_with_every_ranks_stacks(tmp_path):
+    """tests/hang_script.py with its own SIGTERM handler: rank 1 asleep in its code, rank 0
+    blocked in an all-reduce (its handler can never run), the collective timeout 600 s. SIGTERM
+    to the launcher: the ranks get it (stacks written first, then their handler), and the
+    launcher ends them SCRIPT_STOP_S later, not after the stop grace (DDPKIT_STOP_GRACE_S 120)."""
+    shutil.copy(REPO / "tests" / "hang_script.py", tmp_path / "hang.py")
+    job = tmp_path / "stop.yaml"
+    job.write_text(yaml.safe_dump({"name": "stop-own-handler", "script": "hang.py"}))
+    proc = start(job, tmp_path, 2, TIMEOUT_S="600", OWN_SIGTERM="1", DDPKIT_STOP_GRACE_S="120")
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "asleep-rank1").exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.5)
+    time.sleep(2)  # rank 1 asleep, rank 0 in the all-reduce
+    stopped = time.monotonic()
+    proc.send_signal(15)
+    out, _ = proc.communicate(timeout=150)
+    print(f"SIGTERM -> launcher exit after {time.monotonic() - stopped:.1f}s (stop grace 120 s)")
+    assert proc.returncode == 137, out[-3000:]
+    assert "own SIGTERM handler ran" in out  # rank 1's: its sleep returns to Python for it
+    assert "writing no checkpoint: ended (SIGKILL)" in out, out[-3000:]
+    lines, _ = timed_why(tmp_path / "runs" / "stop-own-handler")
+    assert lines[0].startswith("stopped: attempt 0: stopped by a stop signal; where each rank was:"), lines
+    assert "(waiting in all_reduce)" in lines[0] and "hang.py:20 in main (outside any collective)" in lines[0], lines

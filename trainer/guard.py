@@ -68,6 +68,7 @@ def install(run_dir: Path) -> IO[str] | None:
         print(f"ddpkit guard: no stacks for rank {rank}: {e}", file=sys.stderr)
         return None
     faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+    keep_stacks_at_sigterm(stacks)
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
@@ -85,6 +86,25 @@ def install(run_dir: Path) -> IO[str] | None:
 
     sys.excepthook = hook
     return stacks
+
+
+def keep_stacks_at_sigterm(stacks: IO[str]) -> None:
+    """A script (or its framework: Lightning) that sets its own SIGTERM handler would replace the
+    stacks dump: `signal.signal` for SIGTERM installs the handler, then the dump again in front
+    of it (the dump runs first, in the signal, even while the main thread is blocked in C++;
+    the script's handler then runs as it would have)."""
+    original = signal.signal
+
+    def signal_keeping_stacks(signum: Any, handler: Any) -> Any:
+        if signum != signal.SIGTERM or stacks.closed:
+            return original(signum, handler)
+        previous = signal.getsignal(signal.SIGTERM)
+        faulthandler.unregister(signal.SIGTERM)
+        original(signum, handler)
+        faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+        return previous
+
+    signal.signal = signal_keeping_stacks
 
 
 def main(argv: list[str]) -> None:

@@ -238,7 +238,8 @@ def start(plan: NodePlan, job: JobSettings, log: Callable[[str], None]) -> int:
         nproc = int(plan.env.get(NPROC_PER_NODE_VAR) or 1)
         one_node = plan.argv[plan.argv.index("--nnodes") + 1] == "1"
         code = supervise(plan.argv, plan.env, log, attempts.LaunchRecord(run_dir_of(job), plan.node_rank or 0, nproc),
-                         warm=plan.warm, warm_now=plan.warm and one_node, store=plan.wait_for)
+                         warm=plan.warm, warm_now=plan.warm and one_node, store=plan.wait_for,
+                         script=RUN_DIR_VAR in plan.env)
         if code != 0 and RUN_DIR_VAR in plan.env and not plan.node_rank:
             script_verdict(plan, Path(plan.env[RUN_DIR_VAR]), nproc, code)
         return code

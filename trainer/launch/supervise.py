@@ -54,6 +54,7 @@ from trainer.contract import (
     WARM_SOCKET_VAR,
     resident_socket,
 )
+from trainer.launch import script_stop
 from trainer.launch.plan import endpoint
 
 #: The stop signals the launcher passes on to torchrun (all of `contract.TORCHRUN_SIGNALS` but SIGQUIT).
@@ -94,7 +95,7 @@ def end_template(template: subprocess.Popen) -> None:
 
 def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] = print,
               record: attempts.LaunchRecord | None = None, warm: bool = False, warm_now: bool = False,
-              store: tuple[str, int] | None = None) -> int:
+              store: tuple[str, int] | None = None, script: bool = False) -> int:
     """Run torchrun as a child, forward stop signals, map a stopped run to a stop exit code.
 
     `EXIT_STOPPED` (143): a worker wrote `DDPKIT_STOP_FILE` after its stop checkpoint was
@@ -110,7 +111,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     stands in for torchrun as a worker's client stands in for a worker (exit code or signal,
     stop signals forwarded; if it dies the template SIGKILLs torchrun): a new job step imports
     nothing. `store`: the rendezvous store on another node
-    (`wait_for_torchrun` ends torchrun when that store stops answering).
+    (`wait_for_torchrun` ends torchrun when that store stops answering). `script`: the workers
+    run your own script, whose stop ends in seconds (trainer/launch/script_stop.py).
     """
     import tempfile
 
@@ -135,6 +137,8 @@ def supervise(argv: list[str], env: dict[str, str], log: Callable[[str], None] =
     def forward(signum: int, frame: object) -> None:
         if signum != signal.SIGHUP:
             stopped.append(signum)
+            if script and len(stopped) == 1:
+                script_stop.on_stop(proc, stop_file, log)
         proc.send_signal(signum)
 
     for name in FORWARDED_SIGNALS:
