@@ -101,6 +101,19 @@ class ScriptHeartbeat(Heartbeat):
         return {**super().as_dict(), "where": self.where}
 
 
+def group_module() -> Any:
+    """torch.distributed once it is imported and available, else None. The script's main thread
+    may be importing it right now (Lightning's imports took long enough for a tick to land in
+    them): `sys.modules` then holds a partly initialized module without `is_initialized` yet."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or getattr(getattr(dist, "__spec__", None), "_initializing", False):
+        return None
+    try:
+        return dist if dist.is_available() and callable(dist.is_initialized) else None
+    except AttributeError:  # an import in progress that the spec did not say
+        return None
+
+
 class ScriptWatchdog(Watchdog):
     """The trainer's watchdog on a script's rank: it waits for the process group, reads the
     stack each tick, and writes its stacks into the guard's file (trainer/guard.py)."""
@@ -113,8 +126,8 @@ class ScriptWatchdog(Watchdog):
     def _run(self) -> None:
         dist = None
         while not self.done.wait(GROUP_POLL_S):
-            dist = sys.modules.get("torch.distributed")
-            if dist is not None and dist.is_available() and dist.is_initialized():
+            dist = group_module()
+            if dist is not None and dist.is_initialized():
                 break
         else:
             return
