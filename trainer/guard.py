@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from trainer import script_steps, script_watch
+from trainer import integrations, script_steps, script_watch
 from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exception
 from trainer.contract import RUN_DIR_VAR
 
@@ -122,6 +122,7 @@ def main(argv: list[str]) -> None:
             stacks, attempt=attempt, debug_dir=debug_dir(run_dir, attempt), floor_s=job.train.hang_floor_s,
             factor=job.train.hang_factor, timeout_s=job.train.timeout_s, on_hang=steps.hung)
     steps.install()
+    integrations.install(steps)
     if job.local_rank_arg:  # first, before the script's own arguments, as torch.distributed.launch put it
         at = 2 if argv[0] == "-m" else 1
         argv = [*argv[:at], f"{job.local_rank_arg}={os.environ.get('LOCAL_RANK', '0')}", *argv[at:]]

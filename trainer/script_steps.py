@@ -44,6 +44,7 @@ class ScriptSteps:
         self.ledger = Ledger(t0)  # `startup` from the launch until the guard is here
         self.ledger.enter("setup")  # the script's own imports, process group, model, data
         self.progress = None
+        self.steps_given = total_steps is not None  # the job file's `steps:` (wins over a framework's)
         self.heartbeat: Any = None  # trainer/script_watch.py's, when the watchdog runs
         if is_main and run_dir is not None:
             self.progress = Progress(run_dir, self.ledger, total_steps=total_steps or 0, epochs=0,
