@@ -44,3 +44,36 @@ def test_the_watchdog_keeps_waiting_while_the_script_imports_torch_distributed(m
         threading.Timer(0.2, dog.stop).start()
         dog._run()  # returns once stopped, having polled ~20 times
     assert dog.rank == 0 and dog.world == 1  # never read a group
+
+
+SITE = "/venv/lib/python3.11/site-packages"
+# Lightning's training_step runs inside DDP's forward (pytorch_lightning/strategies/strategy.py
+# wraps the module): as a real rank's main thread read it, innermost first, less some frames.
+IN_TRAINING_STEP = [
+    ("/work/fit.py", 32, "training_step"),
+    (f"{SITE}/pytorch_lightning/strategies/strategy.py", 634, "wrapped_forward"),
+    (f"{SITE}/torch/nn/modules/module.py", 1789, "_call_impl"),
+    (f"{SITE}/torch/nn/parallel/distributed.py", 1715, "_run_ddp_forward"),
+    (f"{SITE}/torch/nn/parallel/distributed.py", 1890, "forward"),
+    (f"{SITE}/pytorch_lightning/strategies/strategy.py", 390, "training_step"),
+    (f"{SITE}/pytorch_lightning/loops/optimization/automatic.py", 131, "closure"),
+    (f"{SITE}/torch/optim/adam.py", 227, "step"),
+    ("/work/fit.py", 58, "main"),
+]
+IN_BACKWARD = [
+    (f"{SITE}/torch/autograd/graph.py", 979, "_engine_run_backward"),
+    (f"{SITE}/torch/_tensor.py", 623, "backward"),
+    (f"{SITE}/pytorch_lightning/core/module.py", 1137, "backward"),
+    ("/work/fit.py", 58, "main"),
+]
+
+
+def test_a_rank_stuck_in_its_own_code_inside_ddps_forward_waits_for_nothing():
+    """The innermost frame that is the script's own or a collective's decides: a DDP frame
+    further out (Lightning, a Trainer's model call) is not a wait (it once made a rank stuck in
+    Lightning's training_step `deadlock: every rank waits in collective`, naming no line)."""
+    assert script_watch.where_is(IN_TRAINING_STEP) == (False, "fit.py:32 in training_step (outside any collective)")
+    assert script_watch.where_is(IN_BACKWARD) == (True, "fit.py:58 in main (waiting in _engine_run_backward)")
+    broadcast = [(f"{SITE}/torch/nn/parallel/distributed.py", 1600, "_sync_buffers"), *IN_TRAINING_STEP[3:]]
+    assert script_watch.where_is(broadcast) == (True, "fit.py:58 in main (waiting in _sync_buffers)")
+    assert script_watch.where_is([]) == (False, "? (outside any collective)")

@@ -49,14 +49,23 @@ GROUP_POLL_S = 1.0
 Frame = tuple[str, int, str]  # file, line, function
 
 
+def _own(file: str) -> bool:
+    """A frame of the script's own code: outside torch, the standard library, the installed
+    packages (frameworks: transformers, Lightning, Accelerate) and ddpkit's guard."""
+    return ("/torch/" not in file and "/lib/python3" not in file and not file.startswith("<")
+            and not file.endswith(("trainer/guard.py", "trainer/script_steps.py")))
+
+
 def where_is(frames: list[Frame]) -> tuple[bool, str]:
     """(waiting in a collective, `train.py:88 in main (waiting in all_reduce)`): the innermost
-    frame outside torch and the standard library, frames innermost first."""
-    waiting = any(COLLECTIVE_FILES.search(f) for f, _, _ in frames)
-    own = next(((f, n, fn) for f, n, fn in frames if "/torch/" not in f and "/lib/python3" not in f
-                and not f.startswith("<") and not f.endswith(("trainer/guard.py", "trainer/script_steps.py"))), frames[0] if frames else None)
+    own frame, frames innermost first. The innermost frame that is either the script's own or
+    a collective's decides: Lightning runs `training_step` inside DDP's forward (and Hugging
+    Face's Trainer the model's forward), so a rank stuck in its own step has a DDP frame further
+    out, and waits for nothing."""
+    own = next(((f, n, fn) for f, n, fn in frames if _own(f)), frames[0] if frames else None)
     said = f"{os.path.basename(own[0])}:{own[1]} in {own[2]}" if own else "?"
-    if waiting:
+    decides = next((f for f, _, _ in frames if COLLECTIVE_FILES.search(f) or _own(f)), "")
+    if COLLECTIVE_FILES.search(decides):
         op = next((fn for f, _, fn in frames if COLLECTIVE_FILES.search(f)), "?")
         return True, f"{said} (waiting in {op})"
     return False, f"{said} (outside any collective)"
