@@ -12,7 +12,7 @@ export PIP_FIND_LINKS := $(if $(WHEELS),$(abspath $(WHEELS)),$(PIP_FIND_LINKS))
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[train,k8s,slurm,dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[train,k8s,slurm,dev,frameworks]'
 	touch $@
 
 ## demo: train examples/quickstart.yaml as local processes (gloo on CPU) and print the summary
