@@ -47,7 +47,7 @@ RUN --mount=type=bind,source=pyproject.toml,target=/tmp/pyproject.toml \
 # ---- wheel: ddpkit itself, built from the source ------------------------------------------
 FROM deps AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md hatch_build.py ddpkit.py ./
+COPY pyproject.toml README.md hatch_build.py ddpkit.py ddpkit_hooks.py ./
 COPY deploy/ deploy/
 COPY trainer/ trainer/
 COPY k8s/ k8s/

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -57,3 +59,17 @@ def test_a_frameworks_planned_steps_reach_status_with_no_steps_field(tmp_path, s
     progress = json.loads(status.stdout)["progress"]
     want = 7 if module is None else 12
     assert (progress["state"], progress["step"], progress["total_steps"]) == ("completed", want, want), progress
+
+
+def test_lightning_beside_a_trainer_package_of_its_own_is_left_alone(tmp_path):
+    """The entry point ddpkit declares must not break a Lightning program that has its own
+    top-level `trainer` package (a common name) when ddpkit does not run it."""
+    need("pytorch_lightning")
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "__init__.py").write_text("")
+    shutil.copy(REPO / "tests" / "frameworks" / "lightning_fit.py", tmp_path / "fit.py")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DDPKIT_")}
+    proc = subprocess.run([sys.executable, "fit.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**env, "STEPS": "3", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "params sha256" in proc.stdout
