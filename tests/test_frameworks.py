@@ -107,6 +107,11 @@ def test_a_framework_script_trains_every_rank_together_and_its_steps_are_counted
     assert (record["state"], record["step"], record["total_steps"]) == ("completed", STEPS, STEPS), record
     lines = why(run_dir)
     assert lines[0] == f"completed: attempt 0: step {STEPS}/{STEPS}", lines
+    # the script's output is kept in the run directory, tagged as the trainer's (deploy/run/local.py)
+    kept = ddpkit("logs", str(run_dir), "--all", "--grep", "params sha256")
+    assert kept.returncode == 0, kept.stderr
+    assert sorted(kept.stdout.splitlines()) == sorted(f"[0/-] {line}" for line in result.stdout.splitlines()
+                                                      if "params sha256" in line), kept.stdout
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

@@ -43,6 +43,8 @@ from trainer.contract import (
     WORKDIR_DIRTY_VAR,
     WORKDIR_HASH_VAR,
     LaunchEnv,
+    line_worker_rank,
+    node_line_tag,
     read_node_line_tag,
 )
 from trainer.launch.plan import WORKER_VARS
@@ -163,10 +165,14 @@ def start_line(name: str, nproc: int, nodes: int = 1) -> str:
     return f"ddpkit: {name} (run --local) as {shape}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
 
 
-def show_outputs(procs: list[subprocess.Popen], log: Path | None = None) -> None:
-    """`show_output` of every node launcher at once (whole lines, each node's tagged)."""
+def show_outputs(procs: list[subprocess.Popen], log: Path | None = None, raw: bool = False) -> None:
+    """`show_output` of every node launcher at once (whole lines, each node's tagged); `raw`:
+    one node's untagged output, your script's (`show_raw_output`)."""
     import threading
 
+    if raw:
+        show_raw_output(procs[0], log)
+        return
     if len(procs) == 1:
         show_output(procs[0], log)
         return
@@ -208,6 +214,47 @@ def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
         thread.join()
     if kept is not None:
         kept.close()
+
+
+def show_raw_output(proc: subprocess.Popen, log: Path | None) -> None:
+    """Your script's output on one node, passed on as it comes (chunks, not lines: a progress bar
+    that redraws with `\r` stays live), and kept in `log` in whole lines tagged as the launcher
+    tags a Slurm node's (`[0/R] `: the rank where the line names it, torch's `[rankR]:`, else
+    `-`), so `ddpkit logs RUN_DIR` (`--all`, `--grep`, `--attempt`) reads it as the trainer's."""
+    import threading
+
+    lock = threading.Lock()
+    kept = log.open("ab") if log is not None else None
+
+    def copy(stream, out) -> None:
+        pending = b""
+        while chunk := os.read(stream.fileno(), 65536):
+            out.write(chunk)
+            out.flush()
+            pending += chunk
+            whole, _, pending = pending.rpartition(b"\n")
+            if whole and kept is not None:
+                with lock:
+                    kept.write(_tagged(whole + b"\n"))
+                    kept.flush()
+        if pending and kept is not None:
+            with lock:
+                kept.write(_tagged(pending + b"\n"))
+
+    threads = [threading.Thread(target=copy, args=pair, daemon=True)
+               for pair in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if kept is not None:
+        kept.close()
+
+
+def _tagged(lines: bytes) -> bytes:
+    """Each line of `lines` started with node 0's tag and the rank it names (or `-`)."""
+    return b"".join(node_line_tag(0, line_worker_rank(line.decode("utf-8", "replace"))).encode() + line
+                    for line in lines.splitlines(keepends=True))
 
 
 def _own_source() -> list[str]:
@@ -253,10 +300,9 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
             env[LINE_TAGS_VAR] = "1"
         if own_code:  # its output as it is: no record lines in it (`status` reads the run directory)
             env[PROGRESS_LINES_VAR] = "0"
-        piped = not own_code
         procs.append(subprocess.Popen(
             [sys.executable, *LAUNCH_ARGV[1:]], env=env, start_new_session=True, cwd=cwd,
-            stdout=subprocess.PIPE if piped else None, stderr=subprocess.PIPE if piped else None,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             preexec_fn=(lambda cpus=cpus: os.sched_setaffinity(0, cpus)) if cpus else None))
 
     def forward(signum: int, frame: object) -> None:
@@ -266,10 +312,9 @@ def run_local(job, job_path: str, nproc: int | None = None) -> int:
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
-        if not own_code:
-            with (run_dir / OUTPUT_LOG).open("a", encoding="utf-8") as fh:  # where a run begins
-                fh.write(start_line(job.name, nproc, nodes))
-            show_outputs(procs, run_dir / OUTPUT_LOG)
+        with (run_dir / OUTPUT_LOG).open("a", encoding="utf-8") as fh:  # where a run begins
+            fh.write(start_line(job.name, nproc, nodes))
+        show_outputs(procs, run_dir / OUTPUT_LOG, raw=own_code and nodes == 1)
         codes = [proc.wait() for proc in procs]
     finally:
         for s, handler in previous.items():
