@@ -711,3 +711,41 @@ def test_workdir_runs_the_submitted_tree_after_an_edit_in_the_queue_and_after_a_
         time.sleep(0.5)
     assert re.findall(r"workdir-version (\S+) in (\S+) restart (\d)", job_log(cluster, handle)) == \
         [("submitted", str(copy), "0"), ("submitted", str(copy), "1")]
+
+
+def test_an_accelerate_script_on_two_nodes_succeeds_or_hangs_and_ddpkit_says_which(cluster, jobs, tmp_path):
+    """tests/frameworks/accelerate_loop.py (an Accelerate loop of our own, no ddpkit in it) as
+    `script:` on 2 nodes x 1 rank, two jobs at once: one trains (same parameters on both nodes;
+    `status` counts its 20 steps; `why` says completed), one whose rank 1 (on node 2) sleeps in
+    its own code at step 8: the script watchdog ends it, naming rank 1, its node and its line."""
+    import yaml
+
+    handles = {}
+    for fault in ("", "hang"):
+        folder = tmp_path / (fault or "ok")
+        folder.mkdir()
+        shutil.copy(REPO / "tests" / "frameworks" / "accelerate_loop.py", folder / "loop.py")
+        job = {"name": f"acc-{fault or 'ok'}", "image": "ddpkit:0.1", "nodes": 2, "procs_per_node": 1,
+               "resources": {"cpus_per_node": 1, "memory": "2Gi"}, "script": "loop.py", "steps": 20, "restarts": 0,
+               "env": {"OMP_NUM_THREADS": "1", "FAULT": fault, "STEPS": "20"}, "train": {"hang_floor_s": 3},
+               "slurm": {"venv": sys.prefix, "requeue": False}}
+        (folder / "job.yaml").write_text(yaml.safe_dump(job))
+        proc = ddpkit("submit", "slurm", str(folder / "job.yaml"), cwd=folder, env=cluster)
+        assert proc.returncode == 0, proc.stderr
+        handles[fault] = proc.stdout.strip()
+        jobs.append(handles[fault])
+    wait_for(cluster, handles[""], {"SUCCEEDED"})
+    log = job_log(cluster, handles[""])
+    sums = set(re.findall(r"rank \d/2: params sha256 ([0-9a-f]{64})", log))
+    assert len(sums) == 1 and len(re.findall(r"rank \d/2: params sha256", log)) == 2, log[-3000:]
+    progress = json.loads(ddpkit("status", handles[""], "--json", env=cluster).stdout)["progress"]
+    assert (progress["step"], progress["state"]) == (20, "completed"), progress
+    why = ddpkit("why", handles[""], env=cluster).stdout.splitlines()
+    assert why[0] == "completed: attempt 0: step 20/20", why
+
+    wait_for(cluster, handles["hang"], {"FAILED"})
+    why = ddpkit("why", handles["hang"], env=cluster).stdout.splitlines()
+    line = next(i for i, text in enumerate((REPO / "tests/frameworks/accelerate_loop.py").read_text().splitlines(), 1)
+                if "FAULT=hang" in text and "sleep" in text)
+    assert why[0].startswith("hang: rank 1 on ddpkit-node2"), why
+    assert f"loop.py:{line} in main (outside any collective)" in why[0], why
