@@ -205,6 +205,15 @@ def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
                 out.write(text)
                 out.flush()
 
+    _copy_both(proc, copy)
+    if kept is not None:
+        kept.close()
+
+
+def _copy_both(proc: subprocess.Popen, copy) -> None:
+    """`copy(stream, out)` for the child's stdout and stderr at once, each in a thread, until both end."""
+    import threading
+
     streams = [(s, out) for s, out in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))
                if s is not None]
     threads = [threading.Thread(target=copy, args=pair, daemon=True) for pair in streams]
@@ -212,8 +221,6 @@ def show_output(proc: subprocess.Popen, log: Path | None = None) -> None:
         thread.start()
     for thread in threads:
         thread.join()
-    if kept is not None:
-        kept.close()
 
 
 def show_raw_output(proc: subprocess.Popen, log: Path | None) -> None:
@@ -241,12 +248,7 @@ def show_raw_output(proc: subprocess.Popen, log: Path | None) -> None:
             with lock:
                 kept.write(_tagged(pending + b"\n"))
 
-    threads = [threading.Thread(target=copy, args=pair, daemon=True)
-               for pair in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    _copy_both(proc, copy)
     if kept is not None:
         kept.close()
 
