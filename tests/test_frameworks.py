@@ -140,3 +140,37 @@ def test_a_rank_asleep_in_its_own_code_is_found_by_the_watchdog_with_its_line(tm
     assert found["others"].startswith("rank 0 in collective at step 7"), found
     lines = why(tmp_path / "runs" / "fw-hang")
     assert lines[0].startswith("hang: rank 1 ") and f"{script}:{line} in " in lines[0], lines
+
+
+@pytest.mark.parametrize("framework", ["lightning"])
+def test_ctrl_c_on_a_hung_framework_job_ends_in_seconds_with_every_ranks_place(tmp_path, framework):
+    """Lightning installs its own SIGTERM handler; rank 1 asleep in training_step, rank 0 blocked
+    in DDP's all-reduce (its handler cannot run), the watchdog off (so only the stop ends it):
+    Ctrl-C (SIGINT to `ddpkit run`) ends the job in seconds, not after the stop grace (120 s),
+    and `why` says where each rank was."""
+    script = need(framework)
+    shutil.copy(SCRIPTS / script, tmp_path / script)
+    job = tmp_path / "fw-stop.yaml"
+    job.write_text(yaml.safe_dump({"name": "fw-stop", "image": "ddpkit:0.1", "procs_per_node": 2, "script": script,
+                                   "steps": STEPS, "train": {"watchdog": False}}))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "FAULT": "hang"}
+    proc = subprocess.Popen([sys.executable, "-m", "deploy", "run", str(job), "--local"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = tmp_path / "runs" / "fw-stop"
+    deadline = time.monotonic() + 180
+    while True:  # until rank 0 has done step 7 (rank 1 sleeps at step 8)
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
+        status = ddpkit("status", str(run_dir), "--json")
+        if status.returncode == 0 and (json.loads(status.stdout).get("progress") or {}).get("step", 0) >= 7:
+            break
+        time.sleep(0.5)
+    time.sleep(2)
+    stopped = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=150)
+    print(f"{framework}: Ctrl-C on a hang -> exit after {time.monotonic() - stopped:.1f}s (stop grace 120 s)")
+    assert proc.returncode != 0, out[-3000:]
+    lines = why(run_dir)
+    assert lines[0].startswith("stopped: attempt 0: stopped by a stop signal; where each rank was:"), lines
+    assert "rank 1: on " in lines[0] and f"{script}:{marked_line(script, 'FAULT=hang')} in " in lines[0], lines
+    assert "rank 0: on " in lines[0] and "(waiting in " in lines[0], lines

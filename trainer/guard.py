@@ -3,7 +3,7 @@ heartbeats for the hang watchdog: `python -m trainer.guard SCRIPT ARGS` (or `-m 
 runs the script as `python SCRIPT ARGS` would (as `__main__`, its folder first on `sys.path`),
 after two hooks, stdlib only:
 
-- a stop signal (SIGTERM: torchrun ending the group after a rank failed, or a stop reaching the
+- a stop signal (SIGTERM or SIGINT: torchrun ending the group after a rank failed, or a stop reaching the
   workers) writes the rank's Python stacks, every thread (`faulthandler`, chained: the signal
   then does what it did before), to `RUN_DIR/debug/attempt-N/rank-R.txt`;
 - an uncaught exception writes the same file (its traceback first) and the exception record
@@ -40,6 +40,8 @@ from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exce
 from trainer.contract import RUN_DIR_VAR
 
 PREFIX = "ddpkit-hang "
+#: The signals a stop reaches a worker with (torchrun passes on the one it got: Ctrl-C's SIGINT).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: How gloo, NCCL and c10d say a collective (or the store) timed out.
 _TIMEOUT = re.compile(r"[Tt]imed out|[Tt]imeout|Watchdog caught collective operation timeout|DistTimeoutError")
 _FRAME = re.compile(r'^\s*File "(.+)", line (\d+) in (\S+)')
@@ -62,18 +64,19 @@ def install(run_dir: Path) -> IO[str] | None:
     try:
         where.mkdir(parents=True, exist_ok=True)
         stacks = open(where / f"rank-{rank}.txt", "w")  # noqa: SIM115  (kept open: the signal handler writes to it)
-        stacks.write(_header(rank, attempt, "stacks at SIGTERM (most recent call first)"))
+        stacks.write(_header(rank, attempt, "stacks at a stop signal (most recent call first)"))
         stacks.flush()
     except OSError as e:
         print(f"ddpkit guard: no stacks for rank {rank}: {e}", file=sys.stderr)
         return None
-    faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
-    keep_stacks_at_sigterm(stacks)
+    for stop in STOP_SIGNALS:
+        faulthandler.register(stop, file=stacks, all_threads=True, chain=True)
+    keep_stacks_at_stop_signals(stacks)
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
         with contextlib.suppress(Exception):
-            faulthandler.unregister(signal.SIGTERM)
+            unregister_stop_signals()
             stacks.seek(0)
             stacks.truncate()
             stacks.write(_header(rank, attempt, f"an uncaught {kind.__name__}"))
@@ -88,20 +91,25 @@ def install(run_dir: Path) -> IO[str] | None:
     return stacks
 
 
-def keep_stacks_at_sigterm(stacks: IO[str]) -> None:
-    """A script (or its framework: Lightning) that sets its own SIGTERM handler would replace the
-    stacks dump: `signal.signal` for SIGTERM installs the handler, then the dump again in front
+def unregister_stop_signals() -> None:
+    for stop in STOP_SIGNALS:
+        faulthandler.unregister(stop)
+
+
+def keep_stacks_at_stop_signals(stacks: IO[str]) -> None:
+    """A script (or its framework: Lightning) that sets its own SIGTERM or SIGINT handler would
+    replace the stacks dump: `signal.signal` for them installs the handler, then the dump again in front
     of it (the dump runs first, in the signal, even while the main thread is blocked in C++;
     the script's handler then runs as it would have)."""
     original = signal.signal
 
     def signal_keeping_stacks(signum: Any, handler: Any) -> Any:
-        if signum != signal.SIGTERM or stacks.closed:
+        if signum not in STOP_SIGNALS or stacks.closed:
             return original(signum, handler)
-        previous = signal.getsignal(signal.SIGTERM)
-        faulthandler.unregister(signal.SIGTERM)
+        previous = signal.getsignal(signum)
+        faulthandler.unregister(signum)
         original(signum, handler)
-        faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+        faulthandler.register(signum, file=stacks, all_threads=True, chain=True)
         return previous
 
     signal.signal = signal_keeping_stacks

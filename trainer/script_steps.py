@@ -14,20 +14,22 @@ whose step was skipped by a GradScaler (inf/NaN gradients) does not step, so it 
 The total for the ETA is the job file's `steps:`; without it, `status` shows the step and the
 rate, no ETA.
 
-Cost per step: one hook call that compares an id, appends a time and, on rank 0, a 12-byte
-`pwrite` (the record itself at most once a second): bench/script_steps.py measures it against
-the same script without the hook.
+Cost per step: one hook call that compares an id, appends a time and, on rank 0, takes an
+uncontended lock for a 12-byte `pwrite` (the record itself at most once a second; a thread
+rewrites it once a second too, so it says the last step when the steps stop coming):
+bench/script_steps.py measures it against the same script without the hook.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from trainer.contract import PROGRESS_LINES_VAR
-from trainer.progress import Ledger, Progress
+from trainer.progress import WRITE_EVERY_S, Ledger, Progress
 
 #: The phase the ledger books while the script trains (it has no finer phases the hook sees).
 TRAINING = "productive"
@@ -46,6 +48,8 @@ class ScriptSteps:
         self.progress = None
         self.steps_given = total_steps is not None  # the job file's `steps:` (wins over a framework's)
         self.heartbeat: Any = None  # trainer/script_watch.py's, when the watchdog runs
+        self.lock = threading.Lock()  # rank 0's record: the hook and `_keep_fresh` write it
+        self.ended = False
         if is_main and run_dir is not None:
             self.progress = Progress(run_dir, self.ledger, total_steps=total_steps or 0, epochs=0,
                                      global_batch=0, restarts_allowed=restarts_allowed)
@@ -57,7 +61,20 @@ class ScriptSteps:
         """Register the global hook (imports torch.optim: the script is about to import torch)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
+        if self.progress is not None:
+            threading.Thread(target=self._keep_fresh, name="ddpkit-progress", daemon=True).start()
         return register_optimizer_step_post_hook(self.hook)
+
+    def _keep_fresh(self) -> None:
+        """Rank 0, once a second: the record says the last step even when steps stop coming
+        (the hook writes at most once a second, so a burst of fast steps and then a rank blocked
+        in a collective would leave it a second behind for good)."""
+        while True:
+            time.sleep(WRITE_EVERY_S)
+            with self.lock:
+                if self.ended:
+                    return
+                self.progress.tick(self.step, 0)
 
     def hook(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.optimizer is None:
@@ -74,20 +91,24 @@ class ScriptSteps:
             self.ledger.enter(self.progress.phase_of(0), at=self.last)
         elif self.ledger.phase == "redone" and self.step > self.progress.furthest:
             self.ledger.enter("productive", at=self.last)
-        self.progress.tick(self.step, 0)
+        with self.lock:
+            self.progress.tick(self.step, 0)
 
     def finish(self, state: str) -> None:
         """The script ended on its own (`completed`): the attempt's last record."""
         if self.progress is not None:
-            self.ledger.enter("finish")
-            self.progress.publish(self.step, 0, state)
-
+            with self.lock:
+                self.ended = True
+                self.ledger.enter("finish")
+                self.progress.publish(self.step, 0, state)
 
     def hung(self, found: dict[str, Any]) -> None:
         """Rank 0, the watchdog found a hang: in the ledger, and the attempt's last record."""
         if self.progress is not None:
-            self.ledger.rebook(found.get("age_s", 0.0), "hang")
-            self.progress.publish(self.step, 0, "hung")
+            with self.lock:
+                self.ended = True
+                self.ledger.rebook(found.get("age_s", 0.0), "hang")
+                self.progress.publish(self.step, 0, "hung")
 
 
 def from_environment(run_dir: Path | None, rank: int, job: Any) -> ScriptSteps:

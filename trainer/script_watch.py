@@ -148,8 +148,9 @@ class ScriptWatchdog(Watchdog):
         super()._tick(store)
 
     def _write_stacks(self) -> Path:
-        """Into the guard's open file (its SIGTERM dump is no longer needed: these are newer)."""
-        faulthandler.unregister(signal.SIGTERM)
+        """Into the guard's open file (its stop-signal dump is no longer needed: these are newer)."""
+        for stop in (signal.SIGTERM, signal.SIGINT):
+            faulthandler.unregister(stop)
         hb = self.hb
         self.stacks.seek(0)
         self.stacks.truncate()
