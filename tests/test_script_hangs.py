@@ -92,3 +92,13 @@ def test_a_stop_of_a_hung_script_with_its_own_sigterm_handler_ends_in_seconds_wi
     lines, _ = timed_why(tmp_path / "runs" / "stop-own-handler")
     assert lines[0].startswith("stopped: attempt 0: stopped by a stop signal; where each rank was:"), lines
     assert "(waiting in all_reduce)" in lines[0] and "hang.py:20 in main (outside any collective)" in lines[0], lines
+
+
+def test_a_job_that_needs_longer_to_reach_its_save_point_sets_the_wait(monkeypatch):
+    from trainer.launch import script_stop
+
+    assert script_stop.wait_s() == script_stop.SCRIPT_STOP_S
+    monkeypatch.setenv("DDPKIT_SCRIPT_STOP_S", "30")
+    assert script_stop.wait_s() == 30.0
+    monkeypatch.setenv("DDPKIT_SCRIPT_STOP_S", "soon")  # not a number: the default, not a crash
+    assert script_stop.wait_s() == script_stop.SCRIPT_STOP_S

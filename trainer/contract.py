@@ -119,6 +119,10 @@ MASTER_PORT_VAR = var("master_port")
 LAUNCH_T0_VAR = "DDPKIT_LAUNCH_T0"  # when the node's launch began (time.time()): launch cost
 TORCHRUN_T0_VAR = "DDPKIT_TORCHRUN_T0"  # when torchrun was started
 STOP_FILE_VAR = "DDPKIT_STOP_FILE"  # a worker writes the checkpointed step here on a stop
+#: Seconds a script job's launcher waits after a stop before it ends the ranks that write no
+#: checkpoint (trainer/launch/script_stop.py; default 5): a script that needs longer to reach
+#: its own save point sets it in the job's `env:`.
+SCRIPT_STOP_S_VAR = "DDPKIT_SCRIPT_STOP_S"
 CONTEXT_VAR = "DDPKIT_CONTEXT"  # the launch context trainer.launch detected
 PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight checks
 PROGRESS_LINES_VAR = "DDPKIT_PROGRESS_LINES"  # "0": no `ddpkit-progress` lines (run --local reads the file)

@@ -4,7 +4,8 @@ The built-in trainer answers a stop signal with a checkpoint and tells the launc
 (`DDPKIT_STOP_FILE`); torchrun waits the whole stop grace (`--shutdown-timeout`) for it. A
 script has no such protocol, and a rank blocked in a C++ collective (a hang, a peer gone) never
 runs its SIGTERM handler, so torchrun would wait out the grace (120 s by default) for nothing.
-So the launcher of a script job, `SCRIPT_STOP_S` after the stop signal it passed on, ends every
+So the launcher of a script job, `SCRIPT_STOP_S` (or the job's `DDPKIT_SCRIPT_STOP_S`) after the
+stop signal it passed on, ends every
 rank of its node still running (SIGKILL), except one whose Python stack (read from outside by
 py-spy, the process untouched) shows a checkpoint being written (`torch.save`, Distributed
 Checkpoint, safetensors): that one keeps the rest of the grace, as the trainer's stop would.
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.contract import STOP_FILE_VAR
+from trainer.contract import SCRIPT_STOP_S_VAR, STOP_FILE_VAR
 
 #: Seconds after the stop signal before the ranks still running are ended.
 SCRIPT_STOP_S = 5.0
@@ -72,9 +73,18 @@ def stacks(pids: list[int], timeout_s: float = 10.0) -> dict[int, str]:
     return out
 
 
+def wait_s() -> float:
+    """`SCRIPT_STOP_S`, or the job's `DDPKIT_SCRIPT_STOP_S`."""
+    try:
+        return max(0.0, float(os.environ.get(SCRIPT_STOP_S_VAR) or SCRIPT_STOP_S))
+    except ValueError:
+        return SCRIPT_STOP_S
+
+
 def end_ranks(torchrun: subprocess.Popen, stop_file: str, log: Callable[[str], None]) -> None:
-    """`SCRIPT_STOP_S` after a stop: SIGKILL this node's ranks that still run and write no checkpoint."""
-    deadline = time.monotonic() + SCRIPT_STOP_S
+    """`wait_s()` after a stop: SIGKILL this node's ranks that still run and write no checkpoint."""
+    waited = wait_s()
+    deadline = time.monotonic() + waited
     while torchrun.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     running = workers(stop_file) if torchrun.poll() is None else []
@@ -84,14 +94,14 @@ def end_ranks(torchrun: subprocess.Popen, stop_file: str, log: Callable[[str], N
     ended = []
     for rank, pid in running:
         if SAVING.search(read.get(pid, "")):
-            log(f"rank {rank} (pid {pid}) is writing a checkpoint {SCRIPT_STOP_S:.0f}s after the stop: "
+            log(f"rank {rank} (pid {pid}) is writing a checkpoint {waited:.0f}s after the stop: "
                 "it keeps the stop grace")
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
             ended.append(rank)
     if ended:
-        log(f"rank(s) {', '.join(map(str, ended))} still running {SCRIPT_STOP_S:.0f}s after the stop and "
+        log(f"rank(s) {', '.join(map(str, ended))} still running {waited:.0f}s after the stop and "
             "writing no checkpoint: ended (SIGKILL); their stacks at the signal are in the run directory")
 
 
