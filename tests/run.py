@@ -29,14 +29,21 @@ from tests.conftest import K8S_TESTBED_MODULES, testbed_order
 
 REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / ".pytest-k8s-tier.log"
+#: Run first in the Kubernetes tier's session too: the Docker testbed's tests (several minutes,
+#: mostly waiting on image builds and containers). They balance the two sessions (in CI the rest
+#: took ~47 min, the Kubernetes tier ~38 beside it) and no longer build images while the
+#: Kubernetes tier builds its own; on a cold machine they run while build.sh still compiles.
+BESIDE_FIRST = ["test_docker_e2e.py"]
 
 
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if argv or os.environ.get("DDPKIT_TEST_SERIAL"):
         return subprocess.call(pytest + argv, cwd=REPO)
-    k8s_tier = [f"tests/{name}" for name in sorted(K8S_TESTBED_MODULES, key=lambda n: (testbed_order(n), n))]
-    print(f"tests/run.py: the Kubernetes tier ({len(k8s_tier)} modules) runs beside the rest; its output: {LOG.name}",
+    k8s_tier = [f"tests/{name}" for name in
+                BESIDE_FIRST + sorted(K8S_TESTBED_MODULES, key=lambda n: (testbed_order(n), n))]
+    print(f"tests/run.py: the Kubernetes tier ({len(k8s_tier)} modules, the Docker testbed's first) runs beside "
+          f"the rest; its output: {LOG.name}",
           flush=True)
     with LOG.open("w") as log:
         beside = subprocess.Popen(pytest + ["-p", "no:cacheprovider", *k8s_tier], cwd=REPO,
