@@ -17,7 +17,7 @@ from tests.trainer_util import launch_env, wait_for
 
 pytestmark = pytest.mark.slow
 
-# A textbook DDP loop; with GAN=1 a second optimizer steps after the first, every iteration.
+# A textbook DDP loop (SLOW_RANK: that rank is 30 ms slower a step); with GAN=1 a second optimizer steps after the first, every iteration.
 SCRIPT = """
 import os, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -25,6 +25,8 @@ model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
 for i in range(int(os.environ["ITERATIONS"])):
+    if dist.get_rank() == int(os.environ.get("SLOW_RANK", "-1")):
+        time.sleep(0.03)  # its own work: the other rank waits for it in DDP's all-reduce
     opt.zero_grad()
     model(torch.ones(2, 4)).sum().backward()
     opt.step()
@@ -92,3 +94,30 @@ def test_steps_belong_to_a_script():
     with pytest.raises(UserError, match="steps: counts the steps of your script or module"):
         parse_job({"name": "s", "image": "img:1", "steps": 10})
     assert parse_job({"name": "s", "image": "img:1", "script": "t.py", "steps": 10}).steps == 10
+
+
+def test_a_rank_slower_at_its_own_work_is_named_the_straggler(tmp_path):
+    """Rank 1 spends 30 ms more a step before its forward pass; DDP makes both ranks' steps
+    equally long, and the gradient hooks still tell the slow one: `status` names it, rank 0's
+    stderr says so, and the per-rank times show rank 0 waiting."""
+    job = script_job(tmp_path, "slow", train={"log_every_steps": 4})
+    proc = launch(job, tmp_path, ITERATIONS="200", SLOW_RANK="1")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "ddpkit straggler: rank 1 on " in out, out[-3000:]
+    record = json.loads(status(tmp_path / "runs" / "slow", "--json").stdout)["progress"]
+    assert record["straggler"]["rank"] == 1 and record["straggler"]["slower"] > 1.5, record
+    assert "straggler: rank 1 on " in status(tmp_path / "runs" / "slow").stdout
+    own = {r["rank"]: r for r in record["ranks"]}
+    assert own[1]["own_s"] > 0.025 > own[0]["own_s"] and own[0]["wait_s"] > 0.025, record["ranks"]
+
+
+def test_ranks_alike_name_no_straggler(tmp_path):
+    """The same loop with no slow rank: windows compared, nobody named."""
+    job = script_job(tmp_path, "even", train={"log_every_steps": 4})
+    proc = launch(job, tmp_path, ITERATIONS="120", PAUSE="0.03")
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "ddpkit straggler" not in out, out[-3000:]
+    record = json.loads(status(tmp_path / "runs" / "even", "--json").stdout)["progress"]
+    assert record["straggler"] is None and len(record["ranks"]) == 2, record

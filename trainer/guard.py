@@ -128,7 +128,8 @@ def main(argv: list[str]) -> None:
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         steps.heartbeat = script_watch.start(
             stacks, attempt=attempt, debug_dir=debug_dir(run_dir, attempt), floor_s=job.train.hang_floor_s,
-            factor=job.train.hang_factor, timeout_s=job.train.timeout_s, on_hang=steps.hung)
+            factor=job.train.hang_factor, timeout_s=job.train.timeout_s, on_hang=steps.hung,
+            on_windows=steps.compare)
     steps.install()
     integrations.install(steps)
     if job.local_rank_arg:  # first, before the script's own arguments, as torch.distributed.launch put it

@@ -27,6 +27,7 @@ as the trainer's does. `train.watchdog: false` turns it off.
 from __future__ import annotations
 
 import faulthandler
+import json
 import math
 import os
 import re
@@ -45,6 +46,10 @@ from trainer.watchdog import STEP_PHASES, WARM_STEPS, Heartbeat, Watchdog
 COLLECTIVE_FILES = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/")
 #: How often the thread looks for the process group before the script made one.
 GROUP_POLL_S = 1.0
+#: Step windows each rank publishes: rank 0 compares those every rank has, once a second.
+PUBLISH_WINDOWS = 8
+#: Step windows a rank keeps: rank 0 compares its own with the others', which are a tick older.
+KEEP_WINDOWS = 64
 
 Frame = tuple[str, int, str]  # file, line, function
 
@@ -80,12 +85,18 @@ class ScriptHeartbeat(Heartbeat):
         self.stepped_at = self.since  # the last step's end (the start before any)
         self.waiting_since: float | None = None
         self.where: str | None = None
+        self.windows: tuple[dict[str, Any], ...] = ()  # the last step windows (trainer/script_steps.py)
 
     def stepped(self, step: int) -> None:
         """The step hook: optimizer step `step` ended (main thread)."""
         self.step_done()
         self.step, self.stepped_at = step, time.time()
         self.since = self.stepped_at
+
+    def window_done(self, step: int, medians: dict[str, float]) -> None:
+        """The step hook: the medians of the window that ended at `step`, published with the
+        heartbeat (the last `PUBLISH_WINDOWS`, for a rank 0 that reads them a second later)."""
+        self.windows = (*self.windows[-(KEEP_WINDOWS - 1):], {"at_step": step, **medians})
 
     def observe(self) -> None:
         """The watchdog thread, each tick: the phase and the line from the main thread's stack."""
@@ -107,7 +118,7 @@ class ScriptHeartbeat(Heartbeat):
         return max(floor_s, timeout_s / 2) if self.waiting_since is not None else math.inf
 
     def as_dict(self) -> dict[str, Any]:
-        return {**super().as_dict(), "where": self.where}
+        return {**super().as_dict(), "where": self.where, "windows": list(self.windows[-PUBLISH_WINDOWS:])}
 
 
 def group_module() -> Any:
@@ -127,10 +138,12 @@ class ScriptWatchdog(Watchdog):
     """The trainer's watchdog on a script's rank: it waits for the process group, reads the
     stack each tick, and writes its stacks into the guard's file (trainer/guard.py)."""
 
-    def __init__(self, heartbeat: ScriptHeartbeat, stacks: IO[str], **kw: Any) -> None:
+    def __init__(self, heartbeat: ScriptHeartbeat, stacks: IO[str], *, on_windows: Any = None, **kw: Any) -> None:
         super().__init__(heartbeat, rank=0, world=1, **kw)  # rank, world: from the group, once made
         self.hb: ScriptHeartbeat = heartbeat
         self.stacks = stacks
+        self.on_windows = on_windows  # rank 0: every rank's window of steps (stragglers)
+        self.compared = 0  # the step of the last window compared
 
     def _run(self) -> None:
         dist = None
@@ -146,6 +159,23 @@ class ScriptWatchdog(Watchdog):
     def _tick(self, store: Any) -> None:
         self.hb.observe()
         super()._tick(store)
+        if self.rank == 0 and self.world > 1 and self.on_windows is not None:
+            self._compare_windows(store)
+
+    def _compare_windows(self, store: Any) -> None:
+        """Rank 0: each window every rank has published, oldest first, to `on_windows`."""
+        new = sorted(w["at_step"] for w in self.hb.windows if w["at_step"] > self.compared)
+        keys = [self._key(r) for r in range(self.world)]
+        if not new or not store.check(keys):
+            return
+        beats = [json.loads(beat) for beat in store.multi_get(keys)]
+        windows = [{w["at_step"]: w for w in beat.get("windows", ())} for beat in beats]
+        windows[0] = {w["at_step"]: w for w in self.hb.windows}  # all it kept (the others': a tick older)
+        for step in new:
+            if all(step in w for w in windows):
+                self.on_windows([{"rank": r, "host": beats[r].get("host"), **windows[r][step]}
+                                 for r in range(self.world)])
+                self.compared = step
 
     def _write_stacks(self) -> Path:
         """Into the guard's open file (its stop-signal dump is no longer needed: these are newer)."""
@@ -164,9 +194,9 @@ class ScriptWatchdog(Watchdog):
 
 
 def start(stacks: IO[str], *, attempt: int, debug_dir: Path, floor_s: float, factor: float,
-          timeout_s: float, on_hang: Any = None) -> ScriptHeartbeat:
+          timeout_s: float, on_hang: Any = None, on_windows: Any = None) -> ScriptHeartbeat:
     """Start this rank's watchdog thread; the step hook calls the returned heartbeat's `stepped`."""
     heartbeat = ScriptHeartbeat()
     ScriptWatchdog(heartbeat, stacks, attempt=attempt, debug_dir=debug_dir, floor_s=floor_s, factor=factor,
-                   timeout_s=timeout_s, on_hang=on_hang).start()
+                   timeout_s=timeout_s, on_hang=on_hang, on_windows=on_windows).start()
     return heartbeat

@@ -76,6 +76,10 @@ class StepTimes:
         record["wait_s"] = sum(record[f] for f in WAIT)
         self.window.append(record)
 
+    def add_own(self, step_s: float, own_s: float) -> None:
+        """A step known only as a whole and its own part (a script's: trainer/script_steps.py)."""
+        self.window.append({"step_s": step_s, "own_s": own_s, "wait_s": max(0.0, step_s - own_s)})
+
     def take(self) -> dict[str, float] | None:
         """The medians of the window's steps (None for an empty window); a new window."""
         steps, self.window = self.window, []
