@@ -7,6 +7,10 @@ hook's share of a step shows: a real model's step is longer, the hook's cost the
 prints its steady-state seconds per step (the first 50 steps left out); reported: the median
 per variant and the ratio ddpkit / bare. Goal: under 1% of a step.
 
+Also timed, in one process: the straggler clock's share (a post-accumulate-grad hook per
+parameter tensor, trainer/script_steps.py) on a 100-tensor model's forward and backward, with
+and without the hooks, interleaved: the cost per tensor.
+
     python bench/script_steps.py [--repeats 5] [--steps 600]
 """
 
@@ -70,6 +74,37 @@ def ours(work: Path, steps: int) -> float:
     return per_step(run([sys.executable, "-m", "trainer.launch"], work, env))
 
 
+def gradient_hook_cost(repeats: int = 15, tensors: int = 100) -> tuple[float, float]:
+    """Median seconds of one forward+backward of a `tensors`-tensor MLP without and with a
+    post-accumulate-grad hook on every tensor (what the straggler clock adds), interleaved."""
+    import time
+
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(tensors // 2)])
+    x = torch.randn(8, 64)
+    noted = [0.0]
+
+    def note(param) -> None:  # what ScriptSteps._gradient_ready does
+        noted[0] = time.time()
+
+    def timed(n: int = 200) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            model(x).sum().backward()
+        return (time.perf_counter() - t0) / n
+
+    off, on = [], []
+    for _ in range(repeats):
+        off.append(timed())
+        hooks = [p.register_post_accumulate_grad_hook(note) for p in model.parameters()]
+        on.append(timed())
+        for hook in hooks:
+            hook.remove()
+    return statistics.median(off), statistics.median(on)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
@@ -91,6 +126,11 @@ def main() -> int:
            "the script times its own steps.")
     r.table("milliseconds per step (median, min, max) and the ratio to bare torchrun",
             ["variant", "median ms", "min ms", "max ms", "ratio"], rows)
+    off, on = gradient_hook_cost()
+    r.table("the straggler clock: one forward+backward of a 100-tensor MLP (64x64 layers, batch 8, "
+            "1 thread), median of 15 interleaved runs of 200",
+            ["without hooks us", "with a hook per tensor us", "per tensor ns", "ratio"],
+            [[fmt(off * 1e6, ".1f"), fmt(on * 1e6, ".1f"), fmt((on - off) / 100 * 1e9, ".0f"), fmt(on / off, ".3f")]])
     r.save()
     return 0
 
