@@ -369,6 +369,14 @@ class Workdir(Strict):
         WORKDIR_MAX_SIZE, description="The most the shipped files may hold together, before "
         "compression (`500Mi`, `2Gi`): a larger tree is refused with its largest files named, "
         "so that a data set or checkpoints left in it are not shipped by mistake.")
+    image: str | None = Field(
+        None, description="Kubernetes and `run --docker`: ship the tree as a thin image layer "
+        "instead of a ConfigMap, for a tree over a ConfigMap's 1 MiB (as a tar.gz). The "
+        "repository it is pushed to (`REGISTRY/team/train`, no tag): `ddpkit submit k8s` builds "
+        "`<image>:workdir-<hash>` FROM the job's `image:` with the tree in `/workdir` (docker "
+        "build: a Docker daemon on the submitting host) and pushes it where the cluster pulls "
+        "from; on ddpkit's Kubernetes testbed it loads it into the nodes instead, as `kind load` "
+        "would. The tag is the tree's content hash: an unchanged tree is not pushed again.")
 
     @model_validator(mode="before")
     @classmethod
@@ -390,6 +398,14 @@ class Workdir(Strict):
                     if not p.strip() or any(c in p for c in "\n\r\0")]
         if problems:
             raise Problems(problems)
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _repository(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9._-]*(:[0-9]+)?(/[a-z0-9][a-z0-9._-]*)*", v):
+            raise ValueError(f"{v!r} is not an image repository; give one without a tag, in "
+                             "lowercase, such as registry.example:5000/team/train")
         return v
 
     @field_validator("max_size")

@@ -13,6 +13,8 @@ A pure reading of the tree (no clock, no randomness; git is asked, never changed
 - `problems(job)` is what is wrong with the tree (deploy/problems.py: `ddpkit validate`, render
   and submit report the same lines, nothing shipped): no such directory, over `max_size`, a
   symlink out of the tree, a file that is not one, a `script:` that is not in the snapshot.
+- `Snapshot.image(repository, base)` is the tag of the tree as a thin image layer on `base`
+  (`workdir.image`: deploy/image.py `build_workdir_image` builds it at submit).
 - `Snapshot.archive()` is a deterministic tar.gz of it (sorted, fixed times and owners): the
   same bytes for the same hash. `Snapshot.write(parent)` copies it to `parent/NAME-workdir-HASH`
   (content-addressed, made whole by a rename: a job, a requeue, a second submit of the same
@@ -101,6 +103,12 @@ class Snapshot:
     def dir_name(self, job_name: str) -> str:
         """Where a copy of it lives, beside a job's logs or run directory."""
         return f"{job_name}-workdir-{self.short}"
+
+    def image(self, repository: str, base: str) -> str:
+        """The tag of the tree as a thin layer FROM `base` (`workdir.image`): the content hash of
+        both, so a changed tree or another base image is another tag."""
+        both = hashlib.sha256(f"{base}\0{self.digest}".encode()).hexdigest()
+        return f"{repository}:workdir-{both[:SHORT]}"
 
     def describe(self) -> str:
         """`sha256:HASH, N files, SIZE[, git COMMIT (dirty)]`: what --dry-run and the logs say."""
@@ -360,6 +368,13 @@ def _tree_problems(job: JobSpec) -> tuple[Path, list, list[Problem]]:
             problems.append(Problem("script", f"{job.script}: {why} in workdir {root}",
                                     "give the path of a file in the tree, relative to workdir.dir"))
     return root, found, problems
+
+
+def image_of(job: JobSpec) -> str | None:
+    """The thin image the job's tree ships in (`workdir.image`), None where it ships otherwise."""
+    if job.workdir is None or job.workdir.image is None:
+        return None
+    return snapshot(job).image(job.workdir.image, job.image)
 
 
 def problems(job: JobSpec) -> list[Problem]:

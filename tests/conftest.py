@@ -207,6 +207,37 @@ def image(cluster) -> str:
     return K8S_TEST_IMAGE
 
 
+#: the training image plus Accelerate, for a framework's script on the testbed (`accelerate_image`)
+K8S_ACCELERATE_IMAGE = "ddpkit:test-accelerate"
+
+
+@pytest.fixture(scope="session")
+def accelerate_image(image) -> str:
+    """The test image plus the Accelerate release this host's `frameworks` extra installed, its
+    wheels fetched on the host into wheelhouse/ (the image build is offline), loaded into every
+    node."""
+    from importlib.metadata import version
+
+    from deploy.image import docker_binary, docker_env
+
+    wanted = f"accelerate=={version('accelerate')}"
+    torch = f"torch=={version('torch')}"  # the image's (from the wheelhouse), not the newest release
+    dockerfile = (f"FROM {image}\nUSER root\n"
+                  f"RUN --mount=type=bind,source=wheelhouse,target=/wheels /opt/ddpkit/bin/pip install "
+                  f"--no-index --find-links /wheels {wanted}\nUSER 1000:1000\n")
+    with open(REPO / "wheelhouse.lock", "w") as lock:  # build_test_image fills the same folder
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+                                  "--dest", str(REPO / "wheelhouse"), "--find-links", str(REPO / "wheelhouse"),
+                                  wanted, torch], capture_output=True, text=True, timeout=900)
+        assert fetched.returncode == 0, fetched.stderr[-3000:]
+        built = subprocess.run([docker_binary(), "build", "--tag", K8S_ACCELERATE_IMAGE, "-f", "-", str(REPO)],
+                               input=dockerfile, capture_output=True, text=True, timeout=900, env=docker_env())
+        assert built.returncode == 0, built.stderr[-3000:]
+    testbed.load_image(K8S_ACCELERATE_IMAGE)
+    return K8S_ACCELERATE_IMAGE
+
+
 @pytest.fixture
 def handles(cluster):
     """Handles submitted by one test; whatever is left when it ends is cancelled."""

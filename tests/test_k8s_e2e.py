@@ -393,6 +393,43 @@ def test_your_own_torchrun_script_runs_unchanged_across_pods(cluster, image, han
     assert "context " in text and "/code/train.py --epochs 1" in text
 
 
+def test_an_accelerate_script_trains_across_pods_or_hangs_and_ddpkit_says_which(cluster, accelerate_image,
+                                                                                handles, tmp_path):
+    """tests/frameworks/accelerate_loop.py (an Accelerate loop of our own, no ddpkit in it),
+    shipped by `workdir:` to 2 pods x 1 rank of a plain Indexed Job, two jobs at once: one trains
+    (the same parameters on both pods; `status` counts its 20 steps; `why` says completed), one
+    whose rank 1 sleeps in its own code at step 8: the script watchdog ends it, naming rank 1,
+    its pod and its line."""
+    submitted = {}
+    for fault in ("", "hang"):
+        tree = tmp_path / (fault or "ok")
+        tree.mkdir()
+        shutil.copy(REPO / "tests" / "frameworks" / "accelerate_loop.py", tree / "loop.py")
+        job = {"name": f"e2e-acc-{fault or 'ok'}", "image": accelerate_image, "nodes": 2, "procs_per_node": 1,
+               "workdir": ".", "script": "loop.py", "steps": 20, "restarts": 0,
+               "resources": {"cpus_per_node": 0.7, "memory": "2Gi", "shm": "64Mi"},
+               "env": {"OMP_NUM_THREADS": "1", "FAULT": fault, "STEPS": "20"}, "train": {"hang_floor_s": 3},
+               "k8s": {"flavor": "job"}}
+        (tree / "job.yaml").write_text(yaml.safe_dump(job, sort_keys=False))
+        submitted[fault] = submit(cluster, handles, tree / "job.yaml")
+    ok, hung = submitted[""], submitted["hang"]
+    wait_for(cluster, ok, {"SUCCEEDED"})
+    text = logs(cluster, ok, 0) + logs(cluster, ok, 1)
+    sums = re.findall(r"rank (\d)/2: params sha256 ([0-9a-f]{64})", text)
+    assert sorted(r for r, _ in sums) == ["0", "1"] and len({s for _, s in sums}) == 1, text[-3000:]
+    progress = json.loads(ddpkit("status", ok, "--json", env=cluster).stdout)["progress"]
+    assert (progress["step"], progress["state"]) == (20, "completed"), progress
+    why = ddpkit("why", ok, env=cluster).stdout.splitlines()
+    assert why[0] == "completed: attempt 0: step 20/20", why
+
+    wait_for(cluster, hung, {"FAILED"})
+    why = ddpkit("why", hung, env=cluster).stdout.splitlines()
+    line = next(i for i, text in enumerate((REPO / "tests/frameworks/accelerate_loop.py").read_text().splitlines(), 1)
+                if "FAULT=hang" in text and "sleep" in text)
+    assert why[0].startswith("hang: rank 1 on e2e-acc-hang-"), why
+    assert f"loop.py:{line} in main (outside any collective)" in why[0], why
+
+
 # --------------------------------------------------------------------------------------------
 # What `restarts: N` gives on each flavor, read from the real objects (issue 10 item 5).
 # Each job is 2 pods of the testbed's busybox image (no training image needed) running a

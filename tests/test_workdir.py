@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -401,6 +402,63 @@ def test_a_tree_a_configmap_cannot_carry_is_refused_naming_the_fix(tree):
     assert problem.path == "workdir" and "over the 1.0 MiB a ConfigMap can carry" in problem.message
     assert "workdir.exclude" in problem.fix
     assert REGISTRY["slurm"].check(job) == []  # Slurm copies any tree within max_size
+
+
+@pytest.mark.parametrize("flavor", ["pytorchjob", "trainjob", "jobset", "job"])
+def test_with_workdir_image_every_flavor_runs_the_trees_image_and_no_configmap(tree, flavor):
+    """`workdir.image`: the training container's image is the thin layer's tag (the hash of the
+    tree and of the base image), no ConfigMap, no unpacking; the record of the tree stays."""
+    import yaml
+
+    (tree / "noise.bin").write_bytes(os.urandom(1100 * 1024))  # over a ConfigMap: fine as an image
+    job = slurm_job(tree, nodes=2, workdir={"dir": ".", "image": "registry.example:5000/team/wd"})
+    snap = workdir.snapshot(job)
+    tag = snap.image("registry.example:5000/team/wd", "img:1")
+    assert re.fullmatch(r"registry\.example:5000/team/wd:workdir-[0-9a-f]{12}", tag)
+    assert tag != snap.image("registry.example:5000/team/wd", "img:2")  # another base, another tag
+    objects = k8s_objects(job, flavor)
+    assert [o for o in objects if o["metadata"]["name"] == "wd-workdir"] == []
+    text = yaml.safe_dump(objects)
+    assert "ddpkit-workdir" not in text and "workdir.tar.gz" not in text
+    images = {c["image"] for spec in pod_specs(objects) for c in spec["containers"] if "image" in c}
+    if flavor == "trainjob":
+        assert objects[-1]["spec"]["trainer"]["command"] == ["python", "-m", "trainer.launch"]
+        images.add(objects[-1]["spec"]["trainer"]["image"])
+    assert images == {tag}, images
+    for spec in pod_specs(objects):
+        main = spec["containers"][0]
+        assert {"name": "DDPKIT_WORKDIR_HASH", "value": snap.digest} in (main.get("env") or
+                                                                         objects[-1]["spec"]["trainer"]["env"])
+
+
+def test_workdir_image_must_be_a_repository():
+    from pydantic import ValidationError
+
+    from deploy.spec import Workdir
+
+    assert Workdir(dir=".", image="registry.example:5000/team/wd").image == "registry.example:5000/team/wd"
+    for bad in ("team/wd:1.0", "Team/wd", "team/wd@sha256:0", "a b"):
+        with pytest.raises(ValidationError, match="not an image repository"):
+            Workdir(dir=".", image=bad)
+
+
+def test_submit_builds_the_trees_image_before_any_object_and_dry_run_builds_nothing(tree, capsys, monkeypatch):
+    from deploy import image as images
+    from deploy.k8s import submit as k8s_submit
+    from tests.test_k8s_submit import FakeCluster
+
+    job = slurm_job(tree, workdir={"dir": ".", "image": "registry.example:5000/team/wd"})
+    tag = workdir.image_of(job)
+    monkeypatch.delenv("KUBECONFIG", raising=False)  # not the testbed: the image is pushed
+    cluster, calls = FakeCluster(), []
+    monkeypatch.setattr(images, "build_workdir_image",
+                        lambda base, snap, t: calls.append(("build", base, snap.digest, t, len(cluster.objects))) or 1.0)
+    monkeypatch.setattr(images, "push", lambda t: calls.append(("push", t)) or 2.0)
+    k8s_submit.submit(job, dry_run=True, cluster=cluster)
+    assert calls == [] and f"would ship: workdir {tree} " in capsys.readouterr().err
+    k8s_submit.submit(job, cluster=cluster)
+    assert calls == [("build", "img:1", workdir.snapshot(job).digest, tag, 0), ("push", tag)]
+    assert f"ddpkit: workdir image {tag}: built in 1.0s, pushed in 2.0s" in capsys.readouterr().err
 
 
 def test_submit_says_what_it_ships_and_the_workload_owns_the_configmap(tree, capsys):

@@ -124,3 +124,57 @@ def test_kubernetes_refuses_a_bad_tree_and_sends_nothing(cluster, tmp_path, case
     for kind, obj in (("configmap", f"{name}-workdir"), ("configmap", f"{name}-job"), ("job", name)):
         got = subprocess.run([testbed.kubectl(), "get", kind, obj], env=cluster, capture_output=True, text=True)
         assert got.returncode != 0 and "NotFound" in got.stderr, (kind, obj, got.stdout)
+
+
+# -- a tree over a ConfigMap's limit, as a thin image layer (`workdir.image`) -------------------
+
+
+def big_tree_job(tmp_path: Path, name: str, flavor: str) -> tuple[Path, workdir.Snapshot]:
+    """tree_job's tree plus 2 MiB that do not compress (over the 1 MiB a ConfigMap carries),
+    shipped as an image layer under a repository no registry serves."""
+    import os
+
+    path, _ = tree_job(tmp_path, name, flavor)
+    (path.parent / "pkg" / "weights.bin").write_bytes(os.urandom(2 << 20))
+    job = yaml.safe_load(path.read_text())
+    job["workdir"] = {"dir": ".", "image": f"ddpkit-workdir/{name}"}
+    path.write_text(yaml.safe_dump(job, sort_keys=False))
+    return path, workdir.snapshot(load_job(str(path)))
+
+
+def test_run_docker_runs_a_large_tree_from_its_image_layer(docker_image, tmp_path):
+    path, snap = big_tree_job(tmp_path, "wd-docker-image", "trainjob")
+    result = ddpkit("run", str(path), "--docker", cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    tag = snap.image("ddpkit-workdir/wd-docker-image", IMAGE)
+    assert f"ddpkit: workdir image {tag}: built in " in result.stderr, result.stderr[-3000:]
+    assert ran(result.stdout) == {("0", "v1", "/workdir"), ("1", "v1", "/workdir")}, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("flavor", ["trainjob", "job"])
+def test_kubernetes_runs_a_large_tree_from_its_image_layer_with_no_registry(cluster, image, handles,
+                                                                            tmp_path, flavor):
+    """Over a ConfigMap's limit: the tree is built into `<workdir.image>:workdir-HASH` FROM the
+    job's image and loaded into the testbed's nodes (no registry); the pods run it from /workdir
+    (a TrainJob, which sets no working directory, from the image's WORKDIR); no ConfigMap."""
+    import subprocess
+
+    from deploy.testbed import k8s as testbed
+
+    name = f"wd-image-{flavor}"
+    path, snap = big_tree_job(tmp_path, name, flavor)
+    proc = ddpkit("submit", "k8s", str(path), env=cluster, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    tag = snap.image(f"ddpkit-workdir/{name}", IMAGE)
+    assert f"ddpkit: workdir image {tag}: built in " in proc.stderr, proc.stderr
+    assert "loaded into the testbed's nodes" in proc.stderr and f"as image {tag} (FROM {IMAGE})" in proc.stderr
+    handle = proc.stdout.strip()
+    handles.append(handle)
+    status = k8s_wait(cluster, handle)
+    logs = "".join(ddpkit("logs", handle, "--rank", str(r), env=cluster).stdout for r in (0, 1))
+    assert status["state"] == "SUCCEEDED", (status, logs[-3000:])
+    assert ran(logs) == {("0", "v1", "/workdir"), ("1", "v1", "/workdir")}, logs[-3000:]
+    assert status["workdir"]["sha256"] == snap.digest
+    got = subprocess.run([testbed.kubectl(), "get", "configmap", f"{name}-workdir"], env=cluster,
+                         capture_output=True, text=True)
+    assert got.returncode != 0 and "NotFound" in got.stderr, got.stdout

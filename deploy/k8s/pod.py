@@ -105,6 +105,16 @@ if run:
 """
 
 
+def in_configmap(job: JobSpec) -> bool:
+    """The tree ships in a ConfigMap (unpacked by an init container), not in a thin image."""
+    return job.workdir is not None and job.workdir.image is None
+
+
+def trainer_image(job: JobSpec) -> str:
+    """The training container's image: the job's, or the thin layer on it that holds the tree."""
+    return workdir.image_of(job) or job.image
+
+
 def workdir_configmap(job: JobSpec) -> dict:
     """The job's workdir as one deterministic tar.gz (deploy/workdir.py), base64 in binaryData;
     its content hash in an annotation."""
@@ -118,7 +128,7 @@ def workdir_configmap(job: JobSpec) -> dict:
 
 def workdir_problems(job: JobSpec) -> list[Problem]:
     """A tree whose archive a ConfigMap cannot carry (after the tree's own checks passed)."""
-    if job.workdir is None or workdir.problems(job):
+    if not in_configmap(job) or workdir.problems(job):
         return []
     snap = workdir.snapshot(job)
     size = len(snap.archive())
@@ -127,13 +137,15 @@ def workdir_problems(job: JobSpec) -> list[Problem]:
     return [Problem("workdir", f"the tree {snap.root} is {workdir.human(size)} as a tar.gz "
                     f"({snap.describe()}), over the {workdir.human(CONFIGMAP_MAX_BYTES)} a ConfigMap "
                     "can carry (the API server's limit)", "leave out what the job does not need "
-                    "(workdir.exclude, .gitignore), or put the code in the image (FROM ddpkit:0.1, "
-                    "COPY) and remove workdir")]
+                    "(workdir.exclude, .gitignore), or ship it as an image layer (workdir.image: "
+                    "the repository to push it to)")]
 
 
 def shipped(job: JobSpec) -> str:
     """What `submit` ships of the workdir, and where (its --dry-run says it too)."""
     snap = workdir.snapshot(job)
+    if not in_configmap(job):
+        return f"workdir {snap.root} ({snap.describe()}) as image {trainer_image(job)} (FROM {job.image})"
     return (f"workdir {snap.root} ({snap.describe()}) as a {workdir.human(len(snap.archive()))} "
             f"tar.gz in ConfigMap {job.k8s.namespace}/{workdir_configmap_name(job.name)}")
 
@@ -249,7 +261,7 @@ def volumes_and_mounts(job: JobSpec) -> tuple[list[dict], list[dict]]:
         if vol.read_only:
             mount["readOnly"] = True
         mounts.append(mount)
-    if job.workdir is not None:  # after the job's own: their indexes stay those of `volumes`
+    if in_configmap(job):  # after the job's own: their indexes stay those of `volumes`
         volumes += [{"name": _WORKDIR, "emptyDir": {}},
                     {"name": _ARCHIVE, "configMap": {"name": workdir_configmap_name(job.name)}}]
         mounts.append({"name": _WORKDIR, "mountPath": WORKDIR_MOUNT})
@@ -269,7 +281,8 @@ def pull_policy(job: JobSpec, image: str) -> str:
 def container(job: JobSpec, name: str, env: list[dict], ports: list[dict] | None = None) -> dict:
     """The training container (the flavor picks its name, env and ports)."""
     _, mounts = volumes_and_mounts(job)
-    out: dict[str, Any] = {"name": name, "image": job.image, "imagePullPolicy": pull_policy(job, job.image),
+    image = trainer_image(job)
+    out: dict[str, Any] = {"name": name, "image": image, "imagePullPolicy": pull_policy(job, image),
                            "command": command(job)}
     if job.workdir is not None:
         out["workingDir"] = WORKDIR_MOUNT
@@ -404,7 +417,7 @@ def pod_template(job: JobSpec, main: dict, *, restart_policy: str, subdomain: st
         spec["affinity"] = affinity(job)
     if k8s.topology_spread:
         spec["topologySpreadConstraints"] = topology_spread(job)
-    inits = ([workdir_init(job)] if job.workdir is not None else []) + extra_containers(job)
+    inits = ([workdir_init(job)] if in_configmap(job) else []) + extra_containers(job)
     if inits:
         spec["initContainers"] = inits
     spec["containers"] = [main]

@@ -46,7 +46,7 @@ def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
     """The objects as data (what `kubectl apply` sends): the ConfigMap, then the flavor's."""
     flavor = flavor or job.k8s.flavor
     refuse(job, check(job, flavor))
-    tree = [podlib.workdir_configmap(job)] if job.workdir is not None else []
+    tree = [podlib.workdir_configmap(job)] if podlib.in_configmap(job) else []
     return [podlib.configmap(job), *tree, *flavor_module(flavor).objects(job)]
 
 

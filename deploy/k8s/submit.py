@@ -14,11 +14,13 @@ conditions).
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from typing import Any
 
+from deploy import workdir
 from deploy.errors import RuntimeFailure, UserError
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import flavor_of_kind
@@ -68,6 +70,8 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
     else:
         raise RuntimeFailure(f"create {kind} {ns}/{name}: already exists; cancel it first "
                              f"(ddpkit cancel k8s://{ns}/{flavor}/{name}) or rename the job")
+    if not dry_run and workdir.image_of(job):
+        ship_workdir_image(job)
     applied: list[tuple[dict, dict]] = []
     for obj in objects:
         meta = obj["metadata"]
@@ -95,6 +99,23 @@ def submit(job, *, flavor: str | None = None, dry_run: bool = False, source: str
             except ApiError:
                 pass  # the job runs either way; `ddpkit cancel` deletes it explicitly
     return str(handle)
+
+
+def ship_workdir_image(job) -> None:
+    """Build the tree's thin image (`workdir.image`) and put it where the nodes find it: pushed,
+    or, on ddpkit's own testbed (KUBECONFIG is the testbed's), loaded into its nodes."""
+    from deploy import image as images
+    from deploy.testbed import k8s as testbed
+
+    tag = workdir.image_of(job)
+    built = images.build_workdir_image(job.image, workdir.snapshot(job), tag)
+    if os.environ.get("KUBECONFIG") == str(testbed.kubeconfig()):
+        start = time.monotonic()
+        testbed.load_image(tag)
+        sent = f"loaded into the testbed's nodes in {time.monotonic() - start:.1f}s"
+    else:
+        sent = f"pushed in {images.push(tag):.1f}s"
+    print(f"ddpkit: workdir image {tag}: built in {built:.1f}s, {sent}", file=sys.stderr)
 
 
 def _roll_back(cluster: Cluster, applied: list[dict]) -> None:

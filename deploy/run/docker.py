@@ -42,9 +42,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from deploy import units
+from deploy import units, workdir
 from deploy.errors import UserError
-from deploy.image import docker, docker_binary, docker_env, image_exists, require_daemon
+from deploy.image import (
+    build_workdir_image,
+    docker,
+    docker_binary,
+    docker_env,
+    image_exists,
+    require_daemon,
+)
 from deploy.k8s import operator_of_kind
 from deploy.k8s.controller import CLUSTER_DOMAIN, Pod, Restarts
 from deploy.k8s.pod import WORKDIR_INIT
@@ -656,6 +663,10 @@ def run_docker(job, source: str, *, flavor: str | None = None, run_dir: Path | N
     plans = plan_containers(pods, objects, run_dir, run_id, network,
                             host_env if host_env is not None else dict(os.environ),
                             {LAUNCH_T0_VAR: repr(t0)})
+    tag = workdir.image_of(job)
+    if tag:  # the tree as a thin image layer, as `submit` builds it (pushed nowhere: this daemon runs it)
+        built = build_workdir_image(job.image, workdir.snapshot(job), tag)
+        print(f"ddpkit: workdir image {tag}: built in {built:.1f}s", file=sys.stderr, flush=True)
     for image in sorted({p.image for p in plans}):
         if not image_exists(image):
             raise UserError(f"image {image}: not on this Docker daemon and --docker never pulls; "

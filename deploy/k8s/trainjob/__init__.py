@@ -101,10 +101,10 @@ def objects(job: JobSpec) -> list[dict]:
     if podlib.deadline(job) is not None:
         spec["activeDeadlineSeconds"] = podlib.deadline(job)
     command = podlib.command(job)
-    if job.workdir is not None:  # no init container here: the trainer's unpacks, then runs
+    if podlib.in_configmap(job):  # no init container here: the trainer's unpacks, then runs
         command = podlib.unpack_command(job, command)
         mounts = [*mounts, podlib.WORKDIR_ARCHIVE_MOUNT]
-    spec["trainer"] = {"image": job.image, "command": command,
+    spec["trainer"] = {"image": podlib.trainer_image(job), "command": command,
                        "numNodes": job.nodes.max, "numProcPerNode": job.nproc_per_node,
                        "resourcesPerNode": podlib.container_resources(job), "env": env_}
     pod_spec: dict = {"terminationGracePeriodSeconds": k8s.termination_grace}
