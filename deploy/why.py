@@ -40,7 +40,7 @@ from trainer.contract import (
     read_node_line_tag,
     workdir_line,
 )
-from trainer.progress import attempt_files, read_record
+from trainer.progress import attempt_files, last_record, read_record
 
 #: The causes `why` names, in the words of its first line.
 CATEGORIES = {
@@ -423,6 +423,10 @@ def explain(state_line: str, log_text: str, run_dir: Path | None = None,
         first = last
     else:
         first = from_log or said or Cause("failed", state_line or "no record and no log to read")
+    if first is said and said.category == "completed":  # no run directory: the log's last record says how far
+        record = last_record(log_text) if log_text else None
+        if record and record.get("state") == "completed":
+            first = Cause("completed", f"step {_step(record)}{_skipped(record)}", attempt=record.get("attempt"))
     lines = [first.line()]
     if len(causes) > 1 or (causes and first is not causes[-1]):
         lines += [f"  attempt {c.attempt}: {c.line()}" for c in causes]

@@ -447,6 +447,18 @@ def test_a_script_job_leaves_every_ranks_stacks_and_a_verdict(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_job_the_scheduler_says_completed_shows_how_far_from_its_logs_last_record():
+    """No run directory to read (Kubernetes: the pods' log is all there is): the log's last
+    `ddpkit-progress` record says the attempt and the step, as a run directory would."""
+    record = {"attempt": 1, "state": "completed", "step": 20, "total_steps": 20}
+    log = f"[default0]:ddpkit-progress {json.dumps({**record, 'state': 'running', 'step': 19})}\n" \
+          f"[default0]:ddpkit-progress {json.dumps(record)}\n"
+    assert explain("SUCCEEDED", log)[0] == "completed: attempt 1: step 20/20"
+    assert explain("SUCCEEDED", "no record here\n")[0] == "completed: the scheduler says the job completed"
+    running = log.replace('"completed"', '"running"')
+    assert explain("SUCCEEDED", running)[0] == "completed: the scheduler says the job completed"
+
+
 def test_a_script_job_that_succeeded_is_completed(tmp_path):
     """A script that takes no optimizer step (trainer/script_steps.py counts none): completed at
     step 0, not "failed: attempt record says None"; and without the guard's records (a run
