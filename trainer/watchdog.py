@@ -358,6 +358,7 @@ class Watchdog:
                       "debug_dir": str(self.debug_dir)})
 
     def _finish(self, found: dict[str, Any], store: Any = None) -> None:
+        found.setdefault("time", round(time.time(), 3))  # when it was said (the launcher's verdicts have it too)
         line = (f"hang: {found['explain']}; waiting: {found['others']}. Stacks: {found['debug_dir']}/. "
                 f"Ending attempt {self.attempt} (exit {EXIT_HANG}): the group restarts if restarts are left")
         with contextlib.suppress(OSError):
