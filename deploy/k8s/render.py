@@ -23,8 +23,8 @@ from deploy.yamlfile import dump_documents, load_documents
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
 
-__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "parse_objects",
-           "job_field"]
+__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "render_request",
+           "parse_objects", "job_field"]
 
 literal = podlib.literal
 
@@ -60,8 +60,13 @@ def _header(job: JobSpec, flavor: str, source: str) -> str:
 
 def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
     """Multi-document YAML for `flavor` (default: job.k8s.flavor)."""
-    flavor = flavor or job.k8s.flavor
-    return _header(job, flavor, source) + dump_documents(render_objects(job, flavor=flavor))
+    return render_request(job, render_objects(job, flavor=flavor), flavor=flavor, source=source)
+
+
+def render_request(job: JobSpec, objects: list[dict], *, flavor: str | None = None,
+                   source: str = "job.yaml") -> str:
+    """The YAML of the objects `request` made (deploy/targets.py lays out what it linted)."""
+    return _header(job, flavor or job.k8s.flavor, source) + dump_documents(objects)
 
 
 def request(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
