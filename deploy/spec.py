@@ -9,11 +9,12 @@ Every field carries a description: the job-file reference (docs/reference.md) is
 them (`python -m deploy.docs`), and a test fails when the two drift apart.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a module of pydantic models: pydantic would
+# compile and evaluate each field's annotation from its text (`ddpkit render` reads them all).
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
@@ -272,7 +273,7 @@ class Nodes(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _ordered(self) -> Nodes:
+    def _ordered(self) -> Self:
         if self.min > self.max:
             raise ValueError(f"elastic range {self.min}:{self.max} has min > max; write {self.max}:{self.min}")
         return self
@@ -314,7 +315,7 @@ class Resources(Strict):
         return units.parse_quantity(self.shm)
 
     @model_validator(mode="after")
-    def _shm_fits(self) -> Resources:
+    def _shm_fits(self) -> Self:
         if self.memory is not None and units.parse_quantity(self.memory) == 0:
             raise Problems([Problem("memory", "0 is no memory (Kubernetes would give the pod "
                                     "none)", "give an amount such as 32Gi; for all of a Slurm "
@@ -436,7 +437,7 @@ class Volume(Strict):
         return v
 
     @model_validator(mode="after")
-    def _one_source(self) -> Volume:
+    def _one_source(self) -> Self:
         sources = [k for k in VOLUME_SOURCES if getattr(self, k) is not None]
         if len(sources) != 1:
             got = ", ".join(sources) or "none"
@@ -466,7 +467,7 @@ class Toleration(Strict):
         return {k: v for k, v in item.items() if v is not None}
 
     @model_validator(mode="after")
-    def _as_the_api_server_judges(self) -> Toleration:
+    def _as_the_api_server_judges(self) -> Self:
         # kubernetes pkg/apis/core/validation/validation.go ValidateTolerations, as lint has it
         fields = {"key": "key", "operator": "operator", "effect": "effect"}
         found = api_rules.validate_toleration(self.as_k8s(), "")
@@ -669,7 +670,7 @@ class K8sSection(Strict):
         return v
 
     @model_validator(mode="after")
-    def _names_and_queue(self) -> K8sSection:
+    def _names_and_queue(self) -> Self:
         problems = []
         for key in ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by"):
             if key in self.labels:
@@ -1013,7 +1014,7 @@ class JobSpec(Strict):
         return v
 
     @model_validator(mode="after")
-    def _cross_field(self) -> JobSpec:
+    def _cross_field(self) -> Self:
         problems = [Problem(*p) for p in entry_problems(self.script, self.module, self.args, self.command,
                                                         self.steps, self.local_rank_arg)]
         if self.script is not None or self.module is not None:

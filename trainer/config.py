@@ -6,11 +6,12 @@ The trainer itself reads the job file named by `DDPKIT_JOB_FILE` with plain yaml
 models (`load_job_sections`), so it never imports `deploy`.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a module of pydantic models: pydantic would
+# compile and evaluate each field's annotation from its text (`ddpkit render` reads them all).
 
 import os
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -412,7 +413,7 @@ class JobSections(BaseModel):
     restarts: int = 0  # JobSpec.restarts: how many restarts the target allows (the progress record)
 
     @model_validator(mode="after")
-    def _entry(self) -> JobSections:
+    def _entry(self) -> Self:
         problems = entry_problems(self.script, self.module, self.args, steps=self.steps,
                                   local_rank_arg=self.local_rank_arg)
         if problems:
