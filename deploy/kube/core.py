@@ -194,6 +194,9 @@ def type_names(types: Any) -> list[str] | None:
 
 
 def type_holds(types: Any, value: Any) -> bool:
+    if isinstance(types, str):  # the common case, first
+        test = IS_TYPE.get(types)
+        return test is not None and test(value)
     names = type_names(types)
     return names is not None and any(IS_TYPE[t](value) for t in names)
 

@@ -360,16 +360,20 @@ def _finding(error: jsonschema.ValidationError, where: str) -> Finding:
 # The whole custom-resource check
 
 
-def check_custom_resource(obj: dict, schema: dict, *, typed: bool = False) -> tuple[dict, list[tuple[str, str, str]]]:
+def check_custom_resource(obj: dict, schema: dict, *, typed: bool = False,
+                          values: bool = True) -> tuple[dict, list[tuple[str, str, str]]]:
     """(the object as the API server stores it: pruned and defaulted, (path, message, rule)s).
 
     Unknown fields are reported first and alone, as strict field validation does (the server
-    answers 400 before validating values); otherwise the value rules of the defaulted object.
+    answers 400 before validating values); otherwise the value rules of the defaulted object
+    (not `values`: none, for a caller that validates the object a webhook then defaults).
     """
     pruned, unknown = prune(obj, schema)
     if unknown:
         return pruned, [(p, "unknown field" + _did_you_mean(p, schema), "schema") for p in unknown]
     apply_defaults(pruned, schema)
+    if not values:
+        return pruned, []
     body = {k: v for k, v in pruned.items() if k != "metadata"}
     meta = pruned.get("metadata") if isinstance(pruned.get("metadata"), dict) else {}
     # CEL rules at the root see metadata.name and metadata.generateName only.
