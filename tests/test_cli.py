@@ -74,6 +74,21 @@ def _subcommands():
     return sorted(action.choices)
 
 
+def test_a_command_s_own_parser_is_the_one_the_whole_parser_has():
+    """main() makes only the parser of the command it runs (build_parser(only=...))."""
+    from deploy.cli import COMMANDS
+
+    def subparser(parser, command):
+        return next(a for a in parser._actions if a.dest == "command").choices[command]
+
+    assert tuple(_subcommands()) == tuple(sorted(COMMANDS))
+    whole = build_parser()
+    for command in COMMANDS:
+        alone = subparser(build_parser(only=command), command)
+        assert alone.format_help() == subparser(whole, command).format_help()
+        assert alone.get_default("func") is subparser(whole, command).get_default("func")
+
+
 @pytest.mark.parametrize("command", _subcommands())
 def test_every_command_has_help_with_an_example(command):
     result = cli(command, "--help")
