@@ -140,7 +140,7 @@ def _lint_custom(obj: dict, ctx: LintRun, add, problems: list[LintFinding]) -> N
             crashed = exc  # explained by the schema errors below, else a bug of ours
         pruned, _ = schema.prune(pruned, crd["schema"])
         schema.apply_defaults(pruned, crd["schema"])
-        _, found = schema.check_custom_resource(pruned, crd["schema"], typed=True)
+        found = schema.check_values(pruned, crd["schema"], typed=True)
     add(meta_errors, "meta")
     for rule in ("schema", "cel", "webhook"):
         add([(p, msg) for p, msg, r in found if r == rule], rule)

@@ -372,13 +372,16 @@ def check_custom_resource(obj: dict, schema: dict, *, typed: bool = False,
     if unknown:
         return pruned, [(p, "unknown field" + _did_you_mean(p, schema), "schema") for p in unknown]
     apply_defaults(pruned, schema)
-    if not values:
-        return pruned, []
-    body = {k: v for k, v in pruned.items() if k != "metadata"}
-    meta = pruned.get("metadata") if isinstance(pruned.get("metadata"), dict) else {}
+    return pruned, check_values(pruned, schema, typed=typed) if values else []
+
+
+def check_values(stored: dict, schema: dict, *, typed: bool = False) -> list[tuple[str, str, str]]:
+    """The value rules' (path, message, rule)s of an object pruned and defaulted already."""
+    body = {k: v for k, v in stored.items() if k != "metadata"}
+    meta = stored.get("metadata") if isinstance(stored.get("metadata"), dict) else {}
     # CEL rules at the root see metadata.name and metadata.generateName only.
     body["metadata"] = {k: meta[k] for k in ("name", "generateName") if k in meta}
-    return pruned, validate_values(body, _without_metadata_schema(schema), typed=typed)
+    return validate_values(body, _without_metadata_schema(schema), typed=typed)
 
 
 def _without_metadata_schema(schema: dict) -> dict:
