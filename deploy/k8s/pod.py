@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from deploy import image_forms, units, workdir
+from deploy import image_forms, units
 from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
@@ -110,6 +110,8 @@ def workdir_configmap(job: JobSpec) -> dict:
     its content hash in an annotation."""
     import base64
 
+    from deploy import workdir  # here: a job without a workdir never needs it (render's speed)
+
     snap = workdir.snapshot(job)
     meta = metadata(job, workdir_configmap_name(job.name), labels(job), {workdir.HASH_ANNOTATION: snap.digest})
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
@@ -118,7 +120,11 @@ def workdir_configmap(job: JobSpec) -> dict:
 
 def workdir_problems(job: JobSpec) -> list[Problem]:
     """A tree whose archive a ConfigMap cannot carry (after the tree's own checks passed)."""
-    if job.workdir is None or workdir.problems(job):
+    if job.workdir is None:
+        return []
+    from deploy import workdir  # here: a job without a workdir never needs it (render's speed)
+
+    if workdir.problems(job):
         return []
     snap = workdir.snapshot(job)
     size = len(snap.archive())
@@ -133,6 +139,8 @@ def workdir_problems(job: JobSpec) -> list[Problem]:
 
 def shipped(job: JobSpec) -> str:
     """What `submit` ships of the workdir, and where (its --dry-run says it too)."""
+    from deploy import workdir
+
     snap = workdir.snapshot(job)
     return (f"workdir {snap.root} ({snap.describe()}) as a {workdir.human(len(snap.archive()))} "
             f"tar.gz in ConfigMap {job.k8s.namespace}/{workdir_configmap_name(job.name)}")
@@ -142,6 +150,8 @@ def workdir_env(job: JobSpec) -> list[dict]:
     """What the launcher records of the tree it runs (trainer/contract.py WORKDIR_*_VAR)."""
     if job.workdir is None:
         return []
+    from deploy import workdir
+
     return [{"name": k, "value": v} for k, v in workdir.record_env(workdir.snapshot(job)).items()]
 
 
