@@ -148,3 +148,25 @@ def test_plot_overlays_several_runs_and_a_missing_run_is_one_line(tmp_path):
     missing = cli("plot", "runs/a", "runs/nope", cwd=tmp_path)
     assert missing.returncode == 2 and "runs/nope/metrics.jsonl does not exist" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("before", [None, "logfire"])
+def test_the_entry_point_leaves_the_pydantic_plugins_variable_as_it_was(monkeypatch, capsys, before):
+    """deploy.__main__.run builds ddpkit's models without pydantic plugins, and then puts the
+    variable back: what the CLI starts (and any later model) sees the user's setting."""
+    import gc
+    import os
+    import sys
+
+    from deploy import __main__ as entry
+
+    if before is None:
+        monkeypatch.delenv(entry.PLUGINS_OFF, raising=False)
+    else:
+        monkeypatch.setenv(entry.PLUGINS_OFF, before)
+    monkeypatch.setattr(sys, "argv", ["ddpkit", "validate", "examples/quickstart.yaml"])
+    try:
+        assert entry.run() == 0
+    finally:
+        gc.unfreeze()  # run() froze this test process's objects, as it does a CLI's
+    assert os.environ.get(entry.PLUGINS_OFF) == before and gc.isenabled()
