@@ -76,6 +76,7 @@ def _mm(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+@cache
 def _schemas_folder() -> Path | None:
     """kubernetes-validate's folder of schemas, found without importing the package (its import
     is jsonschema's, a third of a `ddpkit render k8s`); None when it is not installed."""
