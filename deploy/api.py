@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import FLAVORS, STATES, TERMINAL_STATES
 from deploy.load import Overrides, load_job, parse_job
-from deploy.logs import Query
 from deploy.problems import refuse
 from deploy.spec import JobSpec
 from deploy.targets import REGISTRY, TARGETS, load_module, of_handle, refuse_option, targets_of
@@ -181,6 +180,8 @@ class Handle:
         an earlier start's lines (Kubernetes: `previous`, the pod's previous container). As
         text; with `out` (a file-like object), written there as it comes instead (with
         `follow`, until the job ends). As `ddpkit logs` (deploy/logs.py)."""
+        from deploy.logs import Query
+
         query = Query(rank=rank, worker_rank=worker_rank, every=every, grep=grep, attempt=attempt,
                       previous=previous)
         if out is not None:

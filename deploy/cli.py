@@ -216,7 +216,15 @@ def _command(sub, name: str, func, help_: str, example: str) -> argparse.Argumen
     return p
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Every command, in the order `ddpkit --help` lists them (a test holds it to the parser's).
+COMMANDS = ("init", "validate", "render", "run", "submit", "status", "why", "logs", "cancel",
+            "lint", "plot", "image", "testbed")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only` (a command the command line names first), that command's parser
+    alone: what argparse does with such a command line needs no other, and making the others
+    is a fifth of what `ddpkit render` runs of its own."""
     parser = argparse.ArgumentParser(
         prog="ddpkit",
         description="Run one PyTorch DDP entry point on a laptop, Kubernetes and Slurm.",
@@ -225,11 +233,36 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ddpkit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    if only is not None:
+        sub = _Only(sub, only)
 
     _job_commands(sub)
     _handle_commands(sub)
     _tool_commands(sub)
     return parser
+
+
+class _Only:
+    """The subparsers of `build_parser(only=NAME)`: NAME's parser is made, the others not."""
+
+    def __init__(self, sub, name: str):
+        self.sub, self.name = sub, name
+
+    def add_parser(self, name: str, **kwargs):
+        return self.sub.add_parser(name, **kwargs) if name == self.name else _NotMade()
+
+
+class _NotMade:
+    """A command's parser that `build_parser(only=...)` does not make: its arguments go nowhere."""
+
+    def add_argument(self, *args, **kwargs) -> None:
+        return None
+
+    def add_mutually_exclusive_group(self, **kwargs) -> _NotMade:
+        return self
+
+    def set_defaults(self, **kwargs) -> None:
+        return None
 
 
 def _job_commands(sub) -> None:
@@ -374,7 +407,8 @@ def _tool_commands(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -9,7 +9,8 @@ target, so the CLI asks `REGISTRY[name]` and never tests which target it has.
 A target whose requests are Kubernetes objects (`linted`) is also judged by `ddpkit lint`'s
 rules (deploy/lint/command.py `refusals`): whatever the API server, an operator's webhook or
 a controller would refuse of the rendered objects is a `Problem` of `check`, and `request`,
-`render` and `submit` refuse it before anything is written or sent. The line names the job
+`render` and `submit` refuse it before anything is written or sent (its renderer also lays out
+a request it was given, `render_request`, so `render` makes the objects once). The line names the job
 field the object's field comes from (the renderer's `job_field`), else the rendered field.
 
 Which targets `ddpkit validate` checks: `--target` when given; else the targets whose section
@@ -27,11 +28,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from deploy.errors import RuntimeFailure, UserError
-from deploy.logs import Query
 from deploy.problems import Problem, refuse
-from deploy.progress import Report, RunDir, is_run_dir
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # not imported at run time by `render` and `validate`, which need neither
+    from deploy.logs import Query
+    from deploy.progress import Report, RunDir
     from deploy.spec import JobSpec
 
 #: Which extra of the distribution brings a third-party package a command needs.
@@ -91,10 +92,15 @@ class Target:
         return request
 
     def render(self, job: JobSpec, *, flavor: str | None = None, source: str) -> str:
-        """The request as the text a user applies: multi-document YAML, or the sbatch script."""
-        if self.linted:
-            self.request(job, flavor=flavor)  # refuses what lint refuses before any text is out
-        return self._renderer().render(job, flavor=flavor, source=source)
+        """The request as the text a user applies: multi-document YAML, or the sbatch script.
+        A `linted` request is made once: laid out (`render_request`) before lint reads it, and
+        refused as `request` refuses it before any text is out."""
+        if not self.linted:
+            return self._renderer().render(job, flavor=flavor, source=source)
+        request = self._renderer().request(job, flavor=flavor)
+        text = self._renderer().render_request(job, request, flavor=flavor, source=source)
+        refuse(job, self._refusals(job, request))
+        return text
 
     def _refusals(self, job: JobSpec, objects: list[dict]) -> list[Problem]:
         """Lint's refusals of the rendered objects, each at the job field it comes from."""
@@ -196,6 +202,8 @@ def refuse_option(target: str, verb: str, **given: object) -> None:
 def of_handle(handle: str) -> Target | RunDir:
     """The target a job handle names (`k8s://...`, `slurm://...`); a local run's directory
     (`runs/quickstart`) stands for its run, for `status`."""
+    from deploy.progress import RunDir, is_run_dir
+
     if is_run_dir(handle):
         return RunDir(handle)
     scheme, sep, _ = handle.partition("://")

@@ -27,14 +27,11 @@ tree); the targets' submit, `run --local` and `run --docker` do the shipping.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import io
 import os
 import shutil
 import stat
-import subprocess
-import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -134,6 +131,9 @@ class Snapshot:
         cached = _ARCHIVES.get((self.root, self.digest))
         if cached is not None:
             return cached
+        import gzip  # here: `render` and `validate` of a job without a workdir never need them
+        import tarfile
+
         raw = io.BytesIO()
         with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz, \
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -336,6 +336,8 @@ def _walk(root: Path, exclude: list[str], max_bytes: int, outputs: set[Path] = f
 def git_state(root: Path) -> Git | None:
     """The commit and dirty flag of the git work tree holding `root`; None outside one (or
     without git)."""
+    import subprocess  # here: `render` and `validate` of a job without a workdir never need it
+
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
                               timeout=60, env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})

@@ -74,6 +74,21 @@ def _subcommands():
     return sorted(action.choices)
 
 
+def test_a_command_s_own_parser_is_the_one_the_whole_parser_has():
+    """main() makes only the parser of the command it runs (build_parser(only=...))."""
+    from deploy.cli import COMMANDS
+
+    def subparser(parser, command):
+        return next(a for a in parser._actions if a.dest == "command").choices[command]
+
+    assert tuple(_subcommands()) == tuple(sorted(COMMANDS))
+    whole = build_parser()
+    for command in COMMANDS:
+        alone = subparser(build_parser(only=command), command)
+        assert alone.format_help() == subparser(whole, command).format_help()
+        assert alone.get_default("func") is subparser(whole, command).get_default("func")
+
+
 @pytest.mark.parametrize("command", _subcommands())
 def test_every_command_has_help_with_an_example(command):
     result = cli(command, "--help")
@@ -133,3 +148,25 @@ def test_plot_overlays_several_runs_and_a_missing_run_is_one_line(tmp_path):
     missing = cli("plot", "runs/a", "runs/nope", cwd=tmp_path)
     assert missing.returncode == 2 and "runs/nope/metrics.jsonl does not exist" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+
+
+@pytest.mark.parametrize("before", [None, "logfire"])
+def test_the_entry_point_leaves_the_pydantic_plugins_variable_as_it_was(monkeypatch, capsys, before):
+    """deploy.__main__.run builds ddpkit's models without pydantic plugins, and then puts the
+    variable back: what the CLI starts (and any later model) sees the user's setting."""
+    import gc
+    import os
+    import sys
+
+    from deploy import __main__ as entry
+
+    if before is None:
+        monkeypatch.delenv(entry.PLUGINS_OFF, raising=False)
+    else:
+        monkeypatch.setenv(entry.PLUGINS_OFF, before)
+    monkeypatch.setattr(sys, "argv", ["ddpkit", "validate", "examples/quickstart.yaml"])
+    try:
+        assert entry.run() == 0
+    finally:
+        gc.unfreeze()  # run() froze this test process's objects, as it does a CLI's
+    assert os.environ.get(entry.PLUGINS_OFF) == before and gc.isenabled()

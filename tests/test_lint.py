@@ -5,6 +5,7 @@ tests/test_lint_corpus.py; here each rule is pinned by the smallest object that 
 """
 
 import copy
+import json
 from pathlib import Path
 
 import pytest
@@ -641,3 +642,109 @@ def test_a_crash_in_ddpkit_s_own_rule_is_a_bug_not_the_user_s_bad_input(crds, mo
     with pytest.raises(LintBug, match="crashed on an object no rule refused") as raised:
         lint.lint_object(pytorchjob, crds)
     assert isinstance(raised.value.__cause__, KeyError)
+
+
+# The fast pass (deploy/lint/schema.py and deploy/kube/core.py `_holds`): it only spares
+# jsonschema the objects jsonschema finds nothing against, so no finding changes.
+
+def test_the_fast_pass_knows_which_keywords_jsonschema_acts_on():
+    import jsonschema
+
+    from deploy.kube import core
+
+    assert schema.DRAFT4_KEYWORDS == set(jsonschema.Draft4Validator.VALIDATORS)
+    assert core.DRAFT2020_KEYWORDS == set(jsonschema.Draft202012Validator.VALIDATORS)
+
+
+def test_the_newest_kubernetes_version_is_read_as_kubernetes_validate_reads_it(monkeypatch):
+    from deploy.kube import core
+
+    newest = core.resolve_version(None)
+    monkeypatch.setattr(core, "_newest_schemas", lambda: None)
+    assert newest == core.resolve_version(None) == core.resolve_version("") and newest.count(".") == 2
+
+
+def _corpus_objects() -> list:
+    return [doc for path in sorted((REPO / "tests" / "lint_corpus").rglob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if isinstance(doc, dict)]
+
+
+def _without_fast_pass(monkeypatch):
+    from deploy.kube import core
+
+    monkeypatch.setattr(schema, "_holds", lambda *_: False)
+    monkeypatch.setattr(core, "_schema_holds", lambda *_: False)
+
+
+def test_the_fast_pass_changes_no_finding_of_the_corpus(monkeypatch):
+    """Every file of the corpus (upstream manifests, ddpkit's renderings, one break per rule)
+    lints the same with the fast pass and without it; most objects pass it."""
+    from deploy.kube import core
+
+    files = sorted(str(p) for p in (REPO / "tests" / "lint_corpus").rglob("*.yaml"))
+    passed = []
+    for module, name in ((schema, "_holds"), (core, "_schema_holds")):
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real: passed.append(real(*a)) or passed[-1])
+    fast = [lint.lint_files([f]) for f in files]
+    assert sum(passed) > len(passed) / 2, (sum(passed), len(passed))
+    _without_fast_pass(monkeypatch)
+    assert [lint.lint_files([f]) for f in files] == fast
+
+
+def test_the_fast_pass_passes_only_what_jsonschema_passes(crds, monkeypatch):
+    """A value of another type, a string of another length or pattern, a number out of its
+    bounds, an unknown key or a null at any place of the corpus' objects: lint finds the same
+    with the fast pass and without it."""
+    import random
+
+    def places(value, prefix=()):
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, child in items:
+            yield (*prefix, key), child
+            yield from places(child, (*prefix, key))
+
+    def variants(value):
+        if isinstance(value, str):
+            return [value + "-X", "", value * 40, 7]
+        if isinstance(value, bool):
+            return [not value, "true"]
+        if isinstance(value, (int, float)):
+            return [-1, 2**40, 0.5, str(value)]
+        return [None, [], {}, {"unknownField": 1}] + ([value[:1] * 2] if isinstance(value, list) else [])
+
+    rnd = random.Random(4321)
+    objects = [o for o in _corpus_objects() if isinstance(o.get("kind"), str)]
+    cases = []
+    for _ in range(400):
+        obj = rnd.choice(objects)
+        path, value = rnd.choice(list(places(obj)) or [((), None)])
+        if not path:
+            continue
+        mutated = copy.deepcopy(obj)
+        node = mutated
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = rnd.choice(variants(value))
+        cases.append(mutated)
+
+    def judge(obj):
+        try:
+            return lint.lint_object(copy.deepcopy(obj), crds)
+        except Exception as exc:  # noqa: BLE001 - the same crash either way
+            return repr(exc)
+
+    fast = [judge(o) for o in cases]
+    _without_fast_pass(monkeypatch)
+    assert [judge(o) for o in cases] == fast
+
+
+def test_crds_without_their_descriptions_judge_as_the_whole_files(tmp_path, monkeypatch):
+    """The CRD cache keeps the schemas without their descriptions (schema._lean): the corpus
+    lints the same as with the upstream files whole."""
+    files = sorted(str(p) for p in (REPO / "tests" / "lint_corpus").rglob("*.yaml"))
+    lean = [lint.lint_files([f]) for f in files]
+    monkeypatch.setattr(schema, "_cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(schema, "_lean", lambda doc: doc)
+    assert [lint.lint_files([f]) for f in files] == lean
+    assert "description" in json.dumps(schema.load_crds().lookup("kubeflow.org/v1", "PyTorchJob")["schema"]["properties"])

@@ -6,11 +6,12 @@ The trainer itself reads the job file named by `DDPKIT_JOB_FILE` with plain yaml
 models (`load_job_sections`), so it never imports `deploy`.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` in a module of pydantic models: pydantic would
+# compile and evaluate each field's annotation from its text (`ddpkit render` reads them all).
 
 import os
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
@@ -199,7 +200,7 @@ class TrainConfig(BaseModel):
         "that takes this `train:` section and returns a `trainer.models.Workload`.",
     )
     model_args: dict[str, Any] = Field(
-        default_factory=dict,
+        default={},  # copied for each instance; cheaper to build than default_factory=dict (deploy/spec.py Strict)
         description="Arguments for the workload builder (`cfg.model_args` in your function), any "
         "YAML value: numbers, strings, lists, mappings. For `gpt`: `d_model`, `layers`, `heads`, "
         "`seq_len`, `vocab`, `samples`.",
@@ -393,6 +394,8 @@ class TrainConfig(BaseModel):
 class JobSections(BaseModel):
     """What the trainer needs from a job file; every other key belongs to `deploy`."""
 
+    model_config = ConfigDict(defer_build=True)  # the trainer's alone: `deploy` never builds it
+
     name: str = "ddpkit"
     train: TrainConfig = Field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
@@ -410,7 +413,7 @@ class JobSections(BaseModel):
     restarts: int = 0  # JobSpec.restarts: how many restarts the target allows (the progress record)
 
     @model_validator(mode="after")
-    def _entry(self) -> JobSections:
+    def _entry(self) -> Self:
         problems = entry_problems(self.script, self.module, self.args, steps=self.steps,
                                   local_rank_arg=self.local_rank_arg)
         if problems:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from deploy import image_forms, units, workdir
+from deploy import image_forms, units
 from deploy.kube import (
     JOB_FILE_DIR,
     JOB_FILE_NAME,
@@ -112,13 +112,19 @@ def in_configmap(job: JobSpec) -> bool:
 
 def trainer_image(job: JobSpec) -> str:
     """The training container's image: the job's, or the thin layer on it that holds the tree."""
-    return workdir.image_of(job) or job.image
+    if job.workdir is None or job.workdir.image is None:
+        return job.image
+    from deploy import workdir
+
+    return workdir.image_of(job)
 
 
 def workdir_configmap(job: JobSpec) -> dict:
     """The job's workdir as one deterministic tar.gz (deploy/workdir.py), base64 in binaryData;
     its content hash in an annotation."""
     import base64
+
+    from deploy import workdir  # here: a job without a workdir never needs it (render's speed)
 
     snap = workdir.snapshot(job)
     meta = metadata(job, workdir_configmap_name(job.name), labels(job), {workdir.HASH_ANNOTATION: snap.digest})
@@ -128,7 +134,11 @@ def workdir_configmap(job: JobSpec) -> dict:
 
 def workdir_problems(job: JobSpec) -> list[Problem]:
     """A tree whose archive a ConfigMap cannot carry (after the tree's own checks passed)."""
-    if not in_configmap(job) or workdir.problems(job):
+    if not in_configmap(job):
+        return []
+    from deploy import workdir  # here: a job without a workdir never needs it (render's speed)
+
+    if workdir.problems(job):
         return []
     snap = workdir.snapshot(job)
     size = len(snap.archive())
@@ -143,6 +153,8 @@ def workdir_problems(job: JobSpec) -> list[Problem]:
 
 def shipped(job: JobSpec) -> str:
     """What `submit` ships of the workdir, and where (its --dry-run says it too)."""
+    from deploy import workdir
+
     snap = workdir.snapshot(job)
     if not in_configmap(job):
         return f"workdir {snap.root} ({snap.describe()}) as image {trainer_image(job)} (FROM {job.image})"
@@ -154,6 +166,8 @@ def workdir_env(job: JobSpec) -> list[dict]:
     """What the launcher records of the tree it runs (trainer/contract.py WORKDIR_*_VAR)."""
     if job.workdir is None:
         return []
+    from deploy import workdir
+
     return [{"name": k, "value": v} for k, v in workdir.record_env(workdir.snapshot(job)).items()]
 
 

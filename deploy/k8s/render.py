@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from deploy import durability, image_forms, workdir
+from deploy import durability, image_forms
 from deploy.k8s import FLAVORS
 from deploy.k8s import flavor as flavor_module
 from deploy.k8s import pod as podlib
@@ -23,8 +23,8 @@ from deploy.yamlfile import dump_documents, load_documents
 if TYPE_CHECKING:
     from deploy.spec import JobSpec
 
-__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "parse_objects",
-           "job_field"]
+__all__ = ["FLAVORS", "check", "literal", "render", "render_k8s", "render_objects", "render_request",
+           "parse_objects", "job_field"]
 
 literal = podlib.literal
 
@@ -37,9 +37,19 @@ def check(job: JobSpec, flavor: str | None = None) -> list[Problem]:
         return [Problem("k8s.flavor", f"{flavor!r} is not a flavor", f"use one of {', '.join(FLAVORS)}")]
     module = flavor_module(flavor)
     # every flavor: a registry image, checkpoints that outlive a pod (deploy/durability.py)
-    return [*workdir.problems(job), *image_forms.problems(job.image, "k8s"), *durability.k8s_problems(job),
+    return [*tree_problems(job), *image_forms.problems(job.image, "k8s"), *durability.k8s_problems(job),
             *podlib.workdir_problems(job), *podlib.common_checks(job),
             *podlib.patch_problems(job, module.CONTAINER), *module.check(job)]
+
+
+def tree_problems(job: JobSpec) -> list[Problem]:
+    """deploy.workdir's problems with the job's tree; that module is imported only for a job
+    that ships one (its dataclasses are a tenth of what `render` runs of ddpkit's own)."""
+    if job.workdir is None:
+        return []
+    from deploy import workdir
+
+    return workdir.problems(job)
 
 
 def render_objects(job: JobSpec, *, flavor: str | None = None) -> list[dict]:
@@ -60,8 +70,13 @@ def _header(job: JobSpec, flavor: str, source: str) -> str:
 
 def render_k8s(job: JobSpec, *, flavor: str | None = None, source: str = "job.yaml") -> str:
     """Multi-document YAML for `flavor` (default: job.k8s.flavor)."""
-    flavor = flavor or job.k8s.flavor
-    return _header(job, flavor, source) + dump_documents(render_objects(job, flavor=flavor))
+    return render_request(job, render_objects(job, flavor=flavor), flavor=flavor, source=source)
+
+
+def render_request(job: JobSpec, objects: list[dict], *, flavor: str | None = None,
+                   source: str = "job.yaml") -> str:
+    """The YAML of the objects `request` made (deploy/targets.py lays out what it linted)."""
+    return _header(job, flavor or job.k8s.flavor, source) + dump_documents(objects)
 
 
 def request(job: JobSpec, *, flavor: str | None = None) -> list[dict]:

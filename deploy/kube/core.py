@@ -3,6 +3,9 @@
 Schema: the OpenAPI schemas of upstream Kubernetes bundled in `kubernetes-validate` (its
 `-strict` variant: unknown fields are errors, as kubectl's default strict field validation),
 read with `jsonschema` once per process and kind, every error reported (not only the first).
+A fast pass (`_schema_holds`) first walks the object alone, reading only the definitions it
+reaches: an object it shows to break no rule is not given to jsonschema (nor kubernetes-validate
+imported, nor its 1.8 MB of definitions parsed whole).
 
 Then the part of kube-apiserver's validation (k8s.io/kubernetes v1.34
 `pkg/apis/core/validation/validation.go`, `pkg/apis/batch/validation/validation.go`) that
@@ -17,10 +20,13 @@ accepts the custom resource, and refuses the pods (or Jobs) its controller makes
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import re
 from decimal import Decimal
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from deploy import kube, units
@@ -51,6 +57,8 @@ def _kv():
 
 
 def resolve_version(k8s_version: str | None) -> str:
+    if not k8s_version and (newest := _newest_schemas()) is not None:
+        return newest  # what the lines below answer, without importing kubernetes-validate
     utils = _kv()
     version = (k8s_version or utils.latest_version()).removeprefix("v")
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", version):
@@ -69,6 +77,44 @@ def _mm(version: str) -> tuple[int, int]:
 
 
 @cache
+def _schemas_folder() -> Path | None:
+    """kubernetes-validate's folder of schemas, found without importing the package (its import
+    is jsonschema's, a third of a `ddpkit render k8s`); None when it is not installed."""
+    spec = importlib.util.find_spec("kubernetes_validate")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "kubernetes-json-schema"
+    return folder if folder.is_dir() else None
+
+
+def _newest_schemas() -> str | None:
+    """The newest version kubernetes-validate has schemas of (`1.37.0`), from the folders'
+    names (`v1.37.0-local-strict`) as its `latest_version()` reads them; None when not plainly
+    one (a version other than N.N[.N], two spellings of the newest): resolve_version asks it."""
+    folder = _schemas_folder()
+    if folder is None:
+        return None
+    versions = {m.group(1) for m in map(re.compile(r"v([^-]*)").match, os.listdir(folder)) if m}
+    if not versions or not all(re.fullmatch(r"\d+\.\d+(\.\d+)?", v) for v in versions):
+        return None
+
+    def key(version: str) -> tuple[int, ...]:  # as packaging's Version orders them: 1.37 == 1.37.0
+        parts = [int(p) for p in version.split(".")]
+        while parts and parts[-1] == 0:
+            parts.pop()
+        return tuple(parts)
+
+    newest = max(versions, key=key)
+    return newest if [v for v in versions if key(v) == key(newest)] == [newest] else None
+
+
+def _schema_name(kind: str, api_version: str) -> str:
+    """The file of a kind's schema in a version's folder (`job-batch-v1.json`)."""
+    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
+    return f"{kind.lower()}-{group_version}.json"
+
+
+@cache
 def _validator(version: str, kind: str, api_version: str):
     from importlib import resources
 
@@ -76,9 +122,8 @@ def _validator(version: str, kind: str, api_version: str):
     from referencing import Registry
 
     base = resources.files("kubernetes_validate") / "kubernetes-json-schema" / f"v{version}-local-strict"
-    group_version = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)
     try:
-        schema = json.loads((base / f"{kind.lower()}-{group_version}.json").read_text())
+        schema = json.loads((base / _schema_name(kind, api_version)).read_text())
     except FileNotFoundError:
         return None
     registry = Registry().with_resource("file:///api/_definitions.json", _definitions(str(base)))
@@ -87,14 +132,14 @@ def _validator(version: str, kind: str, api_version: str):
 
 @cache
 def _definitions(base: str):
-    from pathlib import Path
-
     from referencing import Resource
 
     return Resource.from_contents(json.loads((Path(base) / "_definitions.json").read_text()))
 
 
 def core_schema(obj: dict, version: str) -> list[Finding]:
+    if _schema_holds(obj, version):
+        return []  # what jsonschema would find too
     validator = _validator(version, obj["kind"], obj["apiVersion"])
     if validator is None:
         return [("", f"no schema for {obj['kind']} {obj['apiVersion']} in Kubernetes {version}")]
@@ -110,6 +155,152 @@ def core_schema(obj: dict, version: str) -> list[Finding]:
             continue
         found.append((path, message))
     return sorted(set(found))
+
+
+# The fast pass: most objects break no rule of their schema, and showing that needs neither
+# jsonschema nor the 1.8 MB of kubernetes-validate's `_definitions.json` parsed whole.
+
+#: JSON's values as Python has them; within these, IS_TYPE's tests are jsonschema's exactly
+#: (Draft 2020-12's, and the CRDs' Draft 4 with kube-openapi's integers: deploy/lint/schema.py).
+JSON_TYPES = (dict, list, str, bool, int, float, type(None))
+IS_TYPE = {
+    "object": lambda v: isinstance(v, dict), "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None, "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "integer": lambda v: (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer()),
+}
+#: The keywords jsonschema's Draft 2020-12 validator acts on (Draft202012Validator.VALIDATORS:
+#: a test holds them equal); any other key of a schema is an annotation it skips.
+DRAFT2020_KEYWORDS = frozenset({
+    "$dynamicRef", "$ref", "additionalProperties", "allOf", "anyOf", "const", "contains",
+    "dependentRequired", "dependentSchemas", "enum", "exclusiveMaximum", "exclusiveMinimum", "format",
+    "if", "items", "maxItems", "maxLength", "maxProperties", "maximum", "minItems", "minLength",
+    "minProperties", "minimum", "multipleOf", "not", "oneOf", "pattern", "patternProperties",
+    "prefixItems", "properties", "propertyNames", "required", "type", "unevaluatedItems",
+    "unevaluatedProperties", "uniqueItems"})
+
+
+def same_in_enum(value: Any, allowed: Any) -> bool:
+    """`value` is one of `allowed` as jsonschema compares them, for a string, a number, a boolean
+    or null of the same type; False when unsure (a list or a mapping)."""
+    return isinstance(allowed, list) and any(
+        type(each) is type(value) and each == value for each in allowed
+        if isinstance(each, (str, int, float, type(None))))
+
+
+def type_names(types: Any) -> list[str] | None:
+    """A schema's `type` (a name or a list of names) as a list; None when a name is unknown."""
+    names = [types] if isinstance(types, str) else types
+    return names if isinstance(names, list) and all(t in IS_TYPE for t in names) else None
+
+
+def type_holds(types: Any, value: Any) -> bool:
+    if isinstance(types, str):  # the common case, first
+        test = IS_TYPE.get(types)
+        return test is not None and test(value)
+    names = type_names(types)
+    return names is not None and any(IS_TYPE[t](value) for t in names)
+
+
+class _Definitions:
+    """The `$defs` of a version's `_definitions.json`, each decoded alone from the file's text
+    when first needed (a ConfigMap needs one of its 862). A key `"NAME":` whose quotes are not
+    escaped can only be a key of an object, and the definitions' names are no one's fields."""
+
+    def __init__(self, path: Path):
+        self.text = path.read_text()
+        self.decoded: dict[str, Any] = {}
+
+    def get(self, name: str) -> Any:
+        if name not in self.decoded:
+            key, found = json.dumps(name) + ":", None
+            at = self.text.find(key)
+            if at >= 0 and self.text.find(key, at + 1) < 0:  # one, else not sure
+                start = at + len(key)
+                while start < len(self.text) and self.text[start] in " \t\r\n":
+                    start += 1
+                try:
+                    found = json.JSONDecoder().raw_decode(self.text, start)[0]
+                except ValueError:
+                    found = None
+            self.decoded[name] = found
+        return self.decoded[name]
+
+
+@cache
+def _kind_schema(version: str, kind: str, api_version: str) -> dict | None:
+    folder = _schemas_folder()
+    try:
+        schema = json.loads((folder / f"v{version}-local-strict" / _schema_name(kind, api_version)).read_text())
+    except (TypeError, OSError, ValueError):  # no folder, no file
+        return None
+    return {k: v for k, v in schema.items() if k != "$id"} if isinstance(schema, dict) else None
+
+
+@cache
+def _version_definitions(version: str) -> _Definitions | None:
+    try:
+        return _Definitions(_schemas_folder() / f"v{version}-local-strict" / "_definitions.json")
+    except (TypeError, OSError):
+        return None
+
+
+def _schema_holds(obj: dict, version: str) -> bool:
+    """True when the schema of the object's kind certainly has nothing against it: core_schema's
+    jsonschema pass would find nothing. False is "not sure" (a keyword this does not judge, a
+    reference it does not follow); jsonschema then judges, and words the errors. The schema's
+    own `$id` is dropped as jsonschema's is replaced (`_validator`)."""
+    schema = _kind_schema(version, obj["kind"], obj["apiVersion"])
+    definitions = _version_definitions(version) if schema is not None else None
+    return definitions is not None and _holds(obj, schema, definitions, False)
+
+
+def _holds(value: Any, schema: Any, definitions: _Definitions, in_definitions: bool) -> bool:
+    if not isinstance(schema, dict) or not isinstance(value, JSON_TYPES) or "$id" in schema:
+        return False
+
+    def holds(v: Any, sub: Any) -> bool:
+        return _holds(v, sub, definitions, in_definitions)
+
+    for key, arg in schema.items():
+        if key not in DRAFT2020_KEYWORDS or key == "format":  # no format is asserted
+            continue
+        if key == "$ref":  # `/api/_definitions.json#/$defs/NAME` (`#/$defs/NAME` within that file)
+            prefix = "#/$defs/" if in_definitions else "/api/_definitions.json#/$defs/"
+            name = arg[len(prefix):] if isinstance(arg, str) and arg.startswith(prefix) else ""
+            ok = bool(re.fullmatch(r"[\w.-]+", name)) and _holds(value, definitions.get(name), definitions, True)
+        elif key == "type":
+            ok = type_holds(arg, value)
+        elif key == "properties":
+            ok = isinstance(arg, dict) and (not isinstance(value, dict) or all(
+                holds(value[k], sub) for k, sub in arg.items() if k in value))
+        elif key == "additionalProperties":
+            known = schema.get("properties", {})
+            if not isinstance(value, dict):
+                ok = True
+            elif not isinstance(known, dict) or "patternProperties" in schema:
+                ok = False
+            elif isinstance(arg, dict):
+                ok = all(holds(v, arg) for k, v in value.items() if k not in known)
+            else:
+                ok = bool(arg) or all(k in known for k in value)
+        elif key == "items":
+            ok = not isinstance(value, list) or ("prefixItems" not in schema and isinstance(arg, dict)
+                                                 and all(holds(v, arg) for v in value))
+        elif key == "required":
+            ok = isinstance(arg, list) and (not isinstance(value, dict) or all(k in value for k in arg))
+        elif key == "enum":
+            ok = same_in_enum(value, arg)
+        elif key == "oneOf":  # exactly one of them: judged when each is a `type` of known names
+            bare = isinstance(arg, list) and all(
+                isinstance(sub, dict) and {k for k in sub if k in DRAFT2020_KEYWORDS and k != "format"} == {"type"}
+                and type_names(sub["type"]) is not None for sub in arg)
+            ok = bare and sum(type_holds(sub["type"], value) for sub in arg) == 1
+        else:  # anything else: jsonschema's to judge
+            ok = False
+        if not ok:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,10 @@
    boolean exclusive bounds), extended with the `x-kubernetes-*` keywords the API server
    implements: `int-or-string`, `nullable`, `list-type` set/map uniqueness and `validations`
    (CEL, see `deploy.lint.cel`); integer formats int32/int64 are range-checked (the webhooks
-   decode into Go int32/int64 and refuse what overflows).
+   decode into Go int32/int64 and refuse what overflows). A fast pass (`_holds`) first walks
+   the object alone: what it shows to break no rule is not given to jsonschema, which is then
+   imported only for an object it is not sure of, to judge it and word the errors (`ddpkit
+   render` lints the objects it renders, and jsonschema's import was a third of its time).
 
 CRDs come bundled (`deploy/lint/crds/`, the upstream files of the versions ddpkit targets) and
 from `--crds DIR` (a cluster's own `kubectl get crd NAME -o yaml`), which take precedence.
@@ -23,16 +26,19 @@ import copy
 import os
 import re
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
 import yaml
-from jsonschema import Draft4Validator
 
+from deploy.kube.core import JSON_TYPES, same_in_enum, type_holds
 from deploy.kube.finding import Finding, LintInputError, join, short
 from deploy.lint import cel
 from deploy.yamlfile import load_documents
+
+if TYPE_CHECKING:
+    import jsonschema
 
 BUNDLED_CRDS = Path(__file__).resolve().parent / "crds"
 
@@ -127,37 +133,39 @@ def _is_integer(_checker, value) -> bool:
         isinstance(value, float) and value.is_integer())
 
 
-_TYPES = Draft4Validator.TYPE_CHECKER.redefine("integer", _is_integer)
 _INT_RANGE = {"int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1)}
 
 
 def _type(validator, types, instance, schema):
+    from jsonschema import ValidationError
+
     if instance is None and schema.get("nullable") is True:
         return
     if schema.get("x-kubernetes-int-or-string") is True:
         if not (validator.is_type(instance, "integer") or isinstance(instance, str)):
-            yield jsonschema.ValidationError(f"must be an integer or a string, got {short(instance)}")
+            yield ValidationError(f"must be an integer or a string, got {short(instance)}")
         return
     types = [types] if isinstance(types, str) else types
     if not any(validator.is_type(instance, t) for t in types):
-        yield jsonschema.ValidationError(
-            f"Invalid value: {_json_type(instance)}: must be of type {', '.join(types)}")
+        yield ValidationError(f"Invalid value: {_json_type(instance)}: must be of type {', '.join(types)}")
 
 
 def _format(validator, fmt, instance, schema):
+    from jsonschema import ValidationError
+
     bounds = _INT_RANGE.get(fmt)
     if bounds and validator.is_type(instance, "integer") and not bounds[0] <= instance <= bounds[1]:
-        yield jsonschema.ValidationError(f"Invalid value: {instance}: out of range for {fmt}")
+        yield ValidationError(f"Invalid value: {instance}: out of range for {fmt}")
 
 
-def _list_type(validator, list_type, instance, schema):
-    if not isinstance(instance, list):
-        return
+def _duplicates(list_type: str, instance: list, schema: dict) -> list[tuple[int, str]]:
+    """(index, message) of each item an `x-kubernetes-list-type` set or map has twice."""
+    found = []
     if list_type == "set":
         seen: list = []
         for i, item in enumerate(instance):
             if item in seen:
-                yield jsonschema.ValidationError(f"Duplicate value: {short(item)}", path=[i])
+                found.append((i, f"Duplicate value: {short(item)}"))
             seen.append(item)
     elif list_type == "map":
         keys = schema.get("x-kubernetes-list-map-keys") or []
@@ -168,33 +176,52 @@ def _list_type(validator, list_type, instance, schema):
             key = tuple(repr(item.get(k)) for k in keys)
             if key in seen_keys:
                 shown = ", ".join(f"{k}={short(item.get(k))}" for k in keys)
-                yield jsonschema.ValidationError(f"Duplicate value: map[{shown}]", path=[i])
+                found.append((i, f"Duplicate value: map[{shown}]"))
             seen_keys.add(key)
+    return found
+
+
+def _list_type(validator, list_type, instance, schema):
+    from jsonschema import ValidationError
+
+    if isinstance(instance, list):
+        for i, message in _duplicates(list_type, instance, schema):
+            yield ValidationError(message, path=[i])
 
 
 def _cel_rules(validator, rules, instance, schema):
+    from jsonschema import ValidationError
+
     for path, message in cel.check(rules, instance, schema):
-        yield jsonschema.ValidationError(message, path=path)
+        yield ValidationError(message, path=path)
 
 
 def _ignore(validator, value, instance, schema):
     return iter(())
 
 
-_KEYWORDS = dict(Draft4Validator.VALIDATORS)
-_KEYWORDS.update({
-    "type": _type,
-    "format": _ignore,  # kube-openapi checks string formats the CRDs here do not use
-    "x-kubernetes-list-type": _list_type,
-    "x-kubernetes-validations": _cel_rules,
-})
-_KEYWORDS.pop("$ref", None)  # structural schemas have no references
-StructuralValidator = jsonschema.validators.create(
-    meta_schema=Draft4Validator.META_SCHEMA, validators=_KEYWORDS, type_checker=_TYPES,
-    version="kubernetes-structural")
-#: The same, plus what a webhook's typed decode refuses: integers beyond their Go type
-#: (`format: int32` into an int32 field). The API server alone does not range-check them.
-TypedValidator = jsonschema.validators.extend(StructuralValidator, {"format": _format})
+@cache
+def _validators() -> tuple[type, type]:
+    """(structural, typed) jsonschema validator classes, made on first use: jsonschema's import
+    alone is a third of a `ddpkit render k8s`, and `_holds` spares most objects the need."""
+    import jsonschema
+    from jsonschema import Draft4Validator
+
+    keywords = dict(Draft4Validator.VALIDATORS)
+    keywords.update({
+        "type": _type,
+        "format": _ignore,  # kube-openapi checks string formats the CRDs here do not use
+        "x-kubernetes-list-type": _list_type,
+        "x-kubernetes-validations": _cel_rules,
+    })
+    keywords.pop("$ref", None)  # structural schemas have no references
+    structural = jsonschema.validators.create(
+        meta_schema=Draft4Validator.META_SCHEMA, validators=keywords,
+        type_checker=Draft4Validator.TYPE_CHECKER.redefine("integer", _is_integer),
+        version="kubernetes-structural")
+    # The same, plus what a webhook's typed decode refuses: integers beyond their Go type
+    # (`format: int32` into an int32 field). The API server alone does not range-check them.
+    return structural, jsonschema.validators.extend(structural, {"format": _format})
 
 
 def _json_type(value: Any) -> str:
@@ -208,14 +235,100 @@ def validate_values(value: Any, schema: dict, path: str = "", *, typed: bool = F
     """(path, message, rule) of every value-rule violation of a pruned and defaulted object;
     rule is `cel` for x-kubernetes-validations, `webhook` for what only a webhook's typed decode
     refuses (`typed`: the kind has a webhook), else `schema`."""
+    if _holds(value, schema, typed):
+        return []  # what jsonschema would find too
+    structural, typed_validator = _validators()
     found = []
-    for error in (TypedValidator if typed else StructuralValidator)(schema).iter_errors(value):
+    for error in (typed_validator if typed else structural)(schema).iter_errors(value):
         where = path
         for part in error.absolute_path:
             where = join(where, part)
         rule = {"x-kubernetes-validations": "cel", "format": "webhook"}.get(error.validator, "schema")
         found.append((*_finding(error, where), rule))
     return sorted(set(found))
+
+
+# The fast pass: most objects break no rule, and showing that needs no jsonschema.
+
+#: The keywords jsonschema's Draft 4 validator acts on (Draft4Validator.VALIDATORS: a test holds
+#: them equal); `_validators` drops `$ref` and adds two. Any other key of a schema is skipped.
+DRAFT4_KEYWORDS = frozenset({
+    "$ref", "additionalItems", "additionalProperties", "allOf", "anyOf", "dependencies", "enum",
+    "format", "items", "maxItems", "maxLength", "maxProperties", "maximum", "minItems", "minLength",
+    "minProperties", "minimum", "multipleOf", "not", "oneOf", "pattern", "patternProperties",
+    "properties", "required", "type", "uniqueItems"})
+_ACTIVE = DRAFT4_KEYWORDS - {"$ref"} | {"x-kubernetes-list-type", "x-kubernetes-validations"}
+_BOUNDS = {"minLength": (str, False), "maxLength": (str, True), "minItems": (list, False),
+           "maxItems": (list, True), "minProperties": (dict, False), "maxProperties": (dict, True)}
+
+
+def _holds(value: Any, schema: Any, typed: bool) -> bool:
+    """True when `value` certainly breaks no rule of `schema`: validate_values' jsonschema pass
+    would find nothing. False is "not sure" (a keyword this does not judge, a value it does not
+    compare exactly), and jsonschema then judges, and words the errors."""
+    if not isinstance(schema, dict) or not isinstance(value, JSON_TYPES):
+        return False
+    for key, arg in schema.items():
+        if key not in _ACTIVE:
+            continue
+        if key == "type":
+            if value is None and schema.get("nullable") is True:
+                continue
+            if schema.get("x-kubernetes-int-or-string") is True:
+                ok = _is_integer(None, value) or isinstance(value, str)
+            else:  # IS_TYPE's integer is kube-openapi's, as _is_integer
+                ok = type_holds(arg, value)
+        elif key == "properties":
+            ok = isinstance(arg, dict) and (not isinstance(value, dict) or all(
+                _holds(value[k], sub, typed) for k, sub in arg.items() if k in value))
+        elif key == "additionalProperties":
+            known = schema.get("properties", {})
+            if not isinstance(value, dict):
+                ok = True
+            elif not isinstance(known, dict) or "patternProperties" in schema:
+                ok = False
+            elif isinstance(arg, dict):
+                ok = all(_holds(v, arg, typed) for k, v in value.items() if k not in known)
+            else:
+                ok = bool(arg) or all(k in known for k in value)
+        elif key == "items":
+            ok = not isinstance(value, list) or (isinstance(arg, dict) and all(_holds(v, arg, typed) for v in value))
+        elif key == "required":
+            ok = isinstance(arg, list) and (not isinstance(value, dict) or all(k in value for k in arg))
+        elif key == "enum":
+            ok = same_in_enum(value, arg)
+        elif key == "pattern":
+            ok = isinstance(arg, str) and (not isinstance(value, str) or re.search(arg, value) is not None)
+        elif key in ("minimum", "maximum"):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number:
+                ok = True
+            elif not isinstance(arg, (int, float)) or isinstance(arg, bool):
+                ok = False
+            elif key == "minimum":
+                ok = value > arg if schema.get("exclusiveMinimum", False) else value >= arg
+            else:
+                ok = value < arg if schema.get("exclusiveMaximum", False) else value <= arg
+        elif key in _BOUNDS:
+            kind, most = _BOUNDS[key]
+            ok = isinstance(arg, int) and (not isinstance(value, kind) or (len(value) <= arg if most else len(value) >= arg))
+        elif key == "anyOf":
+            ok = isinstance(arg, list) and any(_holds(value, sub, typed) for sub in arg)
+        elif key == "allOf":
+            ok = isinstance(arg, list) and all(_holds(value, sub, typed) for sub in arg)
+        elif key == "format":  # structural: skipped; typed: integers within their Go type
+            bounds = _INT_RANGE.get(arg) if isinstance(arg, str) else None
+            ok = not typed or (isinstance(arg, str) and not (
+                bounds and _is_integer(None, value) and not bounds[0] <= value <= bounds[1]))
+        elif key == "x-kubernetes-list-type":
+            ok = isinstance(arg, str) and (not isinstance(value, list) or not _duplicates(arg, value, schema))
+        elif key == "x-kubernetes-validations":
+            ok = not cel.check(arg, value, schema)
+        else:  # not, oneOf, uniqueItems, multipleOf, ...: jsonschema's to judge
+            ok = False
+        if not ok:
+            return False
+    return True
 
 
 def _finding(error: jsonschema.ValidationError, where: str) -> Finding:
@@ -247,21 +360,28 @@ def _finding(error: jsonschema.ValidationError, where: str) -> Finding:
 # The whole custom-resource check
 
 
-def check_custom_resource(obj: dict, schema: dict, *, typed: bool = False) -> tuple[dict, list[tuple[str, str, str]]]:
+def check_custom_resource(obj: dict, schema: dict, *, typed: bool = False,
+                          values: bool = True) -> tuple[dict, list[tuple[str, str, str]]]:
     """(the object as the API server stores it: pruned and defaulted, (path, message, rule)s).
 
     Unknown fields are reported first and alone, as strict field validation does (the server
-    answers 400 before validating values); otherwise the value rules of the defaulted object.
+    answers 400 before validating values); otherwise the value rules of the defaulted object
+    (not `values`: none, for a caller that validates the object a webhook then defaults).
     """
     pruned, unknown = prune(obj, schema)
     if unknown:
         return pruned, [(p, "unknown field" + _did_you_mean(p, schema), "schema") for p in unknown]
     apply_defaults(pruned, schema)
-    body = {k: v for k, v in pruned.items() if k != "metadata"}
-    meta = pruned.get("metadata") if isinstance(pruned.get("metadata"), dict) else {}
+    return pruned, check_values(pruned, schema, typed=typed) if values else []
+
+
+def check_values(stored: dict, schema: dict, *, typed: bool = False) -> list[tuple[str, str, str]]:
+    """The value rules' (path, message, rule)s of an object pruned and defaulted already."""
+    body = {k: v for k, v in stored.items() if k != "metadata"}
+    meta = stored.get("metadata") if isinstance(stored.get("metadata"), dict) else {}
     # CEL rules at the root see metadata.name and metadata.generateName only.
     body["metadata"] = {k: meta[k] for k in ("name", "generateName") if k in meta}
-    return pruned, validate_values(body, _without_metadata_schema(schema), typed=typed)
+    return validate_values(body, _without_metadata_schema(schema), typed=typed)
 
 
 def _without_metadata_schema(schema: dict) -> dict:
@@ -395,20 +515,23 @@ def _cache_dir() -> Path:
 
 
 def _cached_documents(file: Path, text: str) -> list[Any]:
-    """The documents of a CRD file, through a JSON cache keyed by the text's hash.
+    """The documents of a CRD file, through a JSON cache keyed by the text's hash, their schemas
+    without the `description`s below the root (two thirds of an upstream CRD's bytes, and no
+    rule reads them: `_lean`).
 
-    libyaml needs ~0.5 s for one upstream CRD (600-900 kB); json ~10 ms. The cache is an
+    libyaml needs ~0.5 s for one upstream CRD (600-900 kB); json ~5 ms. The cache is an
     optimisation only: an unwritable or corrupt cache falls back to YAML.
     """
     import hashlib
     import json
 
-    cached = _cache_dir() / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
+    digest = hashlib.md5(text.encode(), usedforsecurity=False).hexdigest()  # a third of sha256's work
+    cached = _cache_dir() / f"{digest}-lean.json"
     try:
         return json.loads(cached.read_text())
     except (OSError, ValueError):
         pass
-    docs = _load_documents(file, text)
+    docs = [_lean(doc) for doc in _load_documents(file, text)]
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".{os.getpid()}.tmp")
@@ -417,6 +540,30 @@ def _cached_documents(file: Path, text: str) -> list[Any]:
     except OSError:
         pass
     return docs
+
+
+def _lean(doc: Any) -> Any:
+    """`doc` (in place) without the descriptions of its CRDs' schemas, but at their roots."""
+    for crd in _crds_in(doc):
+        versions = crd["spec"].get("versions")
+        for version in versions if isinstance(versions, list) else []:
+            schema = (version.get("schema") or {}).get("openAPIV3Schema") if isinstance(version, dict) else None
+            if isinstance(schema, dict):
+                _drop_descriptions(schema, root=True)
+    return doc
+
+
+def _drop_descriptions(schema: dict, root: bool = False) -> None:
+    if not root:
+        schema.pop("description", None)
+    subschemas = [schema.get(k) for k in ("additionalProperties", "items", "not")]
+    for key in ("properties", "patternProperties"):
+        subschemas += schema[key].values() if isinstance(schema.get(key), dict) else []
+    for key in ("allOf", "anyOf", "oneOf"):
+        subschemas += schema[key] if isinstance(schema.get(key), list) else []
+    for sub in subschemas:
+        if isinstance(sub, dict):
+            _drop_descriptions(sub)
 
 
 def _load_documents(file: Path, text: str | None = None) -> list[Any]:

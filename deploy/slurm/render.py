@@ -30,7 +30,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from deploy import __version__, durability, image_forms, units, workdir
+from deploy import __version__, durability, image_forms, units
 from deploy.problems import Problem, refuse
 from deploy.slurm import directives
 from deploy.slurm.request import JOB_FILE, SbatchRequest, container_mounts
@@ -80,6 +80,8 @@ def after_render(job: JobSpec) -> None:
 def ship(job: JobSpec, submit_dir: Path, *, dry_run: bool = False) -> str:
     """Copy the job's workdir snapshot into its log directory (`submit_dir`/log_dir), where the
     rendered script looks for it by its hash; the line that says what was shipped."""
+    from deploy import workdir
+
     snapshot = workdir.snapshot(job)
     dest = submit_dir / job.slurm.log_dir / snapshot.dir_name(job.name)
     what = f"workdir {snapshot.root} ({snapshot.describe()})"
@@ -92,7 +94,11 @@ def ship(job: JobSpec, submit_dir: Path, *, dry_run: bool = False) -> str:
 def check(job: JobSpec, flavor: None = None) -> list[Problem]:
     """Everything an sbatch script (or submitit) cannot do with `job` (deploy/problems.py:
     `ddpkit validate` reports the same lines as `render slurm` and `submit slurm`)."""
-    problems = workdir.problems(job)
+    problems = []
+    if job.workdir is not None:  # deploy.workdir is imported for a job that ships a tree only
+        from deploy import workdir
+
+        problems = workdir.problems(job)
     s = job.slurm
     if s.container != "none":
         problems += image_forms.problems(job.image, s.container)
@@ -273,6 +279,8 @@ def _workdir_context(request: SbatchRequest) -> dict | None:
     snapshot = request.workdir
     if snapshot is None:
         return None
+    from deploy import workdir
+
     env = workdir.record_env(snapshot)
     return {"dir": request.workdir_dir, "describe": snapshot.describe(),
             "exports": {k: shquote(v) for k, v in env.items()},

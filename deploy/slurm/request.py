@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from deploy import image_forms, workdir
+from deploy import image_forms
 from deploy.kube import gpu_vendor
 from deploy.slurm import directives
 from deploy.slurm.directives import Directive
 from deploy.slurm.template import shquote
 from deploy.spec import JobSpec
 from trainer.contract import LAUNCH_ARGV, LaunchEnv
+
+if TYPE_CHECKING:
+    from deploy import workdir
 
 #: DDPKIT_JOB_FILE: the validated job, written next to the logs when the job starts.
 JOB_FILE = "{job_dir}/{run_id}-{job_id}.job.yaml"
@@ -106,7 +110,11 @@ class SbatchRequest:
         step = [f"--ntasks-per-node={directives.tasks_per_node(job)}",
                 *([f"--cpus-per-task={cpus}"] if cpus is not None else []), "--kill-on-bad-exit=1"]
         log_dir_absolute = posixpath.isabs(s.log_dir)
-        snapshot = workdir.snapshot(job)
+        snapshot = None
+        if job.workdir is not None:  # deploy.workdir is imported for a job that ships a tree only
+            from deploy import workdir
+
+            snapshot = workdir.snapshot(job)
         # the job file lies beside the logs: outside the working directory the container
         # mounts when the log dir is absolute, or when the working directory is the snapshot
         bind_job_dir = log_dir_absolute or snapshot is not None
