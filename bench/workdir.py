@@ -230,9 +230,14 @@ def _k8s_figures(trees: dict[str, Path], repeats: int, env: dict) -> tuple[list[
                 time.sleep(0.5)
             ddpkit("cancel", handle, "--wait", "60", env=env)
             spans.append(None if seen is None else seen - t0)
-            if way == "image":
+            if way == "image" or way in WAYS and "image" in WAYS[way]:
                 from deploy.image import docker_binary, docker_env
-                subprocess.run([docker_binary(), "rmi", own], env=docker_env(), capture_output=True)
+                from deploy.load import load_job
+                from deploy.workdir import image_of
+
+                tag = own if way == "image" else image_of(load_job(str(path)))
+                testbed.remove_image(tag)  # each run's tag is new: the nodes and Docker would keep them all
+                subprocess.run([docker_binary(), "rmi", tag], env=docker_env(), capture_output=True)
         first.append([way, Stats([s for s in spans if s is not None]).fmt(".1f", " s"),
                       f"{before:.1f} s" if way == "image" else "-"])
     return submits, first

@@ -200,6 +200,16 @@ def docker_test_image(tag: str, base_image: str) -> str:
     return build_test_image(tag, base_image)
 
 
+def forget_image(tag: str) -> None:
+    """Remove an image one test built from Docker and from the testbed's nodes: each such image
+    (a workdir layer under a fresh tag) would otherwise stay on disk for good."""
+    from deploy.image import docker_binary, docker_env
+
+    if testbed.node_sockets():
+        testbed.remove_image(tag)
+    subprocess.run([docker_binary(), "rmi", "--force", tag], env=docker_env(), capture_output=True)
+
+
 @pytest.fixture(scope="session")
 def image(cluster) -> str:
     """The training image, built offline on the Docker testbed and loaded into every node."""

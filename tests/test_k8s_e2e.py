@@ -691,6 +691,44 @@ def test_reimporting_a_tag_leaves_no_replaced_image_behind(cluster):
         testbed.prune_replaced_images()
 
 
+def test_the_node_stores_keep_only_images_docker_still_has_as_loaded(cluster, tmp_path):
+    """`testbed k8s up` removes from each node what Docker no longer has (removed, or rebuilt under
+    the tag), and `remove_image` removes one image from every node: the stores had grown to 19 GB
+    of images every test and bench ever loaded, and filled the CI machine's disk."""
+    from deploy.image import docker
+
+    require(docker("version", check=False, timeout=15).returncode == 0,
+            "no Docker daemon answers (sudo ddpkit testbed docker up)")
+    tag, ref = "ddpkit-store-check:1", "docker.io/library/ddpkit-store-check:1"
+    (tmp_path / "x").write_text("x")
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY x /x\n")
+
+    def build_and_load(content: str) -> None:
+        (tmp_path / "x").write_text(content)
+        docker("build", "-q", "-t", tag, str(tmp_path), timeout=120)
+        testbed.load_image(tag)
+        assert all(ref in testbed.containerd_images(a) for a in testbed.node_sockets())
+
+    try:
+        build_and_load("one")
+        assert [testbed.prune_unloaded_images(a) for a in testbed.node_sockets()] == [[], []]
+        (tmp_path / "x").write_text("rebuilt")
+        docker("build", "-q", "-t", tag, str(tmp_path), timeout=120)  # a new ID under the same tag
+        assert [testbed.prune_unloaded_images(a) for a in testbed.node_sockets()] == [[ref], [ref]]
+        assert not any(ref in testbed.containerd_images(a) for a in testbed.node_sockets())
+        build_and_load("three")
+        testbed.remove_image(tag)
+        assert not any(ref in testbed.containerd_images(a) for a in testbed.node_sockets())
+        build_and_load("four")
+        docker("rmi", tag)  # gone from Docker: gone from the nodes at the next `up`
+        assert [testbed.prune_unloaded_images(a) for a in testbed.node_sockets()] == [[ref], [ref]]
+        assert testbed.containerd_images() >= {f"docker.io/library/{testbed.PAUSE_IMAGE}",
+                                               f"docker.io/library/{testbed.BUSYBOX_IMAGE}"}
+    finally:
+        testbed.remove_image(tag)
+        docker("rmi", "--force", tag, check=False)
+
+
 # --------------------------------------------------------------------------------------------
 # issue 20: the fault corpus on Kubernetes (docs/faults.md "Why did it fail?"), five jobs submitted
 # together: a hang on each of the two most used flavors (PyTorchJob, Job), an image that is not

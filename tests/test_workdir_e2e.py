@@ -18,7 +18,13 @@ import yaml
 
 from deploy import workdir
 from deploy.load import load_job
-from tests.conftest import K8S_TEST_BASE_IMAGE, K8S_TEST_IMAGE, ddpkit, docker_test_image
+from tests.conftest import (
+    K8S_TEST_BASE_IMAGE,
+    K8S_TEST_IMAGE,
+    ddpkit,
+    docker_test_image,
+    forget_image,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -144,16 +150,17 @@ def big_tree_job(tmp_path: Path, name: str, flavor: str) -> tuple[Path, workdir.
 
 def test_run_docker_runs_a_large_tree_from_its_image_layer(docker_image, tmp_path):
     path, snap = big_tree_job(tmp_path, "wd-docker-image", "trainjob")
-    result = ddpkit("run", str(path), "--docker", cwd=tmp_path, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     tag = snap.image("ddpkit-workdir/wd-docker-image", IMAGE)
+    result = ddpkit("run", str(path), "--docker", cwd=tmp_path, timeout=600)
+    forget_image(tag)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert f"ddpkit: workdir image {tag}: built in " in result.stderr, result.stderr[-3000:]
     assert ran(result.stdout) == {("0", "v1", "/workdir"), ("1", "v1", "/workdir")}, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("flavor", ["trainjob", "job"])
 def test_kubernetes_runs_a_large_tree_from_its_image_layer_with_no_registry(cluster, image, handles,
-                                                                            tmp_path, flavor):
+                                                                            tmp_path, flavor, request):
     """Over a ConfigMap's limit: the tree is built into `<workdir.image>:workdir-HASH` FROM the
     job's image and loaded into the testbed's nodes (no registry); the pods run it from /workdir
     (a TrainJob, which sets no working directory, from the image's WORKDIR); no ConfigMap."""
@@ -163,9 +170,10 @@ def test_kubernetes_runs_a_large_tree_from_its_image_layer_with_no_registry(clus
 
     name = f"wd-image-{flavor}"
     path, snap = big_tree_job(tmp_path, name, flavor)
+    tag = snap.image(f"ddpkit-workdir/{name}", IMAGE)
+    request.addfinalizer(lambda: forget_image(tag))
     proc = ddpkit("submit", "k8s", str(path), env=cluster, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    tag = snap.image(f"ddpkit-workdir/{name}", IMAGE)
     assert f"ddpkit: workdir image {tag}: built in " in proc.stderr, proc.stderr
     assert "loaded into the testbed's nodes" in proc.stderr and f"as image {tag} (FROM {IMAGE})" in proc.stderr
     handle = proc.stdout.strip()

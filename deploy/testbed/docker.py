@@ -108,7 +108,26 @@ def up() -> None:
         start_daemon()
     if not image_exists(BASE_IMAGE):
         make_base_image()
+    prune()
     print(f"testbed: docker up; base image {BASE_IMAGE}", file=sys.stderr)
+
+
+#: what `up` leaves of BuildKit's cache: the training image's layers (torch's is ~1.1 GB) twice
+BUILD_CACHE_KEPT = "4GB"
+
+
+def prune() -> None:
+    """Bound what repeated builds leave on disk: untagged images, and BuildKit's cache down to
+    BUILD_CACHE_KEPT. Every rebuild of the test image (a new context) adds a layer of torch and
+    the project to the cache, which nothing else collects: on this project's CI machine it
+    reached 31 GB after a few days of runs and filled the disk mid-run (`docker save`: no space
+    left on device)."""
+    docker("image", "prune", "--force", check=False, timeout=300)
+    freed = docker("builder", "prune", "--force", "--keep-storage", BUILD_CACHE_KEPT,
+                   check=False, timeout=600)
+    last = (freed.stdout or "").strip().splitlines()
+    if last:
+        print(f"testbed: build cache pruned to {BUILD_CACHE_KEPT}: {last[-1]}", file=sys.stderr)
 
 
 def down() -> None:

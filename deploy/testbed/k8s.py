@@ -385,7 +385,7 @@ def prune_replaced_images(address: str | None = None) -> list[str]:
     stale = [row[0] for row in rows if len(row) == 3 and row[0].startswith("sha256:")
              and row[2] not in named]
     if stale:
-        _ctr("images", "rm", *stale, address=address)
+        _ctr("images", "rm", "--sync", *stale, address=address)
     return stale
 
 
@@ -460,9 +460,57 @@ def load_image(tag: str) -> None:
 
 
 def _stamp(tag: str, address: str) -> Path:
+    return _stamps(address) / hashlib.sha256(_normalized(tag).encode()).hexdigest()
+
+
+def _stamps(address: str) -> Path:
     node = Path(address).parent.parent.name  # node<i>
-    return (Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / node
-            / "loaded" / hashlib.sha256(tag.encode()).hexdigest())
+    return Path(os.environ.get("DDPKIT_K8S_TESTBED_IMAGES", "/var/lib/ddpkit-k8s-images")) / node / "loaded"
+
+
+def remove_image(tag: str) -> None:
+    """Remove a loaded image from every node (`ctr images rm --sync`: containerd collects the
+    layers no other image shares before it answers; without --sync its collector may wait, and
+    did, on one node, keep 9 GB after its images were gone). Tests remove the images they built
+    for one test."""
+    for address in node_sockets():
+        _ctr("images", "rm", "--sync", _normalized(tag), address=address)
+        _stamp(tag, address).unlink(missing_ok=True)
+        prune_replaced_images(address)
+
+
+def prune_unloaded_images(address: str | None = None) -> list[str]:
+    """At `up`, on one node: remove the images `load_image` put there that Docker no longer has
+    as loaded (removed, or rebuilt since: a new ID), so the node stores mirror Docker instead
+    of growing with every image any test or bench ever loaded (19 GB on this project's CI
+    machine before this). The sandbox and busybox images are the testbed's own and stay; so
+    does everything when no Docker daemon answers (nothing to compare with)."""
+    address = address or os.environ.get("DDPKIT_K8S_CTR_ADDRESS") or (node_sockets() or [""])[0]
+    from deploy.image import docker
+
+    try:
+        listed = docker("image", "ls", "--no-trunc", "--format", "{{.Repository}}:{{.Tag}} {{.ID}}",
+                        check=False, timeout=60)
+    except (RuntimeFailure, OSError):
+        return []
+    if listed.returncode != 0:
+        return []
+    docker_ids = {_normalized(ref): image_id for ref, image_id in
+                  (line.split() for line in listed.stdout.splitlines() if len(line.split()) == 2)}
+    own = {_normalized(PAUSE_IMAGE), _normalized(BUSYBOX_IMAGE)}
+    stale = []
+    for ref in containerd_images(address) - own:
+        if ref.startswith("sha256:"):
+            continue
+        stamp = _stamp(ref, address)
+        loaded = stamp.read_text() if stamp.exists() else None
+        if loaded is None or docker_ids.get(ref) != loaded:
+            stale.append(ref)
+            stamp.unlink(missing_ok=True)
+    if stale:
+        _ctr("images", "rm", "--sync", *stale, address=address)
+    prune_replaced_images(address)
+    return stale
 
 
 def _has_image(tag: str, image_id: str, address: str) -> bool:
@@ -661,6 +709,8 @@ if __name__ == "__main__":  # the steps cluster.sh hands to Python
     step = sys.argv[1] if len(sys.argv) > 1 else ""
     if step == "_images":
         base_images()
+        if pruned := prune_unloaded_images():
+            print(f"testbed: removed {len(pruned)} image(s) Docker no longer has as loaded", file=sys.stderr)
     elif step == "_manifests":
         write_manifests(Path(sys.argv[2]), Path(sys.argv[3]))
     elif step == "_kueue_manifests":
