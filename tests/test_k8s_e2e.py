@@ -210,6 +210,8 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     steps = summary["steps"]
     assert line.startswith(f"SUCCEEDED  step {steps}/{steps} (100%)") and " waited " in line, line
     assert "goodput " in line and "restarts 0/" in line, line
+    if flavor == "trainjob":  # the same record, through Trainer's status server
+        assert_trainer_status(cluster, name, step=steps, total=steps)
     log1 = logs(cluster, handle, 1)
     assert log1.strip() and "ddpkit-summary" not in log1  # rank 1's own log, not rank 0's
     assert log1 != log0
@@ -221,6 +223,20 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
     workload = kubectl(cluster, "get", WORKLOAD[flavor], name, check=False)
     assert workload.returncode != 0 and "NotFound" in workload.stderr, workload.stdout + workload.stderr
     wait_no_leftovers(cluster, flavor, name)
+
+
+def assert_trainer_status(cluster, name: str, *, step: int, total: int) -> None:
+    """The TrainJob's `status.trainerStatus`, which Kubeflow Trainer's status server (feature
+    gate TrainJobStatus, on in the testbed) set from what rank 0 POSTed: the last record's."""
+    trainjob = json.loads(kubectl(cluster, "get", "trainjob", name, "-o", "json").stdout)
+    got = trainjob["status"].get("trainerStatus")
+    assert got, trainjob["status"]
+    metrics = {m["name"]: m["value"] for m in got["metrics"]}
+    assert got["progressPercentage"] == 100 * step // total and metrics["step"] == str(step), got
+    assert metrics["total_steps"] == str(total) and got["estimatedRemainingSeconds"] == 0, got
+    assert "goodput" in metrics and got["lastUpdatedTime"].endswith("Z"), got
+    managers = {m["manager"] for m in trainjob["metadata"]["managedFields"]}
+    assert "trainer-status" in managers, managers  # the status server's field manager applied it
 
 
 def wait_for_line(cluster, handle: str, wanted: str, timeout: float = 180) -> str:
@@ -360,11 +376,13 @@ def test_kind_e2e_script_runs_against_the_testbed(cluster, image, tmp_path):
     assert "every flavor succeeded: pytorchjob" in proc.stderr
 
 
-@pytest.mark.parametrize("flavor", ["pytorchjob", "job"])
+@pytest.mark.parametrize("flavor", ["pytorchjob", "job", "trainjob"])
 def test_your_own_torchrun_script_runs_unchanged_across_pods(cluster, image, handles, tmp_path, flavor):
     """examples/own_script/train.py (textbook DDP, no ddpkit) as `script:` on a hostPath volume
     (the script reaches the pods by a volume; baking it into the image is the other way):
-    2 pods x 2 ranks, identical parameters on all four, files on the shared volume."""
+    2 pods x 2 ranks, identical parameters on all four, files on the shared volume. As a
+    TrainJob, its progress (8 steps, the job file's `steps:`) reaches the TrainJob's status
+    through Kubeflow Trainer's status server, with no line of it in the script."""
     code, out = tmp_path / "code", tmp_path / "out"
     code.mkdir()
     out.mkdir()
@@ -373,7 +391,7 @@ def test_your_own_torchrun_script_runs_unchanged_across_pods(cluster, image, han
     name = f"e2e-own-{flavor}"
     job = yaml.safe_load((REPO / "examples" / "own-script.yaml").read_text())
     job.update(name=name, image=image, nodes=2, script="/code/train.py",
-               args=["--epochs", "1", "--samples", "1024", "--out", "/out"],
+               args=["--epochs", "1", "--samples", "1024", "--out", "/out"], steps=8,
                resources={"cpus_per_node": 0.7, "memory": "2Gi", "shm": "256Mi"},
                volumes=[{"name": "code", "mount": "/code", "host_path": str(code), "read_only": True},
                         {"name": "out", "mount": "/out", "host_path": str(out)}],
@@ -391,6 +409,8 @@ def test_your_own_torchrun_script_runs_unchanged_across_pods(cluster, image, han
     assert sorted(sums) == [f"params-rank{r}.sha256" for r in range(4)]
     assert set(sums.values()) == {s for _, _, s in lines}
     assert "context " in text and "/code/train.py --epochs 1" in text
+    if flavor == "trainjob":
+        assert_trainer_status(cluster, name, step=8, total=8)
 
 
 def test_an_accelerate_script_trains_across_pods_or_hangs_and_ddpkit_says_which(cluster, accelerate_image,

@@ -36,6 +36,7 @@ from typing import Any
 
 from trainer.contract import workdir_record
 from trainer.forked import FORKED
+from trainer.kubeflow_status import StatusReporter
 
 #: An attempt's classes, in the order they usually come.
 CLASSES = {
@@ -222,6 +223,7 @@ class Progress:
         self.straggler: dict[str, Any] | None = None  # trainer/stragglers.py, set by the trainer
         self.ranks: list[dict[str, Any]] | None = None  # each rank's rate over the last window
         self.exporter: Exporter | None = None
+        self.kubeflow = StatusReporter.from_env(os.environ)  # a TrainJob under Trainer's status server
         self.resumed: dict[str, Any] | None = None  # the checkpoint resumed from, those skipped
         self.lines = True  # print `ddpkit-progress` lines (where the log is how `status` reads it)
         self.workdir = workdir_record(os.environ)  # the tree a `workdir:` job runs
@@ -284,6 +286,8 @@ class Progress:
         self.written = record["updated"]
         if self.exporter is not None:
             self.exporter.update(record)
+        if self.kubeflow is not None:
+            self.kubeflow.offer(record)
         if print_line and self.lines:
             self.printed = record["updated"]
             print(PREFIX + text, flush=True)

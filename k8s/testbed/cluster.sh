@@ -21,7 +21,10 @@
 #   training-operator      webhook https://training-operator.kubeflow.svc:19443 (its own
 #                          rotator's cert; the name is a line in /etc/hosts -> 127.0.0.1)
 #   JobSet                 webhook https://127.0.0.1:19444 (our CA)
-#   Trainer                webhook https://127.0.0.1:19445 (our CA)
+#   Trainer                webhook https://127.0.0.1:19445 (our CA); its TrainJob status
+#                          server (feature gate TrainJobStatus) on :19446, which pods reach as
+#                          https://kubeflow-trainer-controller-manager.kubeflow-system.svc:19446
+#                          (a headless Service whose one endpoint is $GW)
 #
 # Pods get addresses on their node's /24 and one route, to $PREFIX.0.0/16 (the other nodes'
 # pods through the node namespaces' routes, and $GW): no default route inside pods or node
@@ -57,6 +60,10 @@ GPUS=${DDPKIT_K8S_TESTBED_GPUS:-8}
 if [ -f "$DIR/nodes" ]; then NODES=$(cat "$DIR/nodes"); else NODES=${DDPKIT_K8S_TESTBED_NODES:-2}; fi
 MARK="# ddpkit-k8s-testbed"
 TO_HOST=training-operator.kubeflow.svc
+# Kubeflow Trainer's status server, as the controller names it in the pods' env (its webhook
+# Service's name and namespace)
+TRAINER_STATUS_HOST=kubeflow-trainer-controller-manager.kubeflow-system.svc
+TRAINER_STATUS_PORT=19446
 PYTHON=${DDPKIT_PYTHON:-python3}
 export PATH="$BIN:$PATH"
 KUBECTL=$BIN/kubectl
@@ -216,7 +223,7 @@ make_pki() {
   local specs=(
     "apiserver|kube-apiserver||DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost,IP:127.0.0.1,IP:$GW,IP:$SVC_NET.1"
     "apiserver-kubelet-client|kube-apiserver-kubelet-client|system:masters|"
-    "webhook-serving|ddpkit-testbed-webhooks||IP:127.0.0.1"
+    "webhook-serving|ddpkit-testbed-webhooks||IP:127.0.0.1,IP:$GW,DNS:$TRAINER_STATUS_HOST"
     "admin|ddpkit-admin|system:masters|"
     "kube-controller-manager|system:kube-controller-manager||"
     "kube-scheduler|system:kube-scheduler||"
@@ -439,6 +446,8 @@ metrics: {bindAddress: "0"}
 webhook: {port: 19445, host: 127.0.0.1}
 leaderElection: {leaderElect: false}
 certManagement: {enable: false}
+featureGates: {TrainJobStatus: true}
+statusServer: {port: $TRAINER_STATUS_PORT}
 EOF
 }
 
@@ -483,7 +492,7 @@ start_control_plane() {
     --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
     --client-ca-file "$DIR/pki/ca.crt" \
     --requestheader-client-ca-file "$DIR/pki/ca.crt" --requestheader-allowed-names ddpkit-front-proxy \
-    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-issuer "https://$GW:$API_PORT" --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
     --service-cluster-ip-range "$SVC_NET.0/24" \
     --authorization-mode Node,RBAC \
@@ -574,9 +583,9 @@ install_controllers() {
   start_bg jobset jobset env KUBECONFIG="$DIR/kubeconfig/jobset.kubeconfig" jobset \
     --config "$DIR/jobset/config.yaml" --leader-elect=false --metrics-bind-address=0 \
     --health-probe-bind-address=127.0.0.1:18082
-  log "Kubeflow Trainer, webhook https://127.0.0.1:19445"
-  start_bg trainer trainer-control env KUBECONFIG="$DIR/kubeconfig/trainer.kubeconfig" TMPDIR="$DIR/trainer/tmp" \
-    trainer-controller-manager --config "$DIR/trainer/config.yaml"
+  log "Kubeflow Trainer, webhook https://127.0.0.1:19445, status server https://$TRAINER_STATUS_HOST:$TRAINER_STATUS_PORT"
+  trainer_status_server
+  start_trainer
 
   wait_for 60 "training-operator's certificate in its Secret" bash -c \
     "'$KUBECTL' --kubeconfig '$DIR/kubeconfig/admin.kubeconfig' -n kubeflow get secret training-operator-webhook-cert -o 'jsonpath={.data.tls\\.key}' | grep -q ."
@@ -592,6 +601,48 @@ install_controllers() {
   # the ClusterTrainingRuntime goes through Trainer's validating webhook
   wait_for 60 "the torch-distributed ClusterTrainingRuntime (Trainer's webhook)" \
     "$KUBECTL" --kubeconfig "$DIR/kubeconfig/admin.kubeconfig" apply --server-side -f "$DIR/manifests/runtimes.yaml"
+}
+
+trainer_status_server() {
+  # What Trainer's TrainJob status server needs of a cluster (pkg/statusserver, v2.3.0): the CA
+  # of its serving certificate in its webhook Secret (copied into each TrainJob's
+  # NAME-tls-config ConfigMap, which the pods trust), and a name the pods resolve: a headless
+  # Service whose one endpoint is the host. It verifies the pods' projected tokens by OIDC
+  # discovery of the issuer named in its own in-cluster token, so the API server's first issuer
+  # is its own URL, which a host process reaches (start_trainer gives it that token).
+  kc apply --server-side --force-conflicts -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Secret
+metadata: {name: kubeflow-trainer-webhook-cert, namespace: kubeflow-system}
+data: {ca.crt: $(base64 -w0 <"$DIR/pki/ca.crt")}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ${TRAINER_STATUS_HOST%%.*}, namespace: kubeflow-system}
+spec:
+  clusterIP: None
+  ports: [{name: status, port: $TRAINER_STATUS_PORT}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: ${TRAINER_STATUS_HOST%%.*}-host
+  namespace: kubeflow-system
+  labels: {kubernetes.io/service-name: ${TRAINER_STATUS_HOST%%.*}, endpointslice.kubernetes.io/managed-by: ddpkit-testbed}
+addressType: IPv4
+ports: [{name: status, port: $TRAINER_STATUS_PORT, protocol: TCP}]
+endpoints: [{addresses: ["$GW"]}]
+EOF
+  mkdir -p "$DIR/trainer/serviceaccount" /run/secrets/kubernetes.io/serviceaccount
+  kc -n kubeflow-system create token kubeflow-trainer-controller-manager --duration 720h >"$DIR/trainer/serviceaccount/token"
+  echo kubeflow-system >"$DIR/trainer/serviceaccount/namespace"
+}
+
+start_trainer() {
+  # a mount namespace: the status server reads its certificate from the hard-coded
+  # /tmp/k8s-webhook-server/serving-certs, and the issuer from the in-cluster token file
+  start_bg trainer trainer-control unshare --mount --propagation private sh -c \
+    "mount --bind '$DIR/trainer/tmp' /tmp && mount --bind '$DIR/trainer/serviceaccount' /run/secrets/kubernetes.io/serviceaccount && exec env KUBECONFIG='$DIR/kubeconfig/trainer.kubeconfig' TMPDIR=/tmp trainer-controller-manager --config '$DIR/trainer/config.yaml'"
 }
 
 start_training_operator() {
