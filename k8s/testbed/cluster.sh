@@ -866,6 +866,8 @@ teardown() {
   fi
   rm -rf "$DIR"
   rmdir /etc/kueue 2>/dev/null # Kueue's mount point (cluster.sh kueue), when nothing else uses it
+  # Trainer's mount point for its in-cluster token (start_trainer), when nothing else uses it
+  rmdir /run/secrets/kubernetes.io/serviceaccount /run/secrets/kubernetes.io /run/secrets 2>/dev/null
   set -e
 }
 
