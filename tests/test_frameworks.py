@@ -107,11 +107,15 @@ def test_a_framework_script_trains_every_rank_together_and_its_steps_are_counted
     assert (record["state"], record["step"], record["total_steps"]) == ("completed", STEPS, STEPS), record
     lines = why(run_dir)
     assert lines[0] == f"completed: attempt 0: step {STEPS}/{STEPS}", lines
-    # the script's output is kept in the run directory, tagged as the trainer's (deploy/run/local.py)
+    # the script's output is kept in the run directory, each line tagged with its node and the
+    # rank that printed it (trainer/rank_lines.py), as the trainer's are (deploy/run/local.py)
     kept = ddpkit("logs", str(run_dir), "--all", "--grep", "params sha256")
     assert kept.returncode == 0, kept.stderr
-    assert sorted(kept.stdout.splitlines()) == sorted(f"[0/-] {line}" for line in result.stdout.splitlines()
-                                                      if "params sha256" in line), kept.stdout
+    printed = [line for line in result.stdout.splitlines() if "params sha256" in line]
+    assert sorted(printed) == sorted(f"[rank{r}]: rank {r}/2: params sha256 {sums[r][1]}" for r in (0, 1))
+    assert sorted(kept.stdout.splitlines()) == sorted(f"[0/{line[5]}] {line}" for line in printed), kept.stdout
+    rank_1 = ddpkit("logs", str(run_dir), "--worker-rank", "1", "--grep", "params sha256")
+    assert rank_1.stdout.splitlines() == [line for line in printed if line.startswith("[rank1]: ")], rank_1.stdout
 
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)

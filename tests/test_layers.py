@@ -19,7 +19,8 @@ FLOORS = [
     # runners, the node's launcher; preflight, an entry that runs the launcher on a node, last.
     ["trainer", "trainer.contract"],
     ["trainer.attempts", "trainer.checkpoint", "trainer.config", "trainer.data", "trainer.forked",
-     "trainer.gpus", "trainer.host", "trainer.plot", "trainer.stragglers", "trainer.watchdog"],
+     "trainer.gpus", "trainer.host", "trainer.kubeflow_status", "trainer.plot", "trainer.rank_lines",
+     "trainer.stragglers", "trainer.watchdog"],
     ["trainer.dist", "trainer.models", "trainer.progress", "trainer.stop"],
     ["trainer.metrics", "trainer.script_steps", "trainer.script_watch"],
     ["trainer.train", "trainer.__main__"],

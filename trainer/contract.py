@@ -128,6 +128,7 @@ PREFLIGHT_ONLY_VAR = "DDPKIT_PREFLIGHT_ONLY"  # "1": run only the preflight chec
 PROGRESS_LINES_VAR = "DDPKIT_PROGRESS_LINES"  # "0": no `ddpkit-progress` lines (run --local reads the file)
 LINE_TAGS_VAR = "DDPKIT_LINE_TAGS"  # "1": tag each line (NODE_LINE_TAG) in any context (run --local)
 RUN_DIR_VAR = "DDPKIT_RUN_DIR"  # a script job's run directory: where trainer.guard writes stacks
+RANK_LINES_VAR = "DDPKIT_RANK_LINES"  # "0": a script job's lines without their `[rankR]:` (trainer/rank_lines.py)
 WARM_VAR = "DDPKIT_WARM"  # "0": cold restarts; "1": warm even for a script/module (trainer/warm.py)
 WARM_SOCKET_VAR = "DDPKIT_WARM_SOCKET"  # the node's template process (trainer/warm.py)
 NODE_CPUS_VAR = "DDPKIT_NODE_CPUS"  # the CPUs the node's launcher may use (`format_cpus`; trainer/host.py)
@@ -161,6 +162,10 @@ WORKER_LINE_TAG = r"\[rank(\d+)\]:|\bddpkit rank (\d+) "
 #: The launcher reads whole lines before it writes them, so a long line stays one line
 #: (`srun --label` cut them at its buffer size). `ddpkit logs` reads the tags back.
 NODE_LINE_TAG = r"^\[(\d+)/(\d+|-)\] "
+
+
+#: How a script job's worker starts each line it prints (trainer/rank_lines.py): torch's own.
+WORKER_LINE_PREFIX = "[rank{rank}]: "
 
 
 def line_worker_rank(line: str, start: int = 0) -> int | None:

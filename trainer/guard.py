@@ -35,7 +35,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from trainer import integrations, script_steps, script_watch
+from trainer import integrations, rank_lines, script_steps, script_watch
 from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exception
 from trainer.contract import RUN_DIR_VAR
 
@@ -120,6 +120,8 @@ def main(argv: list[str]) -> None:
         raise SystemExit("usage: python -m trainer.guard SCRIPT [ARGS...] | -m MODULE [ARGS...]")
     from trainer.config import load_job_sections
 
+    if rank_lines.wanted(os.environ):  # first: the relay is forked before anything else is open
+        rank_lines.start(int(os.environ.get("RANK", "0") or 0))
     run_dir = Path(os.environ[RUN_DIR_VAR]) if os.environ.get(RUN_DIR_VAR) else None
     stacks = install(run_dir) if run_dir is not None else None
     job = load_job_sections()
