@@ -27,6 +27,10 @@ import sys
 
 from trainer import contract
 
+#: The relay's process name (/proc/PID/comm): it shares its worker's environment (a fork), so
+#: the launcher's search for a node's ranks by environment (trainer/launch/script_stop.py)
+#: tells it apart by this name.
+RELAY_NAME = "ddpkit-lines"
 #: A line as the relay cuts it: its text, and the newline or carriage return that ends it.
 _LINE = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 
@@ -44,6 +48,8 @@ def start(rank: int) -> int:
     pid = os.fork()
     if pid == 0:  # the relay
         try:
+            with open("/proc/self/comm", "w") as comm:
+                comm.write(RELAY_NAME)
             for name in contract.TORCHRUN_SIGNALS:
                 signal.signal(getattr(signal, name), signal.SIG_IGN)
             for _, write_end in pipes.values():

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from trainer.contract import SCRIPT_STOP_S_VAR, STOP_FILE_VAR
+from trainer.rank_lines import RELAY_NAME
 
 #: Seconds after the stop signal before the ranks still running are ended.
 SCRIPT_STOP_S = 5.0
@@ -42,13 +43,15 @@ SAVING = re.compile(r"torch/serialization\.py|torch/distributed/checkpoint/|safe
 
 def workers(stop_file: str) -> list[tuple[int, int]]:
     """(global rank, pid) of this launcher's workers: the processes whose environment holds its
-    own stop file and a `RANK` (torchrun's agent has the stop file, no rank)."""
+    own stop file and a `RANK` (torchrun's agent has the stop file, no rank), less each
+    worker's line relay (trainer/rank_lines.py, a fork of the worker: the same environment),
+    which must outlive its worker to write the last lines."""
     mine = f"{STOP_FILE_VAR}={stop_file}".encode()
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         with contextlib.suppress(OSError, ValueError):
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if mine in env:
+            if mine in env and Path(f"/proc/{pid}/comm").read_text().strip() != RELAY_NAME:
                 rank = next((v[5:] for v in env if v.startswith(b"RANK=")), None)
                 if rank is not None:
                     found.append((int(rank), int(pid)))
