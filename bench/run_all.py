@@ -47,6 +47,8 @@ SCRIPTS = [
     # your own script: the step hook's cost (~2 min), hang detection and stop times (~2.5 min)
     ("script_steps", "script_steps.py", ["--repeats", "5", "--steps", "600"], ["--repeats", "3", "--steps", "400"], 420),
     ("script_hangs", "script_hangs.py", ["--repeats", "3"], ["--repeats", "2"], 600),
+    # a script's lines through the [rankR]: relay vs straight (~10 s)
+    ("rank_lines", "rank_lines.py", ["--repeats", "5"], ["--repeats", "3"], 300),
     ("resize", "resize.py", ["--steps", "5"], ["--steps", "3"], 420),
     ("render_speed", "render_speed.py", ["--repeats", "7", "--instructions"], ["--repeats", "7", "--instructions"], 420),
     ("lint_speed", "lint_speed.py", ["--repeats", "5"], ["--repeats", "1"], 120),
