@@ -10,7 +10,8 @@ account token whose audience is that one TrainJob (both as file paths). Whoever 
 ddpkit reports from rank 0's progress record (trainer/progress.py), for the built-in trainer
 and for script jobs alike, so a user's code reports with no change: on a thread of its own (a
 training step never waits on the network), at most every `EVERY_S` while running, and the last
-record (completed or stopped) at once, waited for up to `FINAL_WAIT_S`. Without the variables
+record (completed or stopped) at once, waited for up to `FINAL_WAIT_S` (a busy server, or a
+busy node, must not lose the 100%). Without the variables
 (another flavor, another target, the gate off) nothing is sent. A failed POST is said once on
 stderr and training goes on; the record in the log stays what `ddpkit status` reads.
 """
@@ -27,7 +28,7 @@ from typing import Any
 URL_VAR, CA_VAR, TOKEN_VAR = ("KUBEFLOW_TRAINER_SERVER_URL", "KUBEFLOW_TRAINER_SERVER_CA_CERT",
                               "KUBEFLOW_TRAINER_SERVER_TOKEN")
 EVERY_S = 10.0  # as often as the `ddpkit-progress` log line
-FINAL_WAIT_S = 5.0
+FINAL_WAIT_S = 20.0  # a finished job waits this long at most for its last record to be taken
 TIMEOUT_S = 10.0
 #: the record's numbers sent as metrics (Trainer's Metric: name and value, strings of <= 64)
 METRICS = ("step", "total_steps", "epoch", "loss", "samples_per_s", "steps_per_s", "restarts")
@@ -59,7 +60,10 @@ class StatusReporter:
     """Sends the newest record to the status server from a daemon thread."""
 
     def __init__(self, url: str, ca_file: str, token_file: str) -> None:
-        import ssl  # here: the module is imported by every rank 0, most of which never report
+        # here, not at the top: the module is imported by every rank 0, most of which never
+        # report; and now, not at the last POST, which a finished worker waits for
+        import ssl
+        import urllib.request  # noqa: F401
 
         self.url, self.token_file = url, token_file
         self.context = ssl.create_default_context(cafile=ca_file)
@@ -89,8 +93,10 @@ class StatusReporter:
             self.pending, self.sent_at = record, time.monotonic()  # a newer record replaces one not yet sent
             self.idle.clear()
             self.wake.notify()
-        if final:
-            self.idle.wait(FINAL_WAIT_S)
+        if final and not self.idle.wait(FINAL_WAIT_S):
+            print(f"ddpkit: Kubeflow Trainer's status server ({self.url}) took the last progress "
+                  f"record in no {FINAL_WAIT_S:.0f} s: the TrainJob's trainerStatus may stay behind",
+                  file=sys.stderr, flush=True)
 
     def _loop(self) -> None:
         while True:
