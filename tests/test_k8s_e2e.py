@@ -228,7 +228,7 @@ def test_flavor_trains_across_pods_and_cancel_leaves_nothing(cluster, image, han
 def assert_trainer_status(cluster, name: str, *, step: int, total: int) -> None:
     """The TrainJob's `status.trainerStatus`, which Kubeflow Trainer's status server (feature
     gate TrainJobStatus, on in the testbed) set from what rank 0 POSTed: the last record's."""
-    trainjob = json.loads(kubectl(cluster, "get", "trainjob", name, "-o", "json").stdout)
+    trainjob = json.loads(kubectl(cluster, "get", "trainjob", name, "-o", "json", "--show-managed-fields").stdout)
     got = trainjob["status"].get("trainerStatus")
     assert got, trainjob["status"]
     metrics = {m["name"]: m["value"] for m in got["metrics"]}

@@ -22,8 +22,8 @@
 #                          rotator's cert; the name is a line in /etc/hosts -> 127.0.0.1)
 #   JobSet                 webhook https://127.0.0.1:19444 (our CA)
 #   Trainer                webhook https://127.0.0.1:19445 (our CA); its TrainJob status
-#                          server (feature gate TrainJobStatus) on :19446, which pods reach as
-#                          https://kubeflow-trainer-controller-manager.kubeflow-system.svc:19446
+#                          server (feature gate TrainJobStatus) on :19447, which pods reach as
+#                          https://kubeflow-trainer-controller-manager.kubeflow-system.svc:19447
 #                          (a headless Service whose one endpoint is $GW)
 #
 # Pods get addresses on their node's /24 and one route, to $PREFIX.0.0/16 (the other nodes'
@@ -63,7 +63,7 @@ TO_HOST=training-operator.kubeflow.svc
 # Kubeflow Trainer's status server, as the controller names it in the pods' env (its webhook
 # Service's name and namespace)
 TRAINER_STATUS_HOST=kubeflow-trainer-controller-manager.kubeflow-system.svc
-TRAINER_STATUS_PORT=19446
+TRAINER_STATUS_PORT=19447
 PYTHON=${DDPKIT_PYTHON:-python3}
 export PATH="$BIN:$PATH"
 KUBECTL=$BIN/kubectl
@@ -771,7 +771,7 @@ up() {
     teardown
   fi
   local port busy=""
-  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 19443 19444 19445 19446 18080 18081 18082 18083 18084; do
+  for port in $ETCD_PORT 12380 $API_PORT 10357 10359 19443 19444 19445 19446 19447 18080 18081 18082 18083 18084; do
     ss -Hltn "sport = :$port" | grep -q . && busy="$busy $port"
   done
   [ -z "$busy" ] || fail "TCP ports already in use on this host:$busy (another cluster? see ss -ltnp)"
