@@ -24,6 +24,7 @@ import re
 import select
 import signal
 import sys
+from collections.abc import Callable
 
 from trainer import contract
 
@@ -42,28 +43,38 @@ def wanted(env: dict[str, str] | os._Environ) -> bool:
 def start(rank: int) -> int:
     """Route fds 1 and 2 through a relay that starts each line with `[rankR]:`; its pid."""
     tty = os.isatty(1)
+    prefix = contract.WORKER_LINE_PREFIX.format(rank=rank).encode()
+    pid = fork_relay(lambda streams: relay(streams, prefix), name=RELAY_NAME)
+    if tty:
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    return pid
+
+
+def fork_relay(copy: Callable[[dict[int, int]], None], name: str | None = None) -> int:
+    """Route this process's stdout and stderr (fds 1 and 2), and so those of every process it
+    starts, through a forked process that runs `copy({read end: the fd it was})`; its pid.
+    The relay (named `name`, if given) ignores the stop signals and exits when `copy` returns:
+    when the last writer closed the streams, so the last lines after a stop still come."""
     sys.stdout.flush()
     sys.stderr.flush()
     pipes = {fd: os.pipe() for fd in (1, 2)}
     pid = os.fork()
     if pid == 0:  # the relay
         try:
-            with open("/proc/self/comm", "w") as comm:
-                comm.write(RELAY_NAME)
-            for name in contract.TORCHRUN_SIGNALS:
-                signal.signal(getattr(signal, name), signal.SIG_IGN)
+            if name:
+                with open("/proc/self/comm", "w") as comm:
+                    comm.write(name)
+            for signal_name in contract.TORCHRUN_SIGNALS:
+                signal.signal(getattr(signal, signal_name), signal.SIG_IGN)
             for _, write_end in pipes.values():
                 os.close(write_end)
-            relay({read_end: fd for fd, (read_end, _) in pipes.items()},
-                  contract.WORKER_LINE_PREFIX.format(rank=rank).encode())
+            copy({read_end: fd for fd, (read_end, _) in pipes.items()})
         finally:
             os._exit(0)
     for fd, (read_end, write_end) in pipes.items():
         os.close(read_end)
         os.dup2(write_end, fd)
         os.close(write_end)
-    if tty:
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     return pid
 
 
@@ -82,13 +93,13 @@ def relay(streams: dict[int, int], prefix: bytes) -> None:
             if not data:  # every writer closed it: the rest, as a line
                 rest = pending.pop(read_end)
                 if rest:
-                    _write_all(out, prefixed(rest + b"\n", prefix))
+                    write_all(out, prefixed(rest + b"\n", prefix))
                 continue
             text = pending[read_end] + data
             # a carriage return at the very end may be the first half of a \r\n: it waits
             cut = max(text.rfind(b"\n"), text.rfind(b"\r", 0, len(text) - 1)) + 1
             if cut:
-                _write_all(out, prefixed(text[:cut], prefix))
+                write_all(out, prefixed(text[:cut], prefix))
             pending[read_end] = text[cut:]
 
 
@@ -99,7 +110,8 @@ def prefixed(lines: bytes, prefix: bytes) -> bytes:
     return b"".join(line if line.startswith(own) else prefix + line for line in _LINE.findall(lines))
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data`, unless the reader is gone."""
     view = memoryview(data)
     while view:
         try:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import threading
 import time
 
 from trainer import contract
+from trainer.rank_lines import fork_relay, write_all
 
 #: Contexts whose nodes share one output file: their lines carry contract.NODE_LINE_TAG
 #: (any context does with DDPKIT_LINE_TAGS=1: `ddpkit run --local` keeps RUN_DIR/output.log).
@@ -47,52 +47,28 @@ def relay(read_fd: int, write_fd: int, node: int, rank: int | None) -> None:
         pending += data
         cut = pending.rfind(b"\n") + 1
         if cut:
-            _write_all(write_fd, tag_lines(pending[:cut], node, rank))
+            write_all(write_fd, tag_lines(pending[:cut], node, rank))
             pending = pending[cut:]
     if pending:
-        _write_all(write_fd, tag_lines(pending + b"\n", node, rank))
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except InterruptedError:
-            continue
-        except OSError:  # the reader is gone (the step's I/O closed): nothing more to do
-            return
+        write_all(write_fd, tag_lines(pending + b"\n", node, rank))
 
 
 def start_relay(node: int, rank: int | None) -> int:
     """Route this process's stdout and stderr, and so those of every process it starts,
-    through a relay process that tags each whole line (`relay`); the relay's pid.
+    through a relay process that tags each whole line (`relay`, a thread per stream); the
+    relay's pid (trainer/rank_lines.py `fork_relay`: it ignores the stop signals, as Slurm
+    signals every process of a step, and ends when the last writer closed the streams, so the
+    workers' last lines after a stop still come)."""
 
-    The relay ignores the stop signals (Slurm signals every process of a step) and ends when
-    the last writer closed the streams, so the workers' last lines after a stop still come."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pipes = {fd: os.pipe() for fd in (1, 2)}
-    pid = os.fork()
-    if pid == 0:  # the relay
-        try:
-            for name in contract.TORCHRUN_SIGNALS:
-                signal.signal(getattr(signal, name), signal.SIG_IGN)
-            for _, write_end in pipes.values():
-                os.close(write_end)
-            threads = [threading.Thread(target=relay, args=(read_end, fd, node, rank), daemon=True)
-                       for fd, (read_end, _) in pipes.items()]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        finally:
-            os._exit(0)
-    for fd, (read_end, write_end) in pipes.items():
-        os.close(read_end)
-        os.dup2(write_end, fd)
-        os.close(write_end)
-    return pid
+    def copy(streams: dict[int, int]) -> None:
+        threads = [threading.Thread(target=relay, args=(read_end, fd, node, rank), daemon=True)
+                   for read_end, fd in streams.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    return fork_relay(copy)
 
 
 def end_relay(pid: int, timeout_s: float = RELAY_DRAIN_S) -> None:
