@@ -299,6 +299,32 @@ def test_a_resident_template_refuses_a_directory_others_may_enter(tmp_path):
     assert not (folder / "warm.sock").exists()
 
 
+def test_the_socket_appears_only_once_it_listens(tmp_path, monkeypatch):
+    """A client that connects to a socket bound but not yet listening is refused, and a refusal
+    sends it cold (the template is gone): the path must not exist until the template listens.
+    The kernel's own refusal is the oracle: a connect at the moment of `listen`."""
+    from trainer import warm
+
+    path = str(tmp_path / "warm.sock")
+    seen = []
+    real_listen = socket.socket.listen
+
+    def listen(self, *args):
+        seen.append(warm._connect(path) if os.path.exists(path) else "absent")
+        return real_listen(self, *args)
+
+    monkeypatch.setattr(warm, "CONNECT_WAIT_S", 0.0)
+    monkeypatch.setattr(socket.socket, "listen", listen)
+    listener = warm._listen(path, resident=False)
+    try:
+        assert seen == ["absent"]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.connect(path)  # listening now, under its name
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["warm.sock"]
+    finally:
+        listener.close()
+
+
 # -- the launcher's choice ---------------------------------------------------------------------
 def test_the_built_in_trainer_starts_warm_and_a_script_cold_unless_asked():
     trainer, script = JobSettings(), JobSettings(entry=["train.py"], script="train.py")

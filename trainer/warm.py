@@ -362,9 +362,14 @@ def _listen(path: str, resident: bool) -> socket.socket | None:
             return None
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
+    # Bound under a temporary name and renamed once it listens: a client that finds `path`
+    # between a bind and a listen is refused and would start its worker cold (CI saw it once,
+    # on a loaded machine); a refusal means the template is gone, never that it is starting.
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    unready = f"{path}.{os.getpid()}"
+    listener.bind(unready)
     listener.listen(64)
+    os.rename(unready, path)
     return listener
 
 
