@@ -63,6 +63,9 @@ def template(tmp_path_factory):
     sock = tmp_path_factory.mktemp("warm") / "t.sock"
     proc = subprocess.Popen([sys.executable, "-m", "trainer.warm", "--serve", str(sock)], env=env_for(),
                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Listening before the first client: a client waits CONNECT_WAIT_S (10 s) for the socket and
+    # then starts cold, and a loaded CI machine may take that long to start a Python process.
+    wait_for(sock.exists, 60, "the template's socket")
     yield proc, sock  # it imports when the first client connects (the first test's)
     if proc.poll() is None:
         proc.stdin.close()
