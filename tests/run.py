@@ -30,10 +30,11 @@ from tests.conftest import K8S_TESTBED_MODULES, testbed_order
 REPO = Path(__file__).resolve().parent.parent
 LOG = REPO / ".pytest-k8s-tier.log"
 #: Run first in the Kubernetes tier's session too: the Docker testbed's tests (several minutes,
-#: mostly waiting on image builds and containers). They balance the two sessions (in CI the rest
-#: took ~47 min, the Kubernetes tier ~38 beside it) and no longer build images while the
-#: Kubernetes tier builds its own; on a cold machine they run while build.sh still compiles.
-BESIDE_FIRST = ["test_docker_e2e.py"]
+#: mostly waiting on image builds and containers), which then no longer build images while the
+#: Kubernetes tier builds its own, and the watchdog's (~4 min on a loaded machine). They balance
+#: the two sessions (a warm CI run with only the Docker tests here: the rest 55 min, the
+#: Kubernetes tier 47 beside it); on a cold machine they run while build.sh still compiles.
+BESIDE_FIRST = ["test_docker_e2e.py", "test_watchdog.py"]
 
 
 def main(argv: list[str]) -> int:
