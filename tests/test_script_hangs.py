@@ -6,6 +6,7 @@ guard), with the process group's timeout left at torch's default (30 min for glo
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import time
@@ -92,6 +93,36 @@ def test_a_stop_of_a_hung_script_with_its_own_sigterm_handler_ends_in_seconds_wi
     lines, _ = timed_why(tmp_path / "runs" / "stop-own-handler")
     assert lines[0].startswith("stopped: attempt 0: stopped by a stop signal; where each rank was:"), lines
     assert "(waiting in all_reduce)" in lines[0] and "hang.py:20 in main (outside any collective)" in lines[0], lines
+
+
+@pytest.mark.parametrize("warm", ["0", "1"])
+def test_a_rank_writing_its_checkpoint_at_a_stop_keeps_the_grace_and_the_others_end(tmp_path, warm):
+    """tests/save_on_stop_script.py: at SIGTERM rank 1 writes a checkpoint that takes 12 s, rank 0
+    is blocked in an all-reduce. SCRIPT_STOP_S after the signal the launcher reads both ranks'
+    stacks (py-spy): rank 0 is ended, rank 1 (in torch.save) keeps the stop grace and its file
+    loads whole. With warm restarts (`DDPKIT_WARM=1`) the ranks are forked by the node's template
+    and torchrun's children are their clients: the stop must read and end the workers."""
+    shutil.copy(REPO / "tests" / "save_on_stop_script.py", tmp_path / "save.py")
+    job = tmp_path / "save.yaml"
+    job.write_text(yaml.safe_dump({"name": "save-on-stop", "script": "save.py"}))
+    proc = start(job, tmp_path, 2, DDPKIT_WARM=warm, DDPKIT_STOP_GRACE_S="120")
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-rank{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()[-3000:]
+        time.sleep(0.5)
+    time.sleep(1)
+    proc.send_signal(15)
+    out, _ = proc.communicate(timeout=150)
+    spared = re.search(r"rank 1 \(pid (\d+)\) is writing a checkpoint \d+s after the stop: it keeps the stop grace", out)
+    assert spared, out[-3000:]
+    # torchrun's own log names its children: the workers (cold) or their clients (warm)
+    children = set(re.findall(r"Sending process (\d+) closing signal SIGTERM", out))
+    assert len(children) == 2 and (spared[1] in children) == (warm == "0"), out[-3000:]
+    assert ("ddpkit warm: template" in out) == (warm == "1"), out[-3000:]
+    assert "rank(s) 0 still running" in out and "rank 1 saved its checkpoint" in out, out[-3000:]
+    import torch
+
+    assert torch.load(tmp_path / "ckpt-rank1.pt", weights_only=False)["weights"].tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
 def test_a_job_that_needs_longer_to_reach_its_save_point_sets_the_wait(monkeypatch):

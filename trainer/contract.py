@@ -9,6 +9,7 @@ launch command, and the Slurm port formula. docs/CONTRACT.md says the same in pr
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
@@ -191,6 +192,14 @@ def read_node_line_tag(line: str) -> tuple[int, int | None, int] | None:
         return None
     rank = match.group(2)
     return int(match.group(1)), None if rank == "-" else int(rank), match.end()
+
+
+def warm_worker_file(stop_file: str, client_pid: int) -> str:
+    """Where a warm client (trainer/warm.py) leaves the pid of the worker the template forked for
+    it: in the launcher's private directory of `DDPKIT_STOP_FILE`, which the launcher removes at
+    its end. A script job's stop (trainer/launch/script_stop.py) reads and ends the worker, not
+    the client, whose stacks say nothing of the rank's work."""
+    return os.path.join(os.path.dirname(stop_file), f"warm-worker-{client_pid}")
 
 
 def resident_socket(prefix: str, environ: Mapping[str, str]) -> str:

@@ -68,8 +68,15 @@ import socket
 import struct
 import sys
 import time
+from pathlib import Path
 
-from trainer.contract import TORCHRUN_SIGNALS, WARM_SOCKET_VAR, resident_socket
+from trainer.contract import (
+    STOP_FILE_VAR,
+    TORCHRUN_SIGNALS,
+    WARM_SOCKET_VAR,
+    resident_socket,
+    warm_worker_file,
+)
 from trainer.forked import FORKED, finish_like_exit
 
 #: The signals a client passes on to its worker (those torchrun passes on to its workers); the
@@ -153,6 +160,8 @@ def client(entry: list[str], agent: bool = False) -> int:
     if reply is None or "pid" not in reply[0]:
         return _cold(entry, f"the template at {path} did not start the worker ({why})", agent)
     pid = int(reply[0]["pid"])
+    if not agent:
+        _publish_worker(pid)
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -177,6 +186,14 @@ def client(entry: list[str], agent: bool = False) -> int:
         os.kill(os.getpid(), sig)
         return 128 + sig
     return os.waitstatus_to_exitcode(status)
+
+
+def _publish_worker(pid: int) -> None:
+    """Say which process is this client's worker, for a script job's stop (`warm_worker_file`)."""
+    stop_file = os.environ.get(STOP_FILE_VAR)
+    if stop_file:
+        with contextlib.suppress(OSError):
+            Path(warm_worker_file(stop_file, os.getpid())).write_text(str(pid))
 
 
 def _connect(path: str) -> socket.socket | None:

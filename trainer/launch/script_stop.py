@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainer.contract import SCRIPT_STOP_S_VAR, STOP_FILE_VAR
+from trainer.contract import SCRIPT_STOP_S_VAR, STOP_FILE_VAR, warm_worker_file
 from trainer.rank_lines import RELAY_NAME
 
 #: Seconds after the stop signal before the ranks still running are ended.
@@ -54,8 +54,18 @@ def workers(stop_file: str) -> list[tuple[int, int]]:
             if mine in env and Path(f"/proc/{pid}/comm").read_text().strip() != RELAY_NAME:
                 rank = next((v[5:] for v in env if v.startswith(b"RANK=")), None)
                 if rank is not None:
-                    found.append((int(rank), int(pid)))
+                    found.append((int(rank), forked_worker(stop_file, int(pid))))
     return sorted(found)
+
+
+def forked_worker(stop_file: str, pid: int) -> int:
+    """The worker a warm template forked for the client `pid` (which published it: trainer/warm.py
+    `_publish_worker`); `pid` itself for a worker torchrun started. A forked worker's
+    environment in /proc is the template's: only its client is found by `RANK`."""
+    try:
+        return int(Path(warm_worker_file(stop_file, pid)).read_text())
+    except (OSError, ValueError):
+        return pid
 
 
 def stacks(pids: list[int], timeout_s: float = 10.0) -> dict[int, str]:
