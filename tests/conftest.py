@@ -64,6 +64,22 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: testbed_order(item.path.name))  # stable: order kept within
 
 
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Each module's share of the session (setup, call and teardown of its tests), longest first:
+    where CI's minutes go, for whoever balances the two sessions of tests/run.py next."""
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                module = report.nodeid.split("::", 1)[0]
+                seconds[module] = seconds.get(module, 0.0) + report.duration
+    if len(seconds) > 1:
+        total = sum(seconds.values())
+        terminalreporter.write_sep("=", f"seconds per module ({total:.0f} s in all)")
+        for module, took in sorted(seconds.items(), key=lambda item: -item[1])[:25]:
+            terminalreporter.write_line(f"{took:8.1f} s  {100 * took / total:4.1f}%  {module}")
+
+
 def require(condition: bool, reason: str) -> None:
     """Skip with `reason` on a laptop; fail under CI=true."""
     if condition:
