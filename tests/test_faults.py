@@ -432,13 +432,13 @@ def test_a_node_whose_store_host_froze_ends_instead_of_waiting_for_good(tmp_path
         frozen = time.monotonic()
         assert node1.wait(timeout=240) == 1, logs[1].read_text()[-3000:]
         print(f"node 0 frozen -> node 1 ended: {time.monotonic() - frozen:.0f} s")
-    finally:
+    finally:  # the descendants first: once a launcher is gone its stopped torchrun is init's child
         for p in (node0, node1):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
             for pid in descendants(p.pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
     out = logs[1].read_text()
     assert "does not answer (TimeoutError" in out and "node rank 0, its host, is frozen, gone or cut off" in out, out[-3000:]
     assert "its rendezvous store 127.0.0.1:" in out and "ending torchrun: exit 1" in out, out[-3000:]
