@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from deploy.errors import RuntimeFailure, UserError
 from deploy.kube import FLAVORS, STATES, TERMINAL_STATES
-from deploy.load import Overrides, load_job, parse_job
 from deploy.problems import refuse
-from deploy.spec import JobSpec
 from deploy.targets import REGISTRY, TARGETS, load_module, of_handle, refuse_option, targets_of
 
 if TYPE_CHECKING:
+    from deploy.load import Overrides
     from deploy.progress import Report
+    from deploy.spec import JobSpec
 
 __all__ = ["FLAVORS", "STATES", "TARGETS", "Handle", "InvalidJob", "Job", "RuntimeFailure"]
 
@@ -45,6 +45,8 @@ class Job:
     problem at once."""
 
     def __init__(self, **fields: Any):
+        from deploy.load import parse_job  # the job model (pydantic): not for a handle's verbs
+
         self._spec = parse_job(fields, source="Job(...)")
         self.source = "Job(...)"
 
@@ -52,6 +54,8 @@ class Job:
     def from_file(cls, path: str | Path, overrides: Overrides = ()) -> Job:
         """The job file at `path`, with `overrides` applied as `--set` would: a mapping of dotted
         keys to values (`{"nodes": 4, "train.lr": 0.1}`) or `["nodes=4"]` (values as YAML)."""
+        from deploy.load import load_job
+
         return cls._of(load_job(str(path), overrides), str(path))
 
     @classmethod

@@ -123,6 +123,16 @@ def test_validate_and_render_import_no_heavy_library(argv):
     assert result.stdout.split() == ["0", "[]"], result.stdout + result.stderr
 
 
+def test_a_handles_verbs_do_not_build_the_job_model():
+    """`status`, `logs`, `why`, `cancel` take a handle, not a job file: the CLI they start in does
+    not import the job model (pydantic builds its classes at import), so a poll stays cheap."""
+    probe = ("import sys\n"
+             "import deploy.cli\n"
+             "print(sorted(m for m in ('deploy.spec', 'deploy.load', 'pydantic') if m in sys.modules))\n")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True)
+    assert result.stdout.split() == ["[]"], result.stdout + result.stderr
+
+
 def test_docs_reference_matches_the_model():
     from deploy.docs import REFERENCE, reference
 

@@ -23,6 +23,8 @@ from deploy.kube import FIELD_MANAGER, FLAVOR_KIND, KUEUE_WORKLOAD_API_VERSION
 #: kind -> apiVersion of every kind ddpkit sends.
 API_VERSIONS = {"ConfigMap": "v1", "Service": "v1", "Workload": KUEUE_WORKLOAD_API_VERSION,
                 **{kind: flavor_module(f).API_VERSION for f, kind in FLAVOR_KIND.items()}}
+#: kind -> apiVersion of the kinds ddpkit only reads (and labels: nodes)
+READ_API_VERSIONS = {"Pod": "v1", "Event": "v1", "Node": "v1"}
 
 
 def _group_version(kind: str) -> tuple[str, str]:
@@ -85,7 +87,10 @@ class Cluster(Protocol):
 
 
 class KubeCluster:
-    """The real cluster through the `kubernetes` dynamic client (kubeconfig, else in-cluster)."""
+    """The real cluster through the `kubernetes` dynamic client (kubeconfig, else in-cluster).
+    Every call, pods, events, nodes and logs included, goes through the dynamic client and
+    answers plain dicts: the typed `CoreV1Api` would import the client's few hundred pydantic
+    models (kubernetes 37: about 0.9 CPU-seconds, more than the rest of `ddpkit status`)."""
 
     def __init__(self) -> None:
         try:
@@ -99,7 +104,6 @@ class KubeCluster:
         self._client = client
         self._not_served = ResourceNotFoundError
         self.api = client.ApiClient()
-        self.core = client.CoreV1Api(self.api)
         self._dynamic_class = DynamicClient
         self._dynamic = None
         self._resources: dict[str, Any] = {}
@@ -117,13 +121,17 @@ class KubeCluster:
                 raise ApiError(0, "Unreachable", f"cannot reach the Kubernetes API at {host}") from None
             raise
 
+    def _client_of_kinds(self) -> Any:
+        if self._dynamic is None:
+            self._dynamic = self._call(self._dynamic_class, self.api)
+        return self._dynamic
+
     def _resource(self, kind: str) -> Any:
         """The dynamic client's resource for `kind` (discovery, once per kind)."""
         if kind not in self._resources:
-            if self._dynamic is None:
-                self._dynamic = self._call(self._dynamic_class, self.api)
-            self._resources[kind] = self._call(self._dynamic.resources.get,
-                                               api_version=API_VERSIONS[kind], kind=kind)
+            api_version = API_VERSIONS.get(kind) or READ_API_VERSIONS[kind]
+            self._resources[kind] = self._call(self._client_of_kinds().resources.get,
+                                               api_version=api_version, kind=kind)
         return self._resources[kind]
 
     @staticmethod
@@ -152,14 +160,13 @@ class KubeCluster:
                    body={"propagationPolicy": "Foreground"})
 
     def pods(self, namespace: str, selector: str) -> list[dict]:
-        found = self._call(self.core.list_namespaced_pod, namespace, label_selector=selector)
-        return self.api.sanitize_for_serialization(found).get("items", [])
+        return self.listed("Pod", namespace, selector)
 
     def events(self, namespace: str, pod: str, reason: str) -> list[dict]:
         """The pod's events of one `reason` (the kubelet's FailedMount, ...), oldest first."""
-        found = self._call(self.core.list_namespaced_event, namespace,
+        found = self._call(self._resource("Event").get, namespace=namespace,
                            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},reason={reason}")
-        return self.api.sanitize_for_serialization(found).get("items", [])
+        return self._dict(found).get("items") or []
 
     def listed(self, kind: str, namespace: str, selector: str) -> list[dict]:
         """The objects of `kind` in `namespace` whose labels match `selector`."""
@@ -167,20 +174,23 @@ class KubeCluster:
         return self._dict(found).get("items") or []
 
     def nodes(self, selector: str) -> list[dict]:
-        found = self._call(self.core.list_node, label_selector=selector)
-        return self.api.sanitize_for_serialization(found).get("items", [])
+        found = self._call(self._resource("Node").get, label_selector=selector)
+        return self._dict(found).get("items") or []
 
     def label_node(self, node: str, key: str, value: str | None) -> None:
         """Set the node's label `key` (None: take it off), a merge patch of its labels alone."""
-        self._call(self.core.patch_node, node, {"metadata": {"labels": {key: value}}})
+        self._call(self._resource("Node").patch, name=node, body={"metadata": {"labels": {key: value}}},
+                   content_type="application/merge-patch+json")
 
     def log(self, namespace: str, pod: str, container: str, follow: bool,
             tail_lines: int | None = None, previous: bool = False) -> Iterator[str]:
-        extra = {"tail_lines": tail_lines} if tail_lines else {}
+        query = [("container", container), ("follow", str(follow).lower())]
+        if tail_lines:
+            query.append(("tailLines", str(tail_lines)))
         if previous:  # the container before the kubelet restarted it (kubectl logs --previous)
-            extra["previous"] = True
-        resp = self._call(self.core.read_namespaced_pod_log, pod, namespace, container=container,
-                          follow=follow, _preload_content=False, **extra)
+            query.append(("previous", "true"))
+        resp = self._call(self._client_of_kinds().request, "GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                          query_params=query, header_params={"Accept": "*/*"}, serialize=False)
         import codecs
 
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # chunks split characters
