@@ -160,7 +160,7 @@ def _cached_build(cache, versions):
     v = versions
     dirs = {f"kubernetes-{v}": [], f"etcd-{v}": [], f"containerd-{v}": [],
             f"training-operator-{v}": ["manifests"],
-            f"controllers-trainer{v}-jobset{v}-coredns{v}": ["manifests/trainer", "manifests/jobset"],
+            f"controllers-trainer{v}-jobset{v}-coredns{v}-kueue{v}": ["manifests/trainer", "manifests/jobset"],
             f"kueue-{v}-trainer{v}-jobset{v}": ["manifests/kueue"], f"kwok-{v}": ["manifests/kwok"]}
     for d, subdirs in dirs.items():
         for sub in ["bin", *subdirs]:

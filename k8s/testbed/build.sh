@@ -44,16 +44,28 @@ mkdir -p "$CACHE/bin"
 
 log() { printf '[k8s-build %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
+# cpu_between BEFORE AFTER: the CPU-seconds (user + sys) of this shell's children that ended
+# between two `times > FILE` (bash's `times`, written by this shell: a subshell's are its own)
+cpu_between() {
+  awk 'FNR == 2 {split($1, u, /[ms]/); split($2, s, /[ms]/); t[++n] = u[1] * 60 + u[2] + s[1] * 60 + s[2]}
+       END {printf "%.0f", t[2] - t[1]}' "$1" "$2"
+}
+
 # build NAME VERSION FUNCTION: run FUNCTION in a scratch module dir unless NAME-VERSION is built.
 build() {
-  local name=$1 version=$2 fn=$3 dir="$CACHE/$1-$2" started=$SECONDS
+  local name=$1 version=$2 fn=$3 dir="$CACHE/$1-$2" started=$SECONDS cpu
   if [[ -f $dir/.done ]]; then log "$name $version: cached"; return; fi
   rm -rf "$dir"; mkdir -p "$dir/bin" "$dir/src"
   log "$name $version: building"
+  times > "$dir/.times-before"
   ( cd "$dir/src" && "$fn" "$version" "$dir/bin" )
+  times > "$dir/.times-after"
+  cpu=$(cpu_between "$dir/.times-before" "$dir/.times-after")
+  rm "$dir/.times-before" "$dir/.times-after"
   echo "$((SECONDS - started))" > "$dir/.seconds"
+  echo "$cpu" > "$dir/.cpu-seconds"
   touch "$dir/.done"
-  log "$name $version: built in $((SECONDS - started)) s"
+  log "$name $version: built in $((SECONDS - started)) s, $cpu CPU-seconds"
 }
 
 # A wrapper module: k8s.io/kubernetes maps its staging modules with local replaces, which
@@ -161,9 +173,16 @@ EOF
   copy_manifests "sigs.k8s.io/jobset@v$JOBSET_VERSION" "$out" jobset config
 }
 
-# The controllers wrapper's top-level requirements, also required first by the extras' wrappers
+# The controllers wrapper's top-level requirements, also required first by the extras' wrappers.
+# Kueue's module is one of them although this phase builds none of its packages: minimal version
+# selection then gives the controllers the newer k8s.io/utils, kube-openapi, apiextensions and
+# go-openapi that Kueue requires, so the k8s.io libraries under everything (client-go,
+# apimachinery, controller-runtime, ...) compile once, at those versions, and Kueue's build in
+# the extras phase finds them in Go's build cache. The controllers' versions are the same with
+# or without the extras; the cluster's phase only downloads Kueue's module.
 CONTROLLER_MODULES=("github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager@v$TRAINER_VERSION"
-  "sigs.k8s.io/jobset@v$JOBSET_VERSION" "github.com/coredns/coredns@v$COREDNS_VERSION")
+  "sigs.k8s.io/jobset@v$JOBSET_VERSION" "github.com/coredns/coredns@v$COREDNS_VERSION"
+  "sigs.k8s.io/kueue@v$KUEUE_VERSION")
 
 # next_to_controllers NAME MODULE@VERSION...: a wrapper module that requires the controllers'
 # modules at the controllers' versions plus the given ones, so minimal version selection keeps
@@ -184,8 +203,9 @@ origin() {
 
 # Kueue's manager, built against the Trainer and JobSet API types the testbed runs (MVS lifts
 # Kueue 0.18.4's trainer v2.2.1 to v2.3.0: upstream's "Trainer v2.2 and v2.3 don't have API
-# compatibility"). Kueue requires newer k8s.io/utils, kube-openapi and go-openapi than the
-# controllers, so the k8s.io libraries above them compile again for it (README: why not joined).
+# compatibility"). The libraries it shares with the controllers are at the same versions
+# (CONTROLLER_MODULES requires Kueue's module), so only its own packages and k8s.io/apiserver's
+# compile here.
 kueue() {
   local v=$KUEUE_VERSION out=$2 m=sigs.k8s.io/kueue p=sigs.k8s.io/kueue/pkg/version commit date
   next_to_controllers kueue "$m@v$v"
@@ -235,7 +255,7 @@ link() {
 }
 
 start=$SECONDS
-CONTROLLERS=trainer$TRAINER_VERSION-jobset$JOBSET_VERSION-coredns$COREDNS_VERSION
+CONTROLLERS=trainer$TRAINER_VERSION-jobset$JOBSET_VERSION-coredns$COREDNS_VERSION-kueue$KUEUE_VERSION
 KUEUE_DIR=kueue-$KUEUE_VERSION-trainer$TRAINER_VERSION-jobset$JOBSET_VERSION
 COMPONENTS=("kubernetes-$KUBERNETES_VERSION" "etcd-$ETCD_VERSION" "containerd-$CONTAINERD_VERSION"
   "training-operator-$TRAINING_OPERATOR_VERSION" "controllers-$CONTROLLERS")
