@@ -64,9 +64,30 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: testbed_order(item.path.name))  # stable: order kept within
 
 
+#: module -> CPU-seconds of this session's process and of the children it waited for (the
+#: trainer runs, the CLI calls; not the testbed's daemons, nor the jobs they start), per test
+CPU_SECONDS: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    started = _cpu_seconds()
+    yield
+    module = item.nodeid.split("::", 1)[0]
+    CPU_SECONDS[module] = CPU_SECONDS.get(module, 0.0) + _cpu_seconds() - started
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Each module's share of the session (setup, call and teardown of its tests), longest first:
-    where CI's minutes go, for whoever balances the two sessions of tests/run.py next."""
+    """Each module's share of the session (setup, call and teardown of its tests), longest first,
+    and the CPU-seconds it used (CPU_SECONDS): where CI's minutes go, for whoever balances the two
+    sessions of tests/run.py next (on a cold CI machine the CPU is what binds)."""
     seconds: dict[str, float] = {}
     for reports in terminalreporter.stats.values():
         for report in reports:
@@ -75,9 +96,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                 seconds[module] = seconds.get(module, 0.0) + report.duration
     if len(seconds) > 1:
         total = sum(seconds.values())
-        terminalreporter.write_sep("=", f"seconds per module ({total:.0f} s in all)")
+        terminalreporter.write_sep("=", f"seconds per module ({total:.0f} s in all, "
+                                        f"{sum(CPU_SECONDS.values()):.0f} CPU-s)")
         for module, took in sorted(seconds.items(), key=lambda item: -item[1])[:25]:
-            terminalreporter.write_line(f"{took:8.1f} s  {100 * took / total:4.1f}%  {module}")
+            terminalreporter.write_line(f"{took:8.1f} s  {100 * took / total:4.1f}%  "
+                                        f"{CPU_SECONDS.get(module, 0.0):7.1f} CPU-s  {module}")
 
 
 def require(condition: bool, reason: str) -> None:
@@ -102,6 +125,25 @@ def ddpkit(*args: str, cwd: Path | str = REPO, env: dict | None = None, timeout:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "deploy", *args], cwd=cwd, env=full_env,
                           capture_output=True, text=True, timeout=timeout, input=input)
+
+
+def k8s_report(cluster: dict, handle: str):
+    """What `ddpkit status HANDLE` reads (`deploy.api.Handle.report`: `.state`, `.as_json`), read
+    in this process with the cluster's kubeconfig: for the loops that wait on a job. A fresh CLI
+    is ~0.5 CPU-seconds a call (the interpreter, the kubernetes client), which a one-second poll
+    spends for as long as a job runs; this is ~0.02. Tests check the CLI's own output with
+    `ddpkit("status", ...)`."""
+    from deploy.api import Handle
+
+    before = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = cluster["KUBECONFIG"]
+    try:
+        return Handle(handle).report()
+    finally:
+        if before is None:
+            del os.environ["KUBECONFIG"]
+        else:
+            os.environ["KUBECONFIG"] = before
 
 
 def cli(*args: str, cwd: Path | str = REPO) -> subprocess.CompletedProcess:

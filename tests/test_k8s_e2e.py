@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from deploy.testbed import k8s as testbed
-from tests.conftest import K8S_TEST_IMAGE, REPO, ddpkit, require
+from tests.conftest import K8S_TEST_IMAGE, REPO, ddpkit, k8s_report, require
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -98,7 +98,7 @@ def status_line(cluster, handle: str) -> str:
 def wait_for(cluster, handle: str, wanted: set[str], timeout: float = JOB_TIMEOUT_S) -> str:
     deadline = time.monotonic() + timeout
     while True:
-        state = status(cluster, handle)
+        state = k8s_report(cluster, handle).state
         if state in wanted:
             return state
         if state in ("FAILED", "CANCELLED") or time.monotonic() > deadline:
@@ -525,7 +525,7 @@ def restart_runs(cluster, tmp_path_factory, request):
 def wait_end(cluster, handle: str, timeout: float = 400) -> str:
     deadline = time.monotonic() + timeout
     while True:
-        state = status(cluster, handle)
+        state = k8s_report(cluster, handle).state
         if state in ("SUCCEEDED", "FAILED"):
             return state
         if time.monotonic() > deadline:
@@ -788,7 +788,7 @@ def small_job(tmp_path: Path, name: str, **fields) -> Path:
 def why_at_end(cluster, handle: str, wanted: set[str], timeout: float = JOB_TIMEOUT_S) -> list[str]:
     """`ddpkit why` once `ddpkit status` says one of `wanted` (a line that contains it), timed."""
     deadline = time.monotonic() + timeout
-    while not any(w in (line := status_line(cluster, handle)) for w in wanted):
+    while not any(w in (line := k8s_report(cluster, handle).text()) for w in wanted):
         assert time.monotonic() < deadline, f"{handle}: {line!r}\n{describe(cluster, handle)}"
         time.sleep(1)
     started = time.monotonic()
@@ -923,7 +923,7 @@ def test_a_node_that_dies_mid_run_is_replaced_and_training_resumes(cluster, imag
         assert ddpkit("why", handle, env=cluster).stdout.startswith("node-lost: "), line
         kubectl(cluster, "taint", "node", dead, OUT_OF_SERVICE)
         resumed = None  # kill -> a step trained again (none when the resume point was the last step)
-        while resumed is None and not status_line(cluster, handle).startswith("SUCCEEDED"):
+        while resumed is None and k8s_report(cluster, handle).state != "SUCCEEDED":
             assert time.monotonic() - killed < JOB_TIMEOUT_S, describe(cluster, handle)
             for _ in range(10):
                 if max(Counter(metric_steps(out)).values()) >= 2:
@@ -962,7 +962,7 @@ def test_a_node_death_with_no_restarts_left_ends_failed_naming_the_node(cluster,
         runs[flavor] = submit(cluster, handles, path)
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while max(metric_steps(tmp_path / "out"), default=0) < 20 or \
-            any(status(cluster, h) != "RUNNING" for h in runs.values()):
+            any(k8s_report(cluster, h).state != "RUNNING" for h in runs.values()):
         assert time.monotonic() < deadline, [describe(cluster, h) for h in runs.values()]
         time.sleep(1)
     nodes = [{p["spec"]["nodeName"] for p in pods(cluster, f"e2e-lost-{f}")} for f in runs]

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from deploy.testbed import k8s as testbed
-from tests.conftest import REPO, ddpkit, require
+from tests.conftest import REPO, ddpkit, k8s_report, require
 from tests.test_k8s_e2e import (
     JOB_TIMEOUT_S,
     describe,
@@ -151,7 +151,7 @@ def test_with_the_queue_one_runs_whole_the_other_waits_whole_then_is_admitted(ku
     assert_waits_whole(kueue, queued)  # still whole: nothing starts it piecemeal
     assert ddpkit("cancel", admitted, env=kueue, timeout=360).returncode == 0
     ended = time.monotonic()
-    while status_line(kueue, queued).split()[0] not in ("PENDING", "RUNNING"):  # admitted (a bounded wait)
+    while k8s_report(kueue, queued).state not in ("PENDING", "RUNNING"):  # admitted (a bounded wait)
         assert time.monotonic() - ended < 180, f"never admitted: {status_line(kueue, queued)}"
         time.sleep(0.2)
     print(f"kueue trial {trial} ({flavor}): admitted {time.monotonic() - ended:.1f} s after the first job ended")
@@ -192,7 +192,7 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_bit_exact(kueu
     assert "Preempted" in line, line
     wait_for(kueue, high, {"SUCCEEDED"})
     ended = time.monotonic()
-    while status_line(kueue, low).startswith("QUEUED"):
+    while k8s_report(kueue, low).state == "QUEUED":
         assert time.monotonic() - ended < 30, status_line(kueue, low)
         time.sleep(0.2)
     print(f"kueue preemption: the preempted job readmitted {time.monotonic() - ended:.1f} s after the other ended")

@@ -24,6 +24,7 @@ from tests.conftest import (
     ddpkit,
     docker_test_image,
     forget_image,
+    k8s_report,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -78,13 +79,12 @@ def k8s_wait(cluster, handle: str, timeout: float = 600) -> dict:
     import time
 
     deadline = time.monotonic() + timeout
-    while True:
-        proc = ddpkit("status", handle, "--json", env=cluster)
-        assert proc.returncode == 0, proc.stderr
-        status = json.loads(proc.stdout)
-        if status["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") or time.monotonic() > deadline:
-            return status
+    while k8s_report(cluster, handle).state not in ("SUCCEEDED", "FAILED", "CANCELLED") \
+            and time.monotonic() < deadline:
         time.sleep(1)
+    proc = ddpkit("status", handle, "--json", env=cluster)  # what the user sees, once it ended
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
