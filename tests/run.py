@@ -35,48 +35,22 @@ LOG = REPO / ".pytest-k8s-tier.log"
 #: the two sessions (a warm CI run with only the Docker tests here: the rest 55 min, the
 #: Kubernetes tier 47 beside it); on a cold machine they run while build.sh still compiles.
 BESIDE_FIRST = ["test_docker_e2e.py", "test_watchdog.py"]
-#: Also first in that session, but only while k8s/testbed/build.sh still compiles the cluster (a
-#: cold machine): the cluster's first test waits for the build anyway (a cold CI run: 655 s after
-#: the two above), and the rest's session is then the longer one. Local runs only, no testbed
-#: (~460 s on a loaded machine).
-WHILE_THE_CLUSTER_COMPILES = ["test_faults.py"]
-
-
-def cluster_compiling(cache: Path | None = None) -> bool:
-    """Whether a build.sh holds the cache's lock for the cluster's components (its first phase)."""
-    import fcntl
-
-    cache = cache or Path(os.environ.get("DDPKIT_K8S_CACHE", "/var/cache/ddpkit/k8s"))
-    try:
-        with (cache / ".build.lock").open() as lock:
-            fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)  # let go when the file closes
-    except BlockingIOError:
-        return True
-    except OSError:  # no cache, or no lock file: nothing is building
-        return False
-    return False
-
-
-def k8s_tier() -> list[str]:
-    """The Kubernetes tier's session: the modules that balance the two sessions first, then the
-    testbed's own in their order (tests/conftest.py)."""
-    first = BESIDE_FIRST + (WHILE_THE_CLUSTER_COMPILES if cluster_compiling() else [])
-    return [f"tests/{name}" for name in first + sorted(K8S_TESTBED_MODULES, key=lambda n: (testbed_order(n), n))]
 
 
 def main(argv: list[str]) -> int:
     pytest = [sys.executable, "-m", "pytest"]
     if argv or os.environ.get("DDPKIT_TEST_SERIAL"):
         return subprocess.call(pytest + argv, cwd=REPO)
-    k8s_tier_modules = k8s_tier()
-    print(f"tests/run.py: the Kubernetes tier ({len(k8s_tier_modules)} modules: "
-          f"{', '.join(Path(m).name for m in k8s_tier_modules[:4])}, ...) runs beside the rest; its output: "
-          f"{LOG.name}", flush=True)
+    k8s_tier = [f"tests/{name}" for name in
+                BESIDE_FIRST + sorted(K8S_TESTBED_MODULES, key=lambda n: (testbed_order(n), n))]
+    print(f"tests/run.py: the Kubernetes tier ({len(k8s_tier)} modules, the Docker testbed's first) runs beside "
+          f"the rest; its output: {LOG.name}",
+          flush=True)
     with LOG.open("w") as log:
-        beside = subprocess.Popen(pytest + ["-p", "no:cacheprovider", *k8s_tier_modules], cwd=REPO,
+        beside = subprocess.Popen(pytest + ["-p", "no:cacheprovider", *k8s_tier], cwd=REPO,
                                   stdout=log, stderr=subprocess.STDOUT)
         try:
-            rest = subprocess.call(pytest + [arg for m in k8s_tier_modules for arg in ("--ignore", m)], cwd=REPO)
+            rest = subprocess.call(pytest + [arg for m in k8s_tier for arg in ("--ignore", m)], cwd=REPO)
             k8s = beside.wait()
         finally:
             if beside.poll() is None:  # interrupted: the tier's session fixtures take the testbed down

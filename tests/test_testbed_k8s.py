@@ -203,35 +203,3 @@ def test_build_lets_the_cluster_go_on_while_the_extras_compile(tmp_path):
     assert [w.returncode for w in waiters] == [0, 0], outs
     assert "waiting for it to finish" in outs[1][1] and (cache / "bin" / "kueue").exists()
     assert (cache / "components").read_text().split()[-2:] == ["kueue-0.0.1-trainer0.0.1-jobset0.0.1", "kwok-0.0.1"]
-
-
-def test_run_py_runs_the_local_fault_tests_beside_the_cluster_only_while_it_compiles(tmp_path, monkeypatch):
-    """tests/run.py: while a build.sh holds the cluster's lock (a cold CI machine), the Kubernetes
-    tier's session also runs test_faults.py first (its cluster tests wait for the build anyway);
-    with nothing building, that module stays with the rest. The lock is the kernel's (flock(1),
-    as build.sh takes it)."""
-    import os
-    import signal
-    import time
-
-    from tests import run
-
-    cache = tmp_path / "cache"
-    monkeypatch.setenv("DDPKIT_K8S_CACHE", str(cache))
-    assert not run.cluster_compiling()  # no cache at all
-    cache.mkdir()
-    (cache / ".build.lock").touch()
-    assert not run.cluster_compiling() and "tests/test_faults.py" not in run.k8s_tier()
-    holder = subprocess.Popen(["flock", str(cache / ".build.lock"), "sleep", "60"], start_new_session=True)
-    try:
-        deadline = time.monotonic() + 10
-        while not run.cluster_compiling():
-            assert time.monotonic() < deadline, "flock never took the lock"
-            time.sleep(0.05)
-        tier = run.k8s_tier()
-        assert tier[:3] == ["tests/test_docker_e2e.py", "tests/test_watchdog.py", "tests/test_faults.py"], tier
-        assert tier.count("tests/test_faults.py") == 1
-    finally:
-        os.killpg(holder.pid, signal.SIGKILL)
-        holder.wait()
-    assert not run.cluster_compiling()
