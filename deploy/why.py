@@ -36,6 +36,7 @@ from trainer.contract import (
     EXIT_BAD_CONFIG,
     EXIT_HANG,
     EXIT_OK,
+    HANG_VERDICT_PREFIX,
     parse_workdir_line,
     read_node_line_tag,
     workdir_line,
@@ -274,7 +275,7 @@ def failure_cause(f: dict[str, Any], n: int | None) -> Cause:
 
 # -- a log's text (a Slurm job's output file, a pod's log) ---------------------------------------
 
-_HANG = re.compile(r"ddpkit-hang (\{.*\})")
+_HANG = re.compile(re.escape(HANG_VERDICT_PREFIX) + r"(\{.*\})")
 _EXCEPTION = re.compile(r"^(?:\[\w+\d+\]:)?\s*([A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): (.+)$")
 _BAD_CONFIG = re.compile(r"(bad job file.*|train\.[\w.]+: .+|script .+: no such file.*)")
 #: The rendezvous failing in torch's, c10d's and the launcher's words: a port in use, a name

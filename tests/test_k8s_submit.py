@@ -857,3 +857,31 @@ def test_why_reads_the_log_of_the_container_before_an_in_place_restart():
     assert lines[0].startswith("hang: ") and "rank 1 on demo-master-0 in data" in lines[0], lines
     logs = [c for c in cluster.calls if c[0] == "log"]
     assert logs == [("log", "demo-master-0", "pytorch", False, "previous"), ("log", "demo-master-0", "pytorch", False)]
+
+
+def test_why_finds_the_verdict_in_rank_0s_log_when_only_another_node_failed():
+    """A plain Indexed Job with no restarts left: the watchdog's reporter (rank 0) posted its
+    verdict too late for node 1's relay, node 1's pod failed first and the Job controller is
+    deleting node 0's pod (still running). `why` reads the failed pod's log, then only the
+    verdict line of rank 0's (its other lines would only echo the failure)."""
+    from trainer.watchdog import PREFIX
+
+    failed = {**pod("demo-1", **{COMPLETION_INDEX_KEY: "1"}), "spec": {"nodeName": "node-b"},
+              "status": {"containerStatuses": [{"name": "trainer", "state": {
+                  "terminated": {"exitCode": 1, "reason": "Error"}}}]}}
+    rank0 = {**pod("demo-0", **{COMPLETION_INDEX_KEY: "0"}), "metadata": {
+        **pod("demo-0")["metadata"], "labels": {COMPLETION_INDEX_KEY: "0"}, "deletionTimestamp": "2026-01-01T00:01:00Z"},
+        "status": {"containerStatuses": [{"name": "trainer", "state": {"running": {}}}]}}
+    verdict = {"attempt": 0, "reporter": 0, "host": "demo-0", "cause": "stuck-outside-collective",
+               "culprits": [1], "explain": "rank 1 on demo-1 in script at step 8 for 4s: loop.py:45 in main",
+               "others": "rank 0 in collective at step 8", "debug_dir": "/out/debug/attempt-0"}
+    cluster = FakeCluster(pods=[rank0, failed], logs={
+        "demo-1": ["[W] torch.distributed.elastic ... failed\n", "exitcode  : 124\n"],
+        "demo-0": ["RuntimeError: Connection closed by peer\n", PREFIX + json.dumps(verdict) + "\n"]})
+    cluster.objects[("Job", "ml", "demo")] = {
+        "kind": "Job", "metadata": {"name": "demo", "namespace": "ml"},
+        "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    lines = sub.why("k8s://ml/job/demo", cluster=cluster)
+    assert lines[0].startswith("hang: rank 1 on demo-1"), lines
+    assert [c[1] for c in cluster.calls if c[0] == "log"] == ["demo-1", "demo-0"]
+    assert not any("Connection closed" in line for line in lines), lines

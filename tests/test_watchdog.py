@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,6 +58,34 @@ def test_deadlines_follow_the_step_times_after_a_warm_up_and_never_go_below_the_
     hb.beat("checkpoint")
     assert hb.deadline(20, 10, 600) == pytest.approx(300, rel=0.01)
 
+
+def test_a_rank_that_sees_the_flag_writes_a_late_verdict_to_its_own_nodes_log(tmp_path, monkeypatch, capsys):
+    """The reporter posts its verdict after DUMP_WAIT_S and its bookkeeping; a rank of another
+    node that saw the flag waits for it (its node's log may be the only one a cluster keeps)
+    even when the reporter is slower than twice DUMP_WAIT_S (a loaded node, a pod's CPU quota:
+    seen once on the Kubernetes testbed, where `why` then could not name the rank)."""
+    from torch.distributed import TCPStore
+
+    from trainer import watchdog
+
+    monkeypatch.setattr(watchdog, "DUMP_WAIT_S", 0.5)
+    monkeypatch.setattr(watchdog, "STORE_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(watchdog, "leave", lambda: (_ for _ in ()).throw(SystemExit(124)))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    dog = watchdog.Watchdog(Heartbeat(), rank=1, world=2, attempt=0, debug_dir=tmp_path, floor_s=3,
+                            factor=10, timeout_s=600)
+    store.set(dog.flag, "1")
+    found = {"attempt": 0, "reporter": 0, "host": "elsewhere", "culprits": [1], "explain": "rank 1: asleep"}
+    late = threading.Timer(1.5, lambda: store.set(dog.flag + "/verdict", json.dumps(found)))  # > 2 x 0.5 s
+    late.start()
+    with pytest.raises(SystemExit):
+        dog._tick(store)
+    late.join()
+    relayed = [json.loads(line.split(watchdog.PREFIX, 1)[1]) for line in capsys.readouterr().out.splitlines()
+               if line.startswith(watchdog.PREFIX)]
+    assert relayed == [found]
+    assert (tmp_path / "rank-1.txt").exists()  # its stacks first, as every rank that sees the flag
 
 def start(tmp: Path, name: str, model_args: dict, max_steps: int = 60, **train) -> tuple[subprocess.Popen, Path]:
     """`ddpkit run --local` of 2 ranks of the `hang` workload, restarts=1, a 10 s stop grace (a

@@ -33,6 +33,9 @@ EXIT_STOPPED_UNSAVED = 137
 #: The hang watchdog ended the attempt (trainer/watchdog.py): a rank stopped making progress.
 #: timeout(1)'s code; under torchrun the group restarts while `restarts` are left.
 EXIT_HANG = 124
+#: The line a hang verdict is logged on, its JSON after the prefix (the watchdog, and the
+#: launcher for a script job: trainer/guard.py); `ddpkit why` reads it from any node's log.
+HANG_VERDICT_PREFIX = "ddpkit-hang "
 
 #: The stop signals torchrun passes on to its workers (the launcher's `--signals-to-handle`), and
 #: so a warm worker's client to its worker (trainer/warm.py); the line relay ignores them.

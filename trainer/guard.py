@@ -37,9 +37,9 @@ from typing import IO, Any
 
 from trainer import integrations, rank_lines, script_steps, script_watch
 from trainer.attempts import ATTEMPTS_DIR, ERRORS_DIR, read_records, record_exception
-from trainer.contract import RUN_DIR_VAR
+from trainer.contract import HANG_VERDICT_PREFIX, RUN_DIR_VAR
 
-PREFIX = "ddpkit-hang "
+PREFIX = HANG_VERDICT_PREFIX
 #: The signals a stop reaches a worker with (torchrun passes on the one it got: Ctrl-C's SIGINT).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: How gloo, NCCL and c10d say a collective (or the store) timed out.

@@ -58,7 +58,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from trainer.contract import EXIT_HANG
+from trainer.contract import EXIT_HANG, HANG_VERDICT_PREFIX
 
 #: Phases in which a rank waits for the others (a collective); the rest are its own work.
 #: `collective` and `script`: a script's phases (trainer/script_watch.py, read from its stack).
@@ -70,7 +70,7 @@ DUMP_WAIT_S = 3.0
 WARM_STEPS = 5
 STORE_TIMEOUT_S = 10.0
 PEER_CHECK_EVERY_S = 2.0
-PREFIX = "ddpkit-hang "
+PREFIX = HANG_VERDICT_PREFIX
 
 
 class Heartbeat:
@@ -275,8 +275,11 @@ class Watchdog:
             self._dump()
             self._book({"age_s": time.time() - self.hb.since})
             # the reporter reads the heartbeats and exits first; its verdict goes to this
-            # node's log too (a cluster may keep only some nodes' logs)
-            deadline = time.time() + 2 * DUMP_WAIT_S
+            # node's log too (a cluster may keep only some nodes' logs: a Kubernetes Job that
+            # fails deletes its other pods). The reporter posts it after DUMP_WAIT_S and its
+            # own bookkeeping, which a loaded node or a pod's CPU quota can stretch: wait as
+            # long as a store call may take on top (a verdict there ends the wait at once).
+            deadline = time.time() + DUMP_WAIT_S + STORE_TIMEOUT_S
             while time.time() < deadline:
                 with contextlib.suppress(Exception):
                     if store.check([self.flag + "/verdict"]):

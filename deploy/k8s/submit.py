@@ -36,7 +36,7 @@ from deploy.kube import (
 )
 from deploy.logs import LineWriter, Query, pick_node
 from deploy.progress import TAIL_LINES, Report, last_record
-from trainer.contract import NPROC_PER_NODE_VAR, workdir_record
+from trainer.contract import HANG_VERDICT_PREFIX, NPROC_PER_NODE_VAR, workdir_record
 
 __all__ = ["STATES", "submit", "status", "logs", "cancel", "parse_handle"]
 
@@ -330,17 +330,27 @@ def why(handle: str, *, cluster: Cluster | None = None) -> list[str]:
         rank, said = next(iter(failed.items()))
         state_line += f" [node rank {rank}: {said}]"
     # every failed pod's log, by node rank (the watchdog's verdict is in the log of the rank
-    # that found the hang, on any node), else rank 0's
+    # that found the hang, on any node, and every other node relays it), else rank 0's
     # (a container restarted in place: the one before the restart first, then the running one)
-    text = ""
-    for pod in [pods[r] for r in failed] or [p for p in [pods.get(0)] if p is not None]:
-        for previous in (True, False) if failed_before_a_restart(pod) else (False,):
-            try:
-                text += "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
-                                            False, tail_lines=TAIL_LINES, previous=previous))
-            except ApiError:
-                continue
+    text = "".join(_pod_log(cluster, h, pod) for pod in [pods[r] for r in failed] or
+                   [p for p in [pods.get(0)] if p is not None])
+    if failed and 0 not in failed and 0 in pods and HANG_VERDICT_PREFIX not in text:
+        # a relay that came too late: the verdict's reporter is often rank 0, whose pod a
+        # failing Job is still deleting (its other lines would only echo the failure)
+        text += "".join(line for line in _pod_log(cluster, h, pods[0]).splitlines(keepends=True) if HANG_VERDICT_PREFIX in line)
     return explain(state_line, text, workdir=workdir_of(obj))
+
+
+def _pod_log(cluster: Cluster, h: Handle, pod: dict) -> str:
+    """A pod's log, its last TAIL_LINES ("" when the server has none for it)."""
+    text = ""
+    for previous in (True, False) if failed_before_a_restart(pod) else (False,):
+        try:
+            text += "".join(cluster.log(h.namespace, pod["metadata"]["name"], flavor_module(h.flavor).CONTAINER,
+                                        False, tail_lines=TAIL_LINES, previous=previous))
+        except ApiError:
+            continue
+    return text
 
 
 def pod_waited(pod: dict) -> float | None:
