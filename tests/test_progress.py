@@ -89,12 +89,12 @@ def test_status_of_a_directory_without_records_is_one_clear_line(tmp_path):
     assert "no attempt records" in result.stderr
 
 
-def step_seconds(run_dir) -> float:
+def step_seconds(run_dir) -> tuple[float, int]:
     """The training time the trainer's own metrics say: the sum of the logged step times
-    (global batch / samples_per_s) of every step of every attempt."""
+    (global batch / samples_per_s) of every step of every attempt, and how many steps."""
     recs = [r for r in records(run_dir) if r.get("samples_per_s") and "loss" in r and not r.get("summary")]
     batch = records(run_dir)[-1]["global_batch"]
-    return sum(batch / r["samples_per_s"] for r in recs)
+    return sum(batch / r["samples_per_s"] for r in recs), len(recs)
 
 
 @pytest.mark.slow
@@ -144,7 +144,12 @@ def test_a_killed_and_restarted_run_books_its_time_and_status_follows_it(tmp_pat
     print(f"ledger wall {run['wall_s']:.1f}s of {outside:.1f}s outside; goodput {run['goodput']:.3f}")
     assert 0.6 * outside < run["wall_s"] <= outside
     booked = sum(run["classes"][k] for k in ("productive", "redone", "checkpoint_save"))
-    assert booked == pytest.approx(step_seconds(run_dir), rel=0.05)
+    # 5%, and 1 ms a step for what the ledger books between two steps that a step's own time
+    # leaves out (the log line, the progress record: 5.05% over, 0.153 s in a 3-s run, once on
+    # a loaded machine); the redone steps (10 or more here, ~40 ms each) booked twice or not at
+    # all would still be over
+    timed, steps = step_seconds(run_dir)
+    assert booked == pytest.approx(timed, rel=0.05, abs=0.001 * steps)
     # the record's log lines are for programs reading cluster logs: kept out of the terminal
     assert "ddpkit-progress " not in out and "resumed from" in out
     # ... and in RUN_DIR/output.log, every line tagged [0/RANK] as on Slurm, for `ddpkit logs`
