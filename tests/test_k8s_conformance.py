@@ -114,11 +114,13 @@ def small_job(name: str, flavor: str, **fields) -> dict:
 
 
 def cancel(cluster, flavor: str, name: str, timeout: float = 120) -> None:
-    """`ddpkit cancel` (foreground deletion), then wait until the workload and its pods are gone:
+    """`ddpkit cancel` (which waits for the workload, a TrainJob's JobSet and the pods), then
+    check that the workload and its pods are gone:
     a submit of the same name while the old object is still terminating is refused ("already
     exists"), which is what made every test after a first run fail."""
-    ddpkit("cancel", f"k8s://default/{flavor}/{name}", "--wait", str(timeout), env=cluster,
-           timeout=timeout + 30)
+    done = ddpkit("cancel", f"k8s://default/{flavor}/{name}", "--wait", str(timeout), env=cluster,
+                  timeout=timeout + 30)
+    assert done.returncode == 0 or "not found" in done.stderr, done.stderr  # nothing there: not found
     kind = flavor_module(flavor).KIND.lower()
     deadline = time.monotonic() + timeout
     while True:

@@ -17,7 +17,7 @@ from deploy.k8s import cluster as seam
 from deploy.k8s import submit as sub
 from deploy.k8s.pytorchjob import REPLICA_INDEX_LABEL as PYTORCHJOB_REPLICA_INDEX
 from deploy.k8s.pytorchjob import REPLICA_TYPE_LABEL as PYTORCHJOB_REPLICA_TYPE
-from deploy.kube import COMPLETION_INDEX_KEY, KUEUE_QUEUE_LABEL
+from deploy.kube import COMPLETION_INDEX_KEY, FLAVOR_KIND, KUEUE_QUEUE_LABEL
 from deploy.load import parse_job
 from deploy.logs import Query
 from tests.builders import BASE
@@ -34,6 +34,7 @@ class FakeCluster:
         self._pods = list(pods)
         self._logs = logs or {}
         self.node_labels: dict[str, dict[str, str]] = {}
+        self.propagation: dict[str, str] = {}  # kind -> the propagationPolicy of its last delete
 
     def _maybe_fail(self, verb, kind):
         if (verb, kind) in self.errors:
@@ -59,8 +60,9 @@ class FakeCluster:
         except KeyError:
             raise seam.ApiError(404, "NotFound", f"{name} not found") from None
 
-    def delete(self, kind, namespace, name):
+    def delete(self, kind, namespace, name, propagation="Foreground"):
         self.calls.append(("delete", kind, name))
+        self.propagation[kind] = propagation
         self._maybe_fail("delete", kind)
         if self.objects.pop((kind, namespace, name), None) is None:
             raise seam.ApiError(404, "NotFound", f"{name} not found")
@@ -380,9 +382,9 @@ class TerminatingCluster(FakeCluster):
         super().__init__()
         self.lingers, self.deleted = lingers, {}
 
-    def delete(self, kind, namespace, name):
+    def delete(self, kind, namespace, name, propagation="Foreground"):
         obj = self.objects.get((kind, namespace, name))
-        super().delete(kind, namespace, name)
+        super().delete(kind, namespace, name, propagation)
         self.deleted[(kind, namespace, name)] = obj
 
     def get(self, kind, namespace, name):
@@ -409,15 +411,61 @@ def test_cancel_that_outlasts_its_wait_says_so_and_how_not_to_wait():
     sub.submit(job(), flavor="job", cluster=cluster)
     with pytest.raises(RuntimeFailure) as err:
         sub.cancel("k8s://ml/job/demo", cluster=cluster, wait_s=0.05, poll_s=0.01)
-    assert str(err.value) == ("Job ml/demo is deleted but still there 0 s later (its pods are "
-                              "stopping: kubectl get pods -n ml); `ddpkit cancel --wait 0` returns "
-                              "without waiting")
+    assert str(err.value) == ("Job ml/demo is deleted but still there 0 s later (Job demo; "
+                              "kubectl get pods -n ml); `ddpkit cancel --wait 0` returns without waiting")
     cluster = TerminatingCluster(lingers=10**6)
     sub.submit(job(), flavor="job", cluster=cluster)
     before = len(cluster.calls)
     sub.cancel("k8s://ml/job/demo", cluster=cluster, wait_s=0)
     # no get: it did not wait (`nodes`: the nodes that k8s.avoid_lost_nodes kept off, none)
     assert [c[0] for c in cluster.calls[before:]] == ["delete"] * 3 + ["nodes"]
+
+
+class TrainerCluster(FakeCluster):
+    """Trainer's controller: the TrainJob made a JobSet of its name, which the garbage collector
+    removes `jobset_lingers` gets after the TrainJob went; the pods `pods_linger` lists later."""
+
+    def __init__(self, jobset_lingers, pods_linger):
+        super().__init__(pods=[{"metadata": {"name": "demo-node-0-0-x"}}])
+        self.jobset_lingers, self.pods_linger = jobset_lingers, pods_linger
+
+    def get(self, kind, namespace, name):
+        if kind == "JobSet" and ("TrainJob", namespace, name) not in self.objects:
+            self.calls.append(("get", kind, name))
+            if self.jobset_lingers > 0:
+                self.jobset_lingers -= 1
+                return {"kind": "JobSet", "metadata": {"name": name}}
+            raise seam.ApiError(404, "NotFound", f"{name} not found")
+        return super().get(kind, namespace, name)
+
+    def pods(self, namespace, selector):
+        pods = super().pods(namespace, selector)
+        if ("TrainJob", namespace, "demo") in self.objects:
+            return pods
+        self.pods_linger -= 1
+        return pods if self.pods_linger >= 0 else []
+
+
+def test_a_trainjob_is_deleted_in_the_background_and_cancel_waits_out_its_jobset_and_pods():
+    """Trainer v2.3's reconciler applies the JobSet again while a TrainJob is being deleted, so a
+    foreground deletion can wait forever (a fresh cluster's garbage collector, slower than the
+    controller: tests/test_k8s_conformance.py's trainjob case did); in the background the
+    TrainJob goes at once and `cancel` waits until its JobSet and pods are gone too."""
+    cluster = TrainerCluster(jobset_lingers=2, pods_linger=4)
+    sub.submit(job(), flavor="trainjob", cluster=cluster)
+    sub.cancel("k8s://ml/trainjob/demo", cluster=cluster, poll_s=0)
+    assert cluster.propagation == {"TrainJob": "Background", "ConfigMap": "Foreground"}
+    assert cluster.jobset_lingers == 0 and cluster.pods_linger == -1  # both waited out
+    for flavor in ("job", "jobset", "pytorchjob"):
+        other = FakeCluster()
+        sub.submit(job(), flavor=flavor, cluster=other)
+        sub.cancel(f"k8s://ml/{flavor}/demo", cluster=other, poll_s=0)
+        assert other.propagation[FLAVOR_KIND[flavor]] == "Foreground"
+    cluster = TrainerCluster(jobset_lingers=10**6, pods_linger=10**6)
+    sub.submit(job(), flavor="trainjob", cluster=cluster)
+    with pytest.raises(RuntimeFailure, match=r"^TrainJob ml/demo is deleted but still there 0 s later "
+                       r"\(JobSet demo, pod demo-node-0-0-x; kubectl get pods -n ml\)"):
+        sub.cancel("k8s://ml/trainjob/demo", cluster=cluster, wait_s=0.05, poll_s=0.01)
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
@@ -617,10 +665,11 @@ class _ApiStandIn:
                     return self._reply(200, DISCOVERY[path])
                 if path.endswith("/log"):
                     return self._reply(200, "line 1\nline 2\n", "text/plain")
-                if path.endswith("/pods"):
+                if path.endswith("/pods"):  # the workload's pod, while the workload is there
+                    workload = any(p.split("/")[-2] not in ("configmaps", "services") for p in stand_in.store)
                     return self._reply(200, {"kind": "PodList", "apiVersion": "v1", "items": [
                         {"metadata": {"name": "demo-0", "annotations": {
-                            "batch.kubernetes.io/job-completion-index": "0"}}}]})
+                            "batch.kubernetes.io/job-completion-index": "0"}}}] if workload else []})
                 if path in stand_in.store:
                     obj = dict(stand_in.store[path])
                     obj["status"] = {"active": 2, "ready": 2}
@@ -696,6 +745,8 @@ def test_real_client_status_logs_and_foreground_cancel(api):
     assert deletes[0] == ("/apis/batch/v1/namespaces/ml/jobs/demo", {"propagationPolicy": "Foreground"})
     assert [p for p, _ in deletes[1:]] == ["/api/v1/namespaces/ml/configmaps/demo-job",
                                            "/api/v1/namespaces/ml/services/demo"]
+    after = api.requests[max(i for i, r in enumerate(api.requests) if r[0] == "DELETE"):]
+    assert ("GET", "/api/v1/namespaces/ml/pods") in [(m, p) for m, p, _, _ in after]  # waited for them
 
 
 def test_real_client_reads_pods_nodes_and_logs_without_the_typed_core_api(api):

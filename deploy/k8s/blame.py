@@ -19,7 +19,8 @@ it the watcher says so once and carries on, and the job behaves as Kubernetes do
 from __future__ import annotations
 
 from deploy.k8s.cluster import ApiError, Cluster, connect, parse_handle
-from deploy.k8s.pod import AVOID_LABEL, pod_selector
+from deploy.k8s.pod import AVOID_LABEL
+from deploy.kube import pod_label_selector
 
 #: the label's value on a node lost under the job
 LOST = "lost"
@@ -67,7 +68,7 @@ def avoid_lost_nodes(handle: str, *, cluster: Cluster | None = None) -> list[str
     """Label every node lost under the job so that its pods stay off it; the nodes labelled now
     (not those labelled before). ApiError when the cluster refuses (no `patch` on nodes)."""
     h, cluster = parse_handle(handle), connect(cluster)
-    selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
+    selector = pod_label_selector(h.name)
     key = label_key(h.name)
     lost = lost_nodes(cluster.pods(h.namespace, selector))
     if not lost:

@@ -153,11 +153,11 @@ class KubeCluster:
     def get(self, kind: str, namespace: str, name: str) -> dict:
         return self._dict(self._call(self._resource(kind).get, name=name, namespace=namespace))
 
-    def delete(self, kind: str, namespace: str, name: str) -> None:
-        """Foreground propagation: the object stays (with a deletionTimestamp) until its
-        dependents (Jobs, pods) are gone."""
+    def delete(self, kind: str, namespace: str, name: str, propagation: str = "Foreground") -> None:
+        """Foreground propagation by default: the object stays (with a deletionTimestamp) until
+        its dependents (Jobs, pods) are gone; "Background": it goes at once, they after it."""
         self._call(self._resource(kind).delete, name=name, namespace=namespace,
-                   body={"propagationPolicy": "Foreground"})
+                   body={"propagationPolicy": propagation})
 
     def pods(self, namespace: str, selector: str) -> list[dict]:
         return self.listed("Pod", namespace, selector)

@@ -32,7 +32,7 @@ from deploy.kube import (
     KUEUE_QUEUE_LABEL,
     STATES,
     configmap_name,
-    pod_selector,
+    pod_label_selector,
 )
 from deploy.logs import LineWriter, Query, pick_node
 from deploy.progress import TAIL_LINES, Report, last_record
@@ -150,7 +150,7 @@ def _workload_and_pods(h: Handle, cluster: Cluster) -> tuple[Handle, dict, dict[
     obj = _get(cluster, h)
     if status_from(h.kind, obj) == "QUEUED":
         obj[KUEUE_WORKLOAD] = kueue_workload(cluster, h.namespace, obj)
-    selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
+    selector = pod_label_selector(h.name)
     try:
         pods = pods_by_rank(h.flavor, cluster.pods(h.namespace, selector))
     except ApiError:  # no permission to list pods: the workload's state alone
@@ -391,10 +391,11 @@ def status_from(kind: str, obj: dict) -> str:
 
 def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0,
            poll_s: float = 1.0) -> None:
-    """Delete the workload (foreground: its pods go first), then its ConfigMap and Service, and
-    wait (up to wait_s; 0: not at all) until the workload is gone, as `kubectl delete` does: a
-    foreground deletion keeps the object until its pods have stopped (their grace period), and
-    a `submit` of the same name before then is refused as "already exists".
+    """Delete the workload (as its flavor's DELETE_PROPAGATION says: foreground, its pods go
+    first; a TrainJob in the background), then its ConfigMap and Service, and wait (up to
+    wait_s; 0: not at all) until the workload, what its controller made under its name and its
+    pods are gone, as `kubectl delete --cascade=foreground` does: a `submit` of the same name
+    before then is refused as "already exists" or meets the old pods.
 
     A workload already gone (cancelled, or removed after ttlSecondsAfterFinished) is not an
     error while its ConfigMap or Service was still there to delete.
@@ -404,9 +405,10 @@ def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0
     extras = [("ConfigMap", configmap_name(h.name))] + ([("Service", h.name)] if h.flavor == "job" else [])
     missing: ApiError | None = None
     deleted = 0
+    propagation = flavor_module(h.flavor).DELETE_PROPAGATION
     for kind, name in [(h.kind, h.name), *extras]:
         try:
-            cluster.delete(kind, h.namespace, name)
+            cluster.delete(kind, h.namespace, name, propagation if kind == h.kind else "Foreground")
             deleted += 1
         except ApiError as err:
             if err.status != 404:
@@ -422,19 +424,29 @@ def cancel(handle: str, *, cluster: Cluster | None = None, wait_s: float = 300.0
 
 def _wait_until_gone(cluster: Cluster, h: Handle, wait_s: float, poll_s: float) -> None:
     deadline = time.monotonic() + wait_s
+    named = [(kind, h.name) for kind in (h.kind, *flavor_module(h.flavor).NAMED_CHILD_KINDS)]
+    selector = pod_label_selector(h.name)
     while True:
-        try:
-            cluster.get(h.kind, h.namespace, h.name)
-        except ApiError as err:
-            if err.status == 404:
-                return
-            raise RuntimeFailure(explain(err, h.kind, h.namespace, h.name, "get")) from None
+        left = [f"{kind} {name}" for kind, name in named if _exists(cluster, h, kind, name)]
+        left += [f"pod {p['metadata']['name']}" for p in cluster.pods(h.namespace, selector)]
+        if not left:
+            return
         if time.monotonic() >= deadline:
             raise RuntimeFailure(
                 f"{h.kind} {h.namespace}/{h.name} is deleted but still there {wait_s:.0f} s later "
-                f"(its pods are stopping: kubectl get pods -n {h.namespace}); `ddpkit cancel --wait 0` "
+                f"({', '.join(left)}; kubectl get pods -n {h.namespace}); `ddpkit cancel --wait 0` "
                 "returns without waiting")
         time.sleep(poll_s)
+
+
+def _exists(cluster: Cluster, h: Handle, kind: str, name: str) -> bool:
+    try:
+        cluster.get(kind, h.namespace, name)
+    except ApiError as err:
+        if err.status == 404:
+            return False
+        raise RuntimeFailure(explain(err, kind, h.namespace, name, "get")) from None
+    return True
 
 
 # --------------------------------------------------------------------------------------------
@@ -471,7 +483,7 @@ def logs(handle: str, rank: int | None = None, follow: bool = False, *,
     h = parse_handle(handle)
     cluster = connect(cluster)
     out = out or sys.stdout
-    selector = ",".join(f"{k}={v}" for k, v in pod_selector(h.name).items())
+    selector = pod_label_selector(h.name)
     try:
         pods = cluster.pods(h.namespace, selector)
     except ApiError as err:

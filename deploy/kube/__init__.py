@@ -146,6 +146,11 @@ def pod_selector(job_name: str) -> dict[str, str]:
     return {"app.kubernetes.io/instance": job_name, "app.kubernetes.io/managed-by": "ddpkit"}
 
 
+def pod_label_selector(job_name: str) -> str:
+    """`pod_selector` as the API's label selector (`key=value,key=value`)."""
+    return ",".join(f"{k}={v}" for k, v in pod_selector(job_name).items())
+
+
 def common_labels(job_name: str) -> dict[str, str]:
     """`app.kubernetes.io/*` labels of every object and pod ddpkit renders."""
     return {"app.kubernetes.io/name": "ddpkit", "app.kubernetes.io/instance": job_name,

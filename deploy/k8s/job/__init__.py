@@ -41,6 +41,12 @@ SUSPEND = ("spec", "suspend")
 PLURAL = "jobs"
 CONTAINER = "trainer"
 INSTALLS = "nothing (built into Kubernetes)"
+#: How `ddpkit cancel` deletes the workload: foreground, so that it stays (deletionTimestamp)
+#: until its controller's objects and pods are gone, as a name to resubmit under must wait.
+DELETE_PROPAGATION = "Foreground"
+#: Kinds its controller creates under the workload's own name that `cancel` waits out (none:
+#: the foreground deletion waits for them).
+NAMED_CHILD_KINDS: tuple[str, ...] = ()
 #: Rendezvous port (torchrun's default), where ddpkit names the master itself.
 RDZV_PORT = DEFAULT_PORT
 

@@ -30,6 +30,12 @@ SUSPEND = ("spec", "suspend")
 PLURAL = "jobsets"
 CONTAINER = "trainer"
 INSTALLS = "the JobSet controller"
+#: How `ddpkit cancel` deletes the workload: foreground, so that it stays (deletionTimestamp)
+#: until its controller's objects and pods are gone, as a name to resubmit under must wait.
+DELETE_PROPAGATION = "Foreground"
+#: Kinds its controller creates under the workload's own name that `cancel` waits out (none:
+#: the foreground deletion waits for them).
+NAMED_CHILD_KINDS: tuple[str, ...] = ()
 #: The replicated job ddpkit renders (the same name Trainer's runtime uses).
 REPLICATED_JOB = "node"
 RDZV_PORT = DEFAULT_PORT

@@ -36,6 +36,12 @@ GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
 SUSPEND = ("spec", "runPolicy", "suspend")
 PLURAL = "pytorchjobs"
 INSTALLS = "the Kubeflow training operator (v1)"
+#: How `ddpkit cancel` deletes the workload: foreground, so that it stays (deletionTimestamp)
+#: until its controller's objects and pods are gone, as a name to resubmit under must wait.
+DELETE_PROPAGATION = "Foreground"
+#: Kinds its controller creates under the workload's own name that `cancel` waits out (none:
+#: the foreground deletion waits for them).
+NAMED_CHILD_KINDS: tuple[str, ...] = ()
 #: pkg/apis/kubeflow.org/v1/pytorch_types.go: the container the operator configures, the name
 #: of its port and the port its defaulter adds when none is declared.
 CONTAINER = "pytorch"

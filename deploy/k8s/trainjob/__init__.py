@@ -33,6 +33,15 @@ GROUP = API_VERSION.rpartition("/")[0]  # "" for the core group
 SUSPEND = ("spec", "suspend")
 PLURAL = "trainjobs"
 INSTALLS = "Kubeflow Trainer (v2) and its ClusterTrainingRuntimes"
+#: How `ddpkit cancel` deletes it: in the background, as `kubectl delete` does. Trainer's
+#: reconciler (v2.3.0, pkg/controller/trainjob_controller.go) does not skip a TrainJob that is
+#: being deleted: under a foreground deletion it applies the JobSet again each time the garbage
+#: collector deletes it, and when the collector is the slower of the two (a fresh cluster whose
+#: collector has not yet discovered the CRDs, then backs off) the TrainJob never goes: a new
+#: JobSet every ~3 s for as long as one watched (the failure TFJob had, kubeflow/trainer#500).
+DELETE_PROPAGATION = "Background"
+#: ...so `cancel` waits out the JobSet the TrainJob made under its own name (and the pods).
+NAMED_CHILD_KINDS: tuple[str, ...] = ("JobSet",)
 #: pkg/constants/constants.go: the replicated job and container `node`, ContainerTrainerPort.
 NODE = "node"
 CONTAINER = NODE
